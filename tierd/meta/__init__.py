@@ -1,0 +1,37 @@
+"""Metadata: the :class:`MetaStore` records over a transactional key-value engine.
+
+Nothing outside this package imports an engine library (lmdb today, a shared engine later).
+"""
+
+from tierd.meta.kv import KVStore, KVTxn
+from tierd.meta.records import (
+    STATE_CLEAN,
+    STATE_DIRTY,
+    STATE_NONE,
+    STATE_PERSISTING,
+    AccessKey,
+    Bucket,
+    Dirent,
+    Inode,
+    MultipartUpload,
+)
+from tierd.meta.store import ROOT_INO, SCHEMA_VERSION, MetaStore, MetaTxn, SchemaError
+
+__all__ = [
+    "ROOT_INO",
+    "SCHEMA_VERSION",
+    "STATE_CLEAN",
+    "STATE_DIRTY",
+    "STATE_NONE",
+    "STATE_PERSISTING",
+    "AccessKey",
+    "Bucket",
+    "Dirent",
+    "Inode",
+    "KVStore",
+    "KVTxn",
+    "MetaStore",
+    "MetaTxn",
+    "MultipartUpload",
+    "SchemaError",
+]

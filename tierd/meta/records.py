@@ -1,0 +1,127 @@
+"""Typed records stored by the metadata engine, with their compact msgpack encodings.
+
+Records are encoded as msgpack arrays in field order.  New fields are only ever appended
+with a default, so an older record decodes into a newer class; anything else bumps
+``SCHEMA_VERSION`` in :mod:`tierd.meta.store` with a migration.
+"""
+
+from __future__ import annotations
+
+import stat as statmod
+from dataclasses import astuple, dataclass, field, fields
+from typing import Any, ClassVar, Self
+
+import msgpack
+
+# Persistence state of a file's content (DESIGN.md "File states").
+STATE_NONE = 0  # directories, symlinks, empty files: nothing to persist
+STATE_DIRTY = 1  # content only on local tiers
+STATE_PERSISTING = 2  # an upload of this version is in flight
+STATE_CLEAN = 3  # the cold tier has this version
+
+
+class Record:
+    """Mixin: msgpack array encoding tolerant of appended fields."""
+
+    _nfields: ClassVar[int]
+
+    def encode(self) -> bytes:
+        packed: bytes = msgpack.packb(astuple(self), use_bin_type=True)  # type: ignore[call-overload]
+        return packed
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Self:
+        values: list[Any] = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        return cls(*values[: len(fields(cls))])  # type: ignore[call-arg]
+
+
+@dataclass(slots=True)
+class Inode(Record):
+    """One file, directory or symlink.  Times are nanoseconds since the epoch."""
+
+    ino: int
+    mode: int  # file type and permission bits, as st_mode
+    uid: int
+    gid: int
+    size: int = 0
+    nlink: int = 1
+    atime_ns: int = 0
+    mtime_ns: int = 0
+    ctime_ns: int = 0
+    btime_ns: int = 0
+    version: int = 0  # content generation: changes whenever the bytes change
+    etag: str = ""  # MD5 hex of the content ("" until computed), or md5-N for multipart
+    state: int = STATE_NONE
+    # tier name -> bitmap of present blocks (bit i = block i); filled by the tiers issue
+    blocks: dict[str, bytes] = field(default_factory=dict)
+    rdev: int = 0
+    parent: int = 0  # directories only: the one parent, for ".." and rename cycle checks
+    target: bytes = b""  # symlinks only
+    # S3 system and user metadata (content-type, x-amz-meta-*, checksums), set by the doors
+    objmeta: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_dir(self) -> bool:
+        return statmod.S_ISDIR(self.mode)
+
+    @property
+    def is_reg(self) -> bool:
+        return statmod.S_ISREG(self.mode)
+
+    @property
+    def is_lnk(self) -> bool:
+        return statmod.S_ISLNK(self.mode)
+
+    @property
+    def perm(self) -> int:
+        return statmod.S_IMODE(self.mode)
+
+
+@dataclass(slots=True)
+class Dirent(Record):
+    """A name in a directory pointing at an inode; ``kind`` is the S_IFMT bits of the target."""
+
+    ino: int
+    kind: int
+
+
+@dataclass(slots=True)
+class Bucket(Record):
+    """A top-level directory that S3 sees as a bucket."""
+
+    name: str
+    ino: int
+    owner_uid: int
+    created_ns: int
+    region: str = "us-east-1"
+    policy: str = ""  # bucket policy JSON (ACL issue)
+    acl: str = "private"
+
+
+@dataclass(slots=True)
+class AccessKey(Record):
+    """An S3 access key and the identity it maps to (placeholder until the ACL issue)."""
+
+    access_key: str
+    secret: str
+    uid: int
+    gid: int
+    groups: list[int] = field(default_factory=list)
+    user: str = ""
+    enabled: bool = True
+    admin: bool = False
+    created_ns: int = 0
+
+
+@dataclass(slots=True)
+class MultipartUpload(Record):
+    """An in-progress multipart upload (placeholder until the S3 issue)."""
+
+    upload_id: str
+    bucket: str
+    key: str
+    uid: int
+    gid: int
+    initiated_ns: int
+    objmeta: dict[str, str] = field(default_factory=dict)
+    parts: dict[int, list[Any]] = field(default_factory=dict)  # number -> [etag, size, path]

@@ -1,0 +1,297 @@
+"""MetaStore: tierd's metadata records on top of any :class:`~tierd.meta.kv.KVStore` engine.
+
+Key layout (documented for operators in ``docs/metadata.md``); integers are 8-byte big-endian
+so numeric order is byte order:
+
+==========================  ===================================================
+``\\x00schema``              schema version (msgpack int)
+``C<name>``                 counters: ``next_ino``, ``next_version``, ``inodes``, ``bytes``
+``I<ino>``                  :class:`Inode`
+``D<parent><name>[/]``      :class:`Dirent`; a directory's name carries a trailing ``/`` so
+                            entries sort in S3 key order (``a-b`` < ``a.txt`` < ``a/``) and a
+                            listing is one range scan
+``X<ino><name>``            xattr value
+``B<bucket>``               :class:`Bucket`
+``K<access key>``           :class:`AccessKey`
+``M<upload id>``            :class:`MultipartUpload`
+``O<ino>``                  orphan: unlinked but still open; removed at release or restart
+==========================  ===================================================
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+
+import msgpack
+
+from tierd.meta.kv import KVStore, KVTxn, prefix_end
+from tierd.meta.records import AccessKey, Bucket, Dirent, Inode, MultipartUpload
+
+SCHEMA_VERSION = 1
+ROOT_INO = 1
+S_IFDIR = 0o040000
+
+_U64 = struct.Struct(">Q")
+_SCHEMA_KEY = b"\x00schema"
+
+
+def _u64(n: int) -> bytes:
+    return _U64.pack(n)
+
+
+def sort_name(name: bytes, is_dir: bool) -> bytes:
+    """The dirent key suffix: directories carry a trailing slash (see the module doc)."""
+    return name + b"/" if is_dir else name
+
+
+class SchemaError(RuntimeError):
+    """The store was written by an incompatible tierd version."""
+
+
+class MetaTxn:
+    """Typed access to one engine transaction.  Never hold one across an ``await``."""
+
+    def __init__(self, txn: KVTxn) -> None:
+        self.kv = txn
+        self.write = txn.write
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def commit(self) -> None:
+        self.kv.commit()
+
+    def abort(self) -> None:
+        self.kv.abort()
+
+    def __enter__(self) -> MetaTxn:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.kv.commit()
+        else:
+            self.kv.abort()
+
+    # -- counters --------------------------------------------------------------------------
+    def counter(self, name: str) -> int:
+        raw = self.kv.get(b"C" + name.encode())
+        return 0 if raw is None else int(_U64.unpack(raw)[0])
+
+    def add_counter(self, name: str, delta: int) -> int:
+        value = max(0, self.counter(name) + delta)
+        self.kv.put(b"C" + name.encode(), _u64(value))
+        return value
+
+    def next_ino(self) -> int:
+        return self.add_counter("next_ino", 1)
+
+    def next_version(self) -> int:
+        return self.add_counter("next_version", 1)
+
+    # -- inodes ----------------------------------------------------------------------------
+    def get_inode(self, ino: int) -> Inode | None:
+        raw = self.kv.get(b"I" + _u64(ino))
+        return None if raw is None else Inode.decode(raw)
+
+    def put_inode(self, inode: Inode) -> None:
+        """Store ``inode``; keeps the inode and byte counters of the status page exact."""
+        key = b"I" + _u64(inode.ino)
+        old = self.kv.get(key)
+        if old is None:
+            self.add_counter("inodes", 1)
+            old_size = 0
+        else:
+            prev = Inode.decode(old)
+            old_size = prev.size if prev.is_reg else 0
+        new_size = inode.size if inode.is_reg else 0
+        if new_size != old_size:
+            self.add_counter("bytes", new_size - old_size)
+        self.kv.put(key, inode.encode())
+
+    def delete_inode(self, ino: int) -> None:
+        key = b"I" + _u64(ino)
+        old = self.kv.get(key)
+        if old is None:
+            return
+        prev = Inode.decode(old)
+        self.add_counter("inodes", -1)
+        if prev.is_reg and prev.size:
+            self.add_counter("bytes", -prev.size)
+        self.kv.delete(key)
+        for name, _ in list(self.list_xattrs(ino)):
+            self.kv.delete(b"X" + _u64(ino) + name)
+        self.kv.delete(b"O" + _u64(ino))
+
+    def iter_inodes(self) -> Iterator[Inode]:
+        for _, raw in self.kv.scan(b"I", prefix_end(b"I")):
+            yield Inode.decode(raw)
+
+    # -- directory entries -----------------------------------------------------------------
+    def lookup(self, parent: int, name: bytes) -> Dirent | None:
+        """The entry called ``name`` in ``parent``, whatever its type."""
+        base = b"D" + _u64(parent) + name
+        raw = self.kv.get(base)
+        if raw is None:
+            raw = self.kv.get(base + b"/")
+        return None if raw is None else Dirent.decode(raw)
+
+    def add_dirent(self, parent: int, name: bytes, dirent: Dirent) -> None:
+        key = b"D" + _u64(parent) + sort_name(name, dirent.kind == S_IFDIR)
+        self.kv.put(key, dirent.encode())
+
+    def remove_dirent(self, parent: int, name: bytes) -> bool:
+        base = b"D" + _u64(parent) + name
+        return self.kv.delete(base) or self.kv.delete(base + b"/")
+
+    def list_dirents(
+        self, parent: int, start_after: bytes = b"", end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes, Dirent]]:
+        """(name, sort key, entry) in S3 key order, strictly after the sort key
+        ``start_after`` and before ``end`` when given.  Lazy: stop iterating when done."""
+        prefix = b"D" + _u64(parent)
+        start = prefix + start_after + (b"\x00" if start_after else b"")
+        stop = prefix_end(prefix) if end is None else prefix + end
+        for key, raw in self.kv.scan(start, stop):
+            skey = key[len(prefix) :]
+            name = skey[:-1] if skey.endswith(b"/") else skey
+            yield name, skey, Dirent.decode(raw)
+
+    def has_children(self, parent: int) -> bool:
+        for _ in self.list_dirents(parent):
+            return True
+        return False
+
+    # -- xattrs ----------------------------------------------------------------------------
+    def get_xattr(self, ino: int, name: bytes) -> bytes | None:
+        return self.kv.get(b"X" + _u64(ino) + name)
+
+    def set_xattr(self, ino: int, name: bytes, value: bytes) -> None:
+        self.kv.put(b"X" + _u64(ino) + name, value)
+
+    def remove_xattr(self, ino: int, name: bytes) -> bool:
+        return self.kv.delete(b"X" + _u64(ino) + name)
+
+    def list_xattrs(self, ino: int) -> Iterator[tuple[bytes, bytes]]:
+        prefix = b"X" + _u64(ino)
+        for key, value in self.kv.scan(prefix, prefix_end(prefix)):
+            yield key[len(prefix) :], value
+
+    # -- buckets, keys, multipart uploads, orphans -----------------------------------------
+    def get_bucket(self, name: str) -> Bucket | None:
+        raw = self.kv.get(b"B" + name.encode())
+        return None if raw is None else Bucket.decode(raw)
+
+    def put_bucket(self, bucket: Bucket) -> None:
+        self.kv.put(b"B" + bucket.name.encode(), bucket.encode())
+
+    def delete_bucket(self, name: str) -> bool:
+        return self.kv.delete(b"B" + name.encode())
+
+    def list_buckets(self) -> Iterator[Bucket]:
+        for _, raw in self.kv.scan(b"B", prefix_end(b"B")):
+            yield Bucket.decode(raw)
+
+    def get_access_key(self, access_key: str) -> AccessKey | None:
+        raw = self.kv.get(b"K" + access_key.encode())
+        return None if raw is None else AccessKey.decode(raw)
+
+    def put_access_key(self, key: AccessKey) -> None:
+        self.kv.put(b"K" + key.access_key.encode(), key.encode())
+
+    def delete_access_key(self, access_key: str) -> bool:
+        return self.kv.delete(b"K" + access_key.encode())
+
+    def list_access_keys(self) -> Iterator[AccessKey]:
+        for _, raw in self.kv.scan(b"K", prefix_end(b"K")):
+            yield AccessKey.decode(raw)
+
+    def get_upload(self, upload_id: str) -> MultipartUpload | None:
+        raw = self.kv.get(b"M" + upload_id.encode())
+        return None if raw is None else MultipartUpload.decode(raw)
+
+    def put_upload(self, upload: MultipartUpload) -> None:
+        self.kv.put(b"M" + upload.upload_id.encode(), upload.encode())
+
+    def delete_upload(self, upload_id: str) -> bool:
+        return self.kv.delete(b"M" + upload_id.encode())
+
+    def list_uploads(self) -> Iterator[MultipartUpload]:
+        for _, raw in self.kv.scan(b"M", prefix_end(b"M")):
+            yield MultipartUpload.decode(raw)
+
+    def add_orphan(self, ino: int) -> None:
+        self.kv.put(b"O" + _u64(ino), b"")
+
+    def remove_orphan(self, ino: int) -> None:
+        self.kv.delete(b"O" + _u64(ino))
+
+    def list_orphans(self) -> list[int]:
+        return [int(_U64.unpack(k[1:])[0]) for k, _ in self.kv.scan(b"O", prefix_end(b"O"))]
+
+
+class MetaStore:
+    """The metadata of one tierd namespace, over a pluggable engine."""
+
+    def __init__(self, engine: KVStore) -> None:
+        self.engine = engine
+        self._check_schema()
+
+    @classmethod
+    def open_lmdb(cls, path: Path | str) -> MetaStore:
+        from tierd.meta.lmdb_engine import LmdbStore
+
+        return cls(LmdbStore(path))
+
+    @classmethod
+    def open_memory(cls) -> MetaStore:
+        from tierd.meta.memory_engine import MemoryStore
+
+        return cls(MemoryStore())
+
+    def _check_schema(self) -> None:
+        with self.write() as tx:
+            raw = tx.kv.get(_SCHEMA_KEY)
+            if raw is None:
+                tx.kv.put(_SCHEMA_KEY, msgpack.packb(SCHEMA_VERSION))
+                return
+            found = msgpack.unpackb(raw)
+            if found != SCHEMA_VERSION:
+                raise SchemaError(
+                    f"metadata schema version {found} is not supported "
+                    f"(this tierd reads version {SCHEMA_VERSION})"
+                )
+
+    def schema_version(self) -> int:
+        with self.read() as tx:
+            raw = tx.kv.get(_SCHEMA_KEY)
+        return int(msgpack.unpackb(raw)) if raw is not None else 0
+
+    def read(self) -> MetaTxn:
+        return MetaTxn(self.engine.begin(write=False))
+
+    def write(self) -> MetaTxn:
+        return MetaTxn(self.engine.begin(write=True))
+
+    @contextmanager
+    def snapshot(self) -> Iterator[MetaTxn]:
+        """A read transaction that is always aborted (reads need no commit)."""
+        tx = self.read()
+        try:
+            yield tx
+        finally:
+            tx.abort()
+
+    def sync(self) -> None:
+        """Make every committed transaction survive a machine crash (blocking)."""
+        self.engine.sync()
+
+    def close(self) -> None:
+        self.engine.close()
