@@ -1,0 +1,25 @@
+"""Authorization: identities and the one function that decides access (mode bits for now)."""
+
+from tierd.acl.identity import Identity
+from tierd.acl.modes import (
+    R_OK,
+    W_OK,
+    X_OK,
+    AccessDenied,
+    check_access,
+    is_owner,
+    may_access,
+    may_delete,
+)
+
+__all__ = [
+    "R_OK",
+    "W_OK",
+    "X_OK",
+    "AccessDenied",
+    "Identity",
+    "check_access",
+    "is_owner",
+    "may_access",
+    "may_delete",
+]

@@ -32,7 +32,7 @@ class Record:
     @classmethod
     def decode(cls, raw: bytes) -> Self:
         values: list[Any] = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-        return cls(*values[: len(fields(cls))])  # type: ignore[call-arg]
+        return cls(*values[: len(fields(cls))])  # type: ignore[arg-type]
 
 
 @dataclass(slots=True)

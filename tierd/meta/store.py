@@ -152,12 +152,19 @@ class MetaTxn:
         return self.kv.delete(base) or self.kv.delete(base + b"/")
 
     def list_dirents(
-        self, parent: int, start_after: bytes = b"", end: bytes | None = None
+        self,
+        parent: int,
+        start_after: bytes = b"",
+        end: bytes | None = None,
+        *,
+        start: bytes = b"",
     ) -> Iterator[tuple[bytes, bytes, Dirent]]:
         """(name, sort key, entry) in S3 key order, strictly after the sort key
-        ``start_after`` and before ``end`` when given.  Lazy: stop iterating when done."""
+        ``start_after``, at or after ``start``, and before ``end`` when given.  Lazy: stop
+        iterating when done."""
         prefix = b"D" + _u64(parent)
-        start = prefix + start_after + (b"\x00" if start_after else b"")
+        first = start_after + b"\x00" if start_after else b""
+        start = prefix + max(first, start)
         stop = prefix_end(prefix) if end is None else prefix + end
         for key, raw in self.kv.scan(start, stop):
             skey = key[len(prefix) :]

@@ -1,0 +1,86 @@
+"""The one namespace every door calls: POSIX operations and S3 objects on the same inodes.
+
+Doors translate their protocol into these calls and map :class:`FsError` back; every rule
+about names, permissions and semantics lives here or in :mod:`tierd.acl`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tierd.errors import FsError
+from tierd.meta import ROOT_INO, Inode, MetaStore
+from tierd.namespace.base import ROOT_MODE, StatFs, now_ns
+from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
+from tierd.namespace.objects import Listing, ObjectOps, ObjectReader
+from tierd.namespace.xattrs import XATTR_CREATE, XATTR_REPLACE, XattrOps
+from tierd.tiers.hotdir import HotDir
+
+log = logging.getLogger("tierd.namespace")
+
+__all__ = [
+    "RENAME_EXCHANGE",
+    "RENAME_NOREPLACE",
+    "ROOT_INO",
+    "UTIME_NOW",
+    "XATTR_CREATE",
+    "XATTR_REPLACE",
+    "FsError",
+    "Listing",
+    "Namespace",
+    "ObjectReader",
+    "StatFs",
+]
+
+
+class Namespace(ObjectOps, XattrOps):
+    """Assembled namespace; build it with :meth:`load` (``open`` opens files)."""
+
+    @classmethod
+    async def load(cls, meta: MetaStore, hot_dir: Path, *, umask: int = 0o022) -> Namespace:
+        ns = cls(meta, HotDir(Path(hot_dir)), umask)
+        ns._recover()
+        return ns
+
+    def _recover(self) -> None:
+        """Create the root on first start; after a crash, drop staged uploads and the
+        files that were unlinked while open (nothing can hold them any more)."""
+        with self.meta.write() as tx:
+            if tx.get_inode(ROOT_INO) is None:
+                t = now_ns()
+                tx.put_inode(Inode(ino=ROOT_INO, mode=ROOT_MODE, uid=0, gid=0, nlink=2,
+                                   atime_ns=t, mtime_ns=t, ctime_ns=t, btime_ns=t,
+                                   parent=ROOT_INO))
+                if tx.counter("next_ino") < ROOT_INO:
+                    tx.add_counter("next_ino", ROOT_INO)
+            orphans = tx.list_orphans()
+            for ino in orphans:
+                tx.delete_inode(ino)
+        for ino in orphans:
+            self.hot.remove(ino)
+        staged = self.hot.clear_temp()
+        if orphans or staged:
+            log.info("recovered: %d orphaned files and %d staged uploads removed",
+                     len(orphans), staged)
+
+    async def close(self) -> None:
+        """Make every open file durable and release it."""
+        if self._closed:
+            return
+        self._closed = True
+        for fh in list(self._handles):
+            try:
+                await self.release(fh)
+            except OSError:
+                log.exception("releasing handle %d at shutdown", fh)
+        await self._sync_meta()
+
+    def stats(self) -> dict[str, int]:
+        with self.meta.snapshot() as tx:
+            inodes = tx.counter("inodes")
+            nbytes = tx.counter("bytes")
+            buckets = sum(1 for _ in tx.list_buckets())
+        return {"inodes": inodes, "bytes": nbytes, "buckets": buckets,
+                "open_files": len(self._open)}
+

@@ -1,0 +1,30 @@
+"""Who is asking: the one identity type every door produces.
+
+FUSE builds it from the caller's uid, gid and supplementary groups; S3 from the access key's
+user.  The namespace and :mod:`tierd.acl` never know which door a request came through, which
+is what makes "one identity, one answer" testable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    uid: int
+    gid: int
+    groups: frozenset[int] = field(default_factory=frozenset)
+
+    ROOT: ClassVar[Identity]
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
+    def in_group(self, gid: int) -> bool:
+        return gid == self.gid or gid in self.groups
+
+
+Identity.ROOT = Identity(0, 0)

@@ -1,0 +1,65 @@
+"""Permission decisions from POSIX mode bits, with Linux's rules for root and sticky dirs.
+
+This is the one place a door's request becomes allow/deny; the ACL issue extends
+:func:`may_access` with POSIX ACLs and bucket policies without changing its callers.
+"""
+
+from __future__ import annotations
+
+import errno
+import stat
+
+from tierd.acl.identity import Identity
+from tierd.errors import FsError
+from tierd.meta.records import Inode
+
+R_OK = 4
+W_OK = 2
+X_OK = 1
+
+
+class AccessDenied(FsError):
+    """Raised with errno EACCES (mode bits) or EPERM (ownership rules)."""
+
+
+def may_access(ident: Identity, inode: Inode, mask: int) -> bool:
+    """True when ``ident`` may read/write/execute (``mask`` of R_OK|W_OK|X_OK) ``inode``.
+
+    Root passes read and write checks (CAP_DAC_OVERRIDE) and execute when the inode is a
+    directory or has any execute bit, as on Linux.
+    """
+    if mask == 0:
+        return True
+    mode = inode.mode
+    if ident.is_root:
+        return not (mask & X_OK and not stat.S_ISDIR(mode) and not mode & 0o111)
+    if ident.uid == inode.uid:
+        bits = (mode >> 6) & 7
+    elif ident.in_group(inode.gid):
+        bits = (mode >> 3) & 7
+    else:
+        bits = mode & 7
+    return bits & mask == mask
+
+
+def check_access(ident: Identity, inode: Inode, mask: int, what: str = "") -> None:
+    """Raise EACCES unless :func:`may_access` allows."""
+    if not may_access(ident, inode, mask):
+        need = "".join(c for c, b in (("r", R_OK), ("w", W_OK), ("x", X_OK)) if mask & b)
+        raise AccessDenied(
+            errno.EACCES,
+            f"permission denied: uid {ident.uid} lacks '{need}' on {what or f'inode {inode.ino}'}",
+        )
+
+
+def may_delete(ident: Identity, directory: Inode, victim: Inode) -> bool:
+    """The sticky-bit rule: in a sticky directory only root, the directory's owner and the
+    entry's owner may remove or rename an entry."""
+    if not directory.mode & stat.S_ISVTX or ident.is_root:
+        return True
+    return ident.uid in (directory.uid, victim.uid)
+
+
+def is_owner(ident: Identity, inode: Inode) -> bool:
+    """Ownership rights (chmod, utimens with explicit times): root or the owner."""
+    return ident.is_root or ident.uid == inode.uid

@@ -1,0 +1,219 @@
+"""Shared state and helpers of the namespace: the store, open files, lookups, attributes.
+
+The namespace is split by concern into mixins (entries, files, xattrs, objects) over this
+base; :class:`tierd.namespace.Namespace` assembles them.  Every method is a coroutine that
+runs its metadata transaction without awaiting inside it: lmdb allows one writer, so a
+transaction held across an ``await`` would stall the whole daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import hashlib
+import logging
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tierd.acl import X_OK, Identity, check_access
+from tierd.errors import FsError
+from tierd.meta import ROOT_INO, Inode, MetaStore, MetaTxn
+from tierd.namespace.names import check_name
+from tierd.tiers.hotdir import HotDir
+
+log = logging.getLogger("tierd.namespace")
+
+ROOT_MODE = stat.S_IFDIR | 0o1777  # anyone may create a bucket; the sticky bit protects it
+IMPLICIT = "tierd.implicit"  # objmeta flag of directories created only to hold an S3 key
+MAX_SYMLINK_HOPS = 40
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+@dataclass(slots=True)
+class OpenFile:
+    """Live state of a regular file while at least one handle is open.
+
+    Writes update ``size``/``mtime_ns`` here and reach the metadata store at flush, fsync
+    and release (the durability points); getattr overlays this state so every caller sees
+    the live size.  An MD5 is streamed while writes arrive in order from offset 0, so the
+    ETag of a sequentially written file costs no second read.
+    """
+
+    ino: int
+    fd: int
+    size: int
+    refs: int = 0
+    gen: int = 0  # bumped by every write/truncate
+    committed_gen: int = 0
+    synced_gen: int = 0
+    mtime_ns: int = 0
+    ctime_ns: int = 0
+    md5: Any = None  # hashlib md5 object covering bytes [0, md5_pos)
+    md5_pos: int = 0
+    hash_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def dirty(self) -> bool:
+        return self.gen != self.committed_gen
+
+    def touch(self) -> None:
+        self.gen += 1
+        self.mtime_ns = self.ctime_ns = now_ns()
+
+
+@dataclass(slots=True)
+class Handle:
+    fh: int
+    ino: int
+    readable: bool
+    writable: bool
+    append: bool
+    ofile: OpenFile
+
+
+@dataclass(frozen=True, slots=True)
+class StatFs:
+    f_bsize: int
+    f_frsize: int
+    f_blocks: int
+    f_bfree: int
+    f_bavail: int
+    f_files: int
+    f_ffree: int
+    f_favail: int
+    f_namemax: int
+
+
+class NamespaceBase:
+    """State and helpers every part of the namespace uses."""
+
+    def __init__(self, meta: MetaStore, hot: HotDir, umask: int = 0o022) -> None:
+        self.meta = meta
+        self.hot = hot
+        self.umask = umask
+        self._open: dict[int, OpenFile] = {}
+        self._handles: dict[int, Handle] = {}
+        self._next_fh = 1
+        self._closed = False
+
+    # -- attributes ------------------------------------------------------------------------
+    def _live(self, inode: Inode) -> Inode:
+        """``inode`` with the size and times of unflushed writes applied."""
+        of = self._open.get(inode.ino)
+        if of is None or not of.dirty:
+            return inode
+        return dataclasses.replace(
+            inode, size=of.size, mtime_ns=of.mtime_ns, ctime_ns=of.ctime_ns
+        )
+
+    @staticmethod
+    def _get(tx: MetaTxn, ino: int) -> Inode:
+        inode = tx.get_inode(ino)
+        if inode is None:
+            raise FsError(errno.ENOENT, f"inode {ino} does not exist")
+        return inode
+
+    def _dir(self, tx: MetaTxn, ino: int) -> Inode:
+        inode = self._get(tx, ino)
+        if not inode.is_dir:
+            raise FsError(errno.ENOTDIR, f"inode {ino} is not a directory")
+        return inode
+
+    def _child(self, tx: MetaTxn, ident: Identity, parent: Inode, name: bytes) -> Inode | None:
+        """The inode named ``name`` in directory ``parent`` (search permission checked), or
+        None.  "." and ".." resolve as on any POSIX file system."""
+        check_access(ident, parent, X_OK, f"directory inode {parent.ino}")
+        if name == b".":
+            return parent
+        if name == b"..":
+            return self._get(tx, parent.parent or ROOT_INO)
+        check_name(name)
+        entry = tx.lookup(parent.ino, name)
+        if entry is None:
+            return None
+        return tx.get_inode(entry.ino)
+
+    @staticmethod
+    def _touch_dir(tx: MetaTxn, directory: Inode, nlink_delta: int = 0) -> None:
+        directory.mtime_ns = directory.ctime_ns = now_ns()
+        directory.nlink += nlink_delta
+        tx.put_inode(directory)
+
+    def _new_inode(
+        self, tx: MetaTxn, ident: Identity, pdir: Inode, mode: int, **kw: Any
+    ) -> Inode:
+        """A new inode owned by the caller; a setgid parent passes on its group (and, to
+        directories, the setgid bit) as on Linux."""
+        t = now_ns()
+        gid = ident.gid
+        if pdir.mode & stat.S_ISGID:
+            gid = pdir.gid
+            if stat.S_ISDIR(mode):
+                mode |= stat.S_ISGID
+        if (
+            mode & stat.S_ISGID
+            and not stat.S_ISDIR(mode)
+            and not ident.is_root
+            and not ident.in_group(gid)
+        ):
+            mode &= ~stat.S_ISGID
+        inode = Inode(
+            ino=tx.next_ino(),
+            mode=mode,
+            uid=ident.uid,
+            gid=gid,
+            atime_ns=t,
+            mtime_ns=t,
+            ctime_ns=t,
+            btime_ns=t,
+            **kw,
+        )
+        return inode
+
+    # -- open files ------------------------------------------------------------------------
+    def _handle(self, fh: int) -> Handle:
+        h = self._handles.get(fh)
+        if h is None:
+            raise FsError(errno.EBADF, f"file handle {fh} is not open")
+        return h
+
+    def _attach(self, inode: Inode, readable: bool, writable: bool, append: bool) -> int:
+        of = self._open.get(inode.ino)
+        if of is None:
+            fd = self.hot.open(inode.ino, create=True)
+            of = OpenFile(inode.ino, fd, inode.size, mtime_ns=inode.mtime_ns,
+                          ctime_ns=inode.ctime_ns)
+            if inode.size == 0:
+                of.md5 = hashlib.md5()
+            self._open[inode.ino] = of
+        of.refs += 1
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = Handle(fh, inode.ino, readable, writable, append, of)
+        return fh
+
+    def _forget_data(self, ino: int) -> None:
+        """Drop a file's bytes once nothing names or holds it."""
+        self.hot.remove(ino)
+
+    def _drop_inode(self, tx: MetaTxn, inode: Inode) -> bool:
+        """Called when ``inode`` lost its last name: delete it now, or mark it an orphan if
+        a handle still holds it.  Returns True when its data must be removed after commit."""
+        if inode.ino in self._open:
+            tx.put_inode(inode)
+            tx.add_orphan(inode.ino)
+            return False
+        tx.delete_inode(inode.ino)
+        return inode.is_reg
+
+    async def _commit_open(self, of: OpenFile) -> None:
+        raise NotImplementedError  # files.FileOps
+
+    async def _sync_meta(self) -> None:
+        await asyncio.to_thread(self.meta.sync)

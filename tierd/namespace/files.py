@@ -1,0 +1,215 @@
+"""Open files: create/open, read/write through handles, flush/fsync/release.
+
+Bytes go to the inode's hot-tier file with ``pread``/``pwrite`` (inline when the page cache
+can serve them); sizes and times are committed to metadata at the durability points, where
+the data is fsynced first, then the metadata committed and synced, then the caller answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import os
+import stat
+
+from tierd.acl import R_OK, W_OK, Identity, check_access
+from tierd.errors import FsError
+from tierd.meta import ROOT_INO, STATE_DIRTY, Dirent, Inode
+from tierd.namespace.base import OpenFile, now_ns
+from tierd.namespace.entries import _EMPTY_MD5, EntryOps
+from tierd.tiers import fileio
+
+_INLINE_HASH = 256 << 10  # hash smaller writes inline; larger ones in a thread (GIL released)
+
+
+def _access_mask(flags: int) -> tuple[bool, bool]:
+    acc = flags & os.O_ACCMODE
+    return acc in (os.O_RDONLY, os.O_RDWR), acc in (os.O_WRONLY, os.O_RDWR)
+
+
+class FileOps(EntryOps):
+    async def create(
+        self, ident: Identity, parent: int, name: bytes, mode: int, flags: int
+    ) -> tuple[Inode, int]:
+        """Create and open a regular file (open(2) with O_CREAT)."""
+        readable, writable = _access_mask(flags)
+        with self.meta.write() as tx:
+            d = self._dir(tx, parent)
+            existing = self._child(tx, ident, d, name) if name not in (b".", b"..") else d
+            if existing is not None:
+                if flags & os.O_EXCL:
+                    raise FsError(errno.EEXIST, f"{name.decode(errors='replace')!r} exists")
+                tx.abort()
+                return existing, await self.open(ident, existing.ino, flags & ~os.O_CREAT)
+            d = self._creatable(tx, ident, parent, name)
+            if parent == ROOT_INO:
+                raise FsError(errno.EPERM, "the namespace root holds only buckets (directories)")
+            inode = self._new_inode(tx, ident, d, stat.S_IFREG | (mode & 0o7777),
+                                    etag=_EMPTY_MD5)
+            tx.put_inode(inode)
+            tx.add_dirent(parent, name, Dirent(inode.ino, stat.S_IFREG))
+            self._touch_dir(tx, d)
+        fh = self._attach(inode, readable, writable, bool(flags & os.O_APPEND))
+        return inode, fh
+
+    async def open(self, ident: Identity, ino: int, flags: int) -> int:
+        readable, writable = _access_mask(flags)
+        with self.meta.snapshot() as tx:
+            inode = self._get(tx, ino)
+        if inode.is_dir:
+            if writable or flags & os.O_TRUNC:
+                raise FsError(errno.EISDIR, f"inode {ino} is a directory")
+        elif not inode.is_reg:
+            raise FsError(errno.ENXIO if not inode.is_lnk else errno.ELOOP,
+                          f"inode {ino} is not a regular file")
+        mask = (R_OK if readable else 0) | (W_OK if writable or flags & os.O_TRUNC else 0)
+        check_access(ident, inode, mask, f"inode {ino}")
+        if inode.is_dir:
+            raise FsError(errno.EISDIR, "open directories with listdir, not open")
+        fh = self._attach(inode, readable, writable, bool(flags & os.O_APPEND))
+        if flags & os.O_TRUNC and self._live(inode).size:
+            try:
+                await self._set_size(ino, 0)
+            except BaseException:
+                await self.release(fh)
+                raise
+        return fh
+
+    async def read(self, fh: int, offset: int, size: int) -> bytes:
+        h = self._handle(fh)
+        if not h.readable:
+            raise FsError(errno.EBADF, "file handle was not opened for reading")
+        if offset < 0:
+            raise FsError(errno.EINVAL, "negative offset")
+        end = min(h.ofile.size, offset + size)
+        if end <= offset:
+            return b""
+        data = await fileio.pread(h.ofile.fd, end - offset, offset)
+        if len(data) < end - offset:  # a hole past the data file's end reads as zeros
+            data += bytes(end - offset - len(data))
+        return data
+
+    async def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
+        h = self._handle(fh)
+        if not h.writable:
+            raise FsError(errno.EBADF, "file handle was not opened for writing")
+        of = h.ofile
+        if h.append:
+            offset = of.size
+        if offset < 0:
+            raise FsError(errno.EINVAL, "negative offset")
+        n = len(data)
+        if n == 0:
+            return 0
+        # claim the range synchronously so later writes see the new size and hash position
+        of.size = max(of.size, offset + n)
+        of.touch()
+        hash_this = of.md5 is not None and offset == of.md5_pos
+        if hash_this:
+            of.md5_pos = offset + n
+        elif of.md5 is not None:
+            of.md5 = None
+        await fileio.pwrite(of.fd, data, offset)
+        if hash_this:
+            async with of.hash_lock:
+                if of.md5 is not None:
+                    if n <= _INLINE_HASH:
+                        of.md5.update(data)
+                    else:
+                        await asyncio.to_thread(of.md5.update, data)
+        return n
+
+    async def flush(self, fh: int) -> None:
+        """close(2) of a descriptor: the design's durability point for FUSE writers."""
+        await self._durable(self._handle(fh).ofile)
+
+    async def fsync(self, fh: int, datasync: bool = False) -> None:
+        await self._durable(self._handle(fh).ofile)
+
+    async def release(self, fh: int) -> None:
+        h = self._handles.pop(fh, None)
+        if h is None:
+            raise FsError(errno.EBADF, f"file handle {fh} is not open")
+        of = h.ofile
+        try:
+            if of.dirty:
+                await self._durable(of)
+        finally:
+            of.refs -= 1
+            if of.refs == 0 and self._open.get(of.ino) is of:
+                del self._open[of.ino]
+                os.close(of.fd)
+                self._reap_if_orphan(of.ino)
+
+    def _reap_if_orphan(self, ino: int) -> None:
+        with self.meta.write() as tx:
+            inode = tx.get_inode(ino)
+            if inode is None or inode.nlink > 0:
+                return
+            tx.delete_inode(ino)
+        self._forget_data(ino)
+
+    async def _durable(self, of: OpenFile) -> None:
+        """Data fsynced, then size/version/ETag committed, then metadata synced."""
+        if of.synced_gen == of.gen:
+            return
+        gen = of.gen
+        await asyncio.to_thread(os.fdatasync, of.fd)
+        if of.committed_gen < gen:
+            await self._commit_open(of)
+        await self._sync_meta()
+        of.synced_gen = max(of.synced_gen, gen)
+
+    async def _commit_open(self, of: OpenFile) -> None:
+        """Record an open file's live size and a new content version (no fsync)."""
+        async with of.hash_lock:  # wait for in-flight hashing so the ETag is complete
+            gen = of.gen
+            etag = ""
+            if of.md5 is not None and of.md5_pos == of.size:
+                etag = of.md5.copy().hexdigest()
+            with self.meta.write() as tx:
+                inode = tx.get_inode(of.ino)
+                if inode is None:
+                    return
+                inode.size = of.size
+                inode.mtime_ns, inode.ctime_ns = of.mtime_ns, of.ctime_ns
+                inode.version = tx.next_version()
+                inode.etag = etag
+                inode.state = STATE_DIRTY
+                tx.put_inode(inode)
+            of.committed_gen = max(of.committed_gen, gen)
+
+    async def etag(self, ino: int) -> str:
+        """The MD5 ETag of a file, computed (in a thread) and cached when writes out of order
+        left it unknown.  A file changed meanwhile gets the hash of its new version."""
+        while True:
+            with self.meta.snapshot() as tx:
+                inode = self._get(tx, ino)
+            of = self._open.get(ino)
+            if of is not None and of.dirty:
+                await self._commit_open(of)
+                continue
+            if inode.etag or not inode.is_reg:
+                return inode.etag
+            digest = await asyncio.to_thread(self._hash_file, ino)
+            with self.meta.write() as tx:
+                cur = self._get(tx, ino)
+                if cur.version != inode.version:
+                    continue
+                cur.etag = digest
+                tx.put_inode(cur)
+            return digest
+
+    def _hash_file(self, ino: int) -> str:
+        h = hashlib.md5()
+        fd = self.hot.open(ino)
+        try:
+            while chunk := os.read(fd, 4 << 20):
+                h.update(chunk)
+        finally:
+            os.close(fd)
+        return h.hexdigest()
+
+
+_ = now_ns

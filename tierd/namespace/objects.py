@@ -1,0 +1,387 @@
+"""Buckets and whole objects: the S3 view of the same inodes the mount shows.
+
+A key is a path inside its bucket (rules in :mod:`tierd.namespace.names`).  A PUT streams the
+body to a staging file while hashing it, fsyncs it, then in one transaction creates missing
+parent directories and swaps the new inode in (an overwrite keeps the old owner and mode, and
+open handles keep reading the old bytes, as after rename over a file).  Directories created
+only to hold a key are marked implicit and vanish with their last key, so S3 clients never
+see directories they did not make; directories made through the mount list as ``a/b/``
+markers while empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+from tierd.acl import R_OK, W_OK, X_OK, Identity, check_access, may_access
+from tierd.errors import FsError
+from tierd.meta import ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
+from tierd.namespace.base import IMPLICIT
+from tierd.namespace.entries import _EMPTY_MD5
+from tierd.namespace.files import _INLINE_HASH, FileOps
+from tierd.namespace.names import check_bucket_name, split_key
+from tierd.tiers import fileio
+
+READ_CHUNK = 1 << 20
+
+
+@dataclass
+class ObjectReader:
+    """An open object: its attributes and a streamed body (ranges allowed)."""
+
+    inode: Inode
+    fd: int
+    _closed: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.inode.size
+
+    async def iter(
+        self, offset: int = 0, length: int | None = None, chunk: int = READ_CHUNK
+    ) -> AsyncIterator[bytes]:
+        end = self.inode.size if length is None else min(self.inode.size, offset + length)
+        pos = offset
+        while pos < end and self.fd >= 0:
+            data = await fileio.pread(self.fd, min(chunk, end - pos), pos)
+            if not data:  # shorter than recorded (sparse tail): zeros
+                data = bytes(min(chunk, end - pos))
+            pos += len(data)
+            yield data
+
+    async def read_all(self) -> bytes:
+        return b"".join([c async for c in self.iter()])
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self.fd >= 0:
+                os.close(self.fd)
+
+
+@dataclass
+class Listing:
+    """One page of a key listing: objects, common prefixes, and where to go on."""
+
+    contents: list[tuple[str, Inode]] = field(default_factory=list)
+    prefixes: list[str] = field(default_factory=list)
+    truncated: bool = False
+    next_marker: str = ""
+
+
+class ObjectOps(FileOps):
+    # -- buckets ---------------------------------------------------------------------------
+    async def create_bucket(self, ident: Identity, name: str) -> Inode:
+        check_bucket_name(name)
+        return await self.mkdir(ident, ROOT_INO, name.encode(), 0o777 & ~self.umask)
+
+    async def delete_bucket(self, ident: Identity, name: str) -> None:
+        await self._bucket(name)
+        await self.rmdir(ident, ROOT_INO, name.encode())
+
+    async def list_buckets(self, ident: Identity) -> list[Bucket]:
+        with self.meta.snapshot() as tx:
+            return list(tx.list_buckets())
+
+    async def get_bucket(self, name: str) -> Bucket:
+        return await self._bucket(name)
+
+    async def _bucket(self, name: str) -> Bucket:
+        with self.meta.snapshot() as tx:
+            b = tx.get_bucket(name)
+        if b is None:
+            raise FsError(errno.ENOENT, f"bucket {name!r} does not exist")
+        return b
+
+    def _bucket_dir(self, tx: MetaTxn, name: str) -> Inode:
+        b = tx.get_bucket(name)
+        if b is None:
+            raise FsError(errno.ENOENT, f"bucket {name!r} does not exist")
+        return self._get(tx, b.ino)
+
+    # -- walking keys ----------------------------------------------------------------------
+    def _parent_dirs(
+        self, tx: MetaTxn, ident: Identity, bucket: str, segments: list[bytes], create: bool,
+        implicit: bool = True,
+    ) -> Inode:
+        """The directory that holds the key's last segment, creating missing directories
+        (owned by the caller) when ``create``."""
+        cur = self._bucket_dir(tx, bucket)
+        for i, seg in enumerate(segments):
+            child = self._child(tx, ident, cur, seg)
+            if child is None:
+                if not create:
+                    raise FsError(errno.ENOENT, "no such key")
+                check_access(ident, cur, W_OK | X_OK, "the key's parent directory")
+                child = self._new_inode(
+                    tx, ident, cur, stat.S_IFDIR | (0o777 & ~self.umask), nlink=2,
+                    parent=cur.ino, objmeta={IMPLICIT: "1"} if implicit else {},
+                )
+                self._link_new(tx, cur, seg, child)
+            elif child.is_lnk:
+                child = self._resolve(tx, ident, self._path_of(bucket, segments[: i + 1]), True)
+            if not child.is_dir:
+                shown = b"/".join(segments[: i + 1]).decode(errors="replace")
+                raise FsError(errno.ENOTDIR, f"{shown!r} is an object, so it cannot also be a "
+                              "prefix of other keys (objects 'a' and 'a/b' cannot both exist)")
+            cur = child
+        return cur
+
+    @staticmethod
+    def _path_of(bucket: str, segments: list[bytes]) -> bytes:
+        return b"/".join([bucket.encode(), *segments])
+
+    def _object(self, tx: MetaTxn, ident: Identity, bucket: str, key: str) -> Inode:
+        segments, marker = split_key(key)
+        self._bucket_dir(tx, bucket)
+        try:
+            inode = self._resolve(tx, ident, self._path_of(bucket, segments), follow=True)
+        except FsError as e:
+            if e.errno in (errno.ENOTDIR, errno.ELOOP):
+                raise FsError(errno.ENOENT, f"no such key {key!r}") from e
+            raise
+        if marker != inode.is_dir:
+            raise FsError(errno.ENOENT, f"no such key {key!r}" + (
+                " (it is a directory: its marker key ends with '/')" if inode.is_dir else ""))
+        check_access(ident, inode, R_OK, f"key {key!r}")
+        return inode
+
+    # -- whole objects ---------------------------------------------------------------------
+    async def head_object(self, ident: Identity, bucket: str, key: str) -> Inode:
+        with self.meta.snapshot() as tx:
+            inode = self._live(self._object(tx, ident, bucket, key))
+        if inode.is_reg and not inode.etag:
+            inode.etag = await self.etag(inode.ino)
+        if inode.is_dir:
+            inode.etag, inode.size = _EMPTY_MD5, 0
+        return inode
+
+    async def get_object(self, ident: Identity, bucket: str, key: str) -> ObjectReader:
+        inode = await self.head_object(ident, bucket, key)
+        if inode.is_dir:
+            return ObjectReader(inode, -1)
+        if not inode.is_reg:
+            raise FsError(errno.ENOENT, f"key {key!r} is not a regular file")
+        return ObjectReader(inode, self.hot.open(inode.ino))
+
+    async def put_object(
+        self,
+        ident: Identity,
+        bucket: str,
+        key: str,
+        body: AsyncIterable[bytes],
+        objmeta: dict[str, str] | None = None,
+    ) -> Inode:
+        segments, marker = split_key(key)
+        with self.meta.snapshot() as tx:  # fail fast, before reading the body
+            self._bucket_dir(tx, bucket)
+        if marker:
+            async for chunk in body:
+                if chunk:
+                    raise FsError(errno.EINVAL, f"key {key!r} ends with '/', which names a "
+                                  "directory marker: its body must be empty")
+            with self.meta.write() as tx:
+                d = self._parent_dirs(tx, ident, bucket, segments, create=True, implicit=False)
+                if d.objmeta.pop(IMPLICIT, None):
+                    tx.put_inode(d)
+            await self._sync_meta()
+            return d
+        path, fd = self.hot.new_temp()
+        try:
+            md5 = hashlib.md5()
+            size = 0
+            async for chunk in body:
+                if not chunk:
+                    continue
+                await fileio.pwrite(fd, chunk, size)
+                if len(chunk) <= _INLINE_HASH:
+                    md5.update(chunk)
+                else:
+                    await asyncio.to_thread(md5.update, chunk)
+                size += len(chunk)
+            await asyncio.to_thread(os.fsync, fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        try:
+            inode, dropped = self._commit_put(ident, bucket, key, segments, path, size,
+                                              md5.hexdigest(), objmeta or {})
+        except BaseException:
+            if os.path.exists(path):
+                os.unlink(path)
+            raise
+        if dropped is not None:
+            self._forget_data(dropped)
+        await asyncio.to_thread(self.hot.fsync_dir, inode.ino)
+        await self._sync_meta()
+        return inode
+
+    def _commit_put(
+        self, ident: Identity, bucket: str, key: str, segments: list[bytes], path: str,
+        size: int, etag: str, objmeta: dict[str, str],
+    ) -> tuple[Inode, int | None]:
+        dropped: int | None = None
+        with self.meta.write() as tx:
+            d = self._parent_dirs(tx, ident, bucket, segments[:-1], create=True)
+            name = segments[-1]
+            old = self._child(tx, ident, d, name)
+            if old is not None and old.is_dir:
+                raise FsError(errno.EISDIR, f"key {key!r} is a directory (it has keys below "
+                              "it), so it cannot also be an object")
+            if old is not None and old.is_reg:
+                check_access(ident, old, W_OK, f"key {key!r}")
+            else:
+                check_access(ident, d, W_OK | X_OK, "the key's parent directory")
+            inode = self._new_inode(tx, ident, d, stat.S_IFREG | (0o666 & ~self.umask),
+                                    size=size, etag=etag, objmeta=dict(objmeta),
+                                    state=STATE_DIRTY)
+            inode.version = tx.next_version()
+            if old is not None:
+                if old.is_reg:  # an overwrite keeps who owns the key and its mode
+                    inode.uid, inode.gid, inode.mode = old.uid, old.gid, old.mode
+                tx.remove_dirent(d.ino, name)
+                if self._unref(tx, old):
+                    dropped = old.ino
+            self.hot.install(path, inode.ino)
+            tx.put_inode(inode)
+            tx.add_dirent(d.ino, name, Dirent(inode.ino, stat.S_IFREG))
+            self._touch_dir(tx, d)
+        return inode, dropped
+
+    async def delete_object(self, ident: Identity, bucket: str, key: str) -> bool:
+        """Remove a key; False when it did not exist (S3 answers success either way).
+        Implicit parent directories left empty go too."""
+        segments, marker = split_key(key)
+        drop: int | None = None
+        with self.meta.write() as tx:
+            try:
+                d = self._parent_dirs(tx, ident, bucket, segments[:-1], create=False)
+            except FsError as e:
+                if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                    return False
+                raise
+            name = segments[-1]
+            child = self._child(tx, ident, d, name)
+            if child is None or child.is_dir != marker:
+                return False
+            if child.is_dir:
+                if tx.has_children(child.ino):
+                    return True  # the marker is implied by the keys below it
+                d2, child = self._removable(tx, ident, d.ino, name)
+                self._rmdir_locked(tx, d2, name, child)
+            else:
+                d, child = self._removable(tx, ident, d.ino, name)
+                tx.remove_dirent(d.ino, name)
+                self._touch_dir(tx, d)
+                if self._unref(tx, child):
+                    drop = child.ino
+            self._prune_implicit(tx, d.ino)
+        if drop is not None:
+            self._forget_data(drop)
+        await self._sync_meta()
+        return True
+
+    def _prune_implicit(self, tx: MetaTxn, ino: int) -> None:
+        while True:
+            d = tx.get_inode(ino)
+            if d is None or not d.objmeta.get(IMPLICIT) or tx.has_children(ino):
+                return
+            parent = self._get(tx, d.parent)
+            if parent.ino == ROOT_INO:
+                return
+            for name, _, dirent in tx.list_dirents(parent.ino):
+                if dirent.ino == ino:
+                    tx.remove_dirent(parent.ino, name)
+                    break
+            tx.delete_inode(ino)
+            self._touch_dir(tx, parent, -1)
+            ino = parent.ino
+
+    # -- listing ---------------------------------------------------------------------------
+    async def list_objects(
+        self,
+        ident: Identity,
+        bucket: str,
+        prefix: str = "",
+        start_after: str = "",
+        delimiter: str = "",
+        limit: int = 1000,
+    ) -> Listing:
+        """One page of keys in S3 order, served by range scans of the sorted directory
+        entries (never a whole directory in memory).  Empty directories list as markers."""
+        out = Listing()
+        p, sa, dl = prefix.encode(), start_after.encode(), delimiter.encode()
+        with self.meta.snapshot() as tx:
+            root = self._bucket_dir(tx, bucket)
+            check_access(ident, root, R_OK | X_OK, f"bucket {bucket!r}")
+            last_cp = b""
+            for key, inode in self._walk(tx, ident, root, b"", p, sa):
+                if dl:
+                    i = key.find(dl, len(p))
+                    if i >= 0:
+                        cp = key[: i + len(dl)]
+                        if cp == last_cp or (sa and cp <= sa):
+                            continue
+                        if len(out.contents) + len(out.prefixes) >= limit:
+                            out.truncated = True
+                            break
+                        out.prefixes.append(cp.decode("utf-8", "surrogateescape"))
+                        last_cp = cp
+                        out.next_marker = out.prefixes[-1]
+                        continue
+                if len(out.contents) + len(out.prefixes) >= limit:
+                    out.truncated = True
+                    break
+                k = key.decode("utf-8", "surrogateescape")
+                out.contents.append((k, self._live(inode)))
+                out.next_marker = k
+        for i, (k, inode) in enumerate(out.contents):
+            if inode.is_dir:
+                inode.etag, inode.size = _EMPTY_MD5, 0
+            elif not inode.etag:
+                inode.etag = await self.etag(inode.ino)
+            out.contents[i] = (k, inode)
+        return out
+
+    def _walk(
+        self, tx: MetaTxn, ident: Identity, d: Inode, base: bytes, prefix: bytes,
+        start_after: bytes,
+    ) -> Iterator[tuple[bytes, Inode]]:
+        """Keys under directory ``d`` (whose keys start with ``base``) that start with
+        ``prefix`` and sort after ``start_after``, in order, pruning whole subtrees."""
+        start = b""
+        if prefix.startswith(base):
+            start = prefix[len(base):].split(b"/")[0]
+        if start_after.startswith(base):
+            start = max(start, start_after[len(base):].split(b"/")[0])
+        elif start_after > base:
+            return
+        for _, skey, dirent in tx.list_dirents(d.ino, start=start):
+            key = base + skey
+            if not (key.startswith(prefix) or prefix.startswith(key)):
+                if key > prefix:
+                    return
+                continue
+            inode = tx.get_inode(dirent.ino)
+            if inode is None:
+                continue
+            if inode.is_dir:
+                if not tx.has_children(inode.ino):
+                    if key.startswith(prefix) and key > start_after:
+                        yield key, inode
+                    continue
+                if not (start_after.startswith(key) or key > start_after):
+                    continue
+                if not may_access(ident, inode, R_OK | X_OK):
+                    continue  # like find(1): a subtree the caller cannot read is skipped
+                yield from self._walk(tx, ident, inode, key, prefix, start_after)
+            elif (inode.is_reg or inode.is_lnk) and key > start_after and key.startswith(prefix):
+                yield key, inode

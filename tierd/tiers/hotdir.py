@@ -1,0 +1,75 @@
+"""File data on the hot tier directory: one sparse local file per inode.
+
+The tiers issue replaces this with block-addressed tiers; until then the namespace stores
+each regular file's bytes in ``<hot>/<shard>/<ino>`` and stages whole-object uploads in
+``<hot>/tmp`` so a PUT appears atomically by rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+
+
+class HotDir:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.tmp = self.root / "tmp"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(exist_ok=True)
+
+    def path(self, ino: int) -> str:
+        h = f"{ino:016x}"
+        return os.path.join(self.root, h[-2:], h)
+
+    def open(self, ino: int, create: bool = False) -> int:
+        """An O_RDWR descriptor on the inode's data file (created empty when asked)."""
+        p = self.path(ino)
+        flags = os.O_RDWR | os.O_CLOEXEC
+        if create:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            flags |= os.O_CREAT
+        try:
+            return os.open(p, flags, 0o600)
+        except FileNotFoundError:
+            # a file created before its data (e.g. by mknod) or whose data was lost: empty
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            return os.open(p, flags | os.O_CREAT, 0o600)
+
+    def create_empty(self, ino: int) -> None:
+        os.close(self.open(ino, create=True))
+
+    def remove(self, ino: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(ino))
+
+    def new_temp(self) -> tuple[str, int]:
+        """A fresh staging file for a streamed upload."""
+        p = os.path.join(self.tmp, uuid.uuid4().hex)
+        return p, os.open(p, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+    def install(self, temp_path: str, ino: int) -> None:
+        """Atomically make a staged file the inode's data (rename within one directory tree)."""
+        p = self.path(ino)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        os.replace(temp_path, p)
+
+    def clear_temp(self) -> int:
+        """Remove staging files left by a crash; returns how many."""
+        n = 0
+        for entry in os.scandir(self.tmp):
+            os.unlink(entry.path)
+            n += 1
+        return n
+
+    def fsync_dir(self, ino: int) -> None:
+        fd = os.open(os.path.dirname(self.path(ino)), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def statvfs(self) -> os.statvfs_result:
+        return os.statvfs(self.root)
