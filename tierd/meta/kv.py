@@ -24,11 +24,12 @@ class KVTxn(ABC):
 
     @abstractmethod
     def put(self, key: bytes, value: bytes) -> None:
-        """Store ``value`` under ``key`` (write transactions only)."""
+        """Store ``value`` under ``key`` (write transactions only: PermissionError otherwise)."""
 
     @abstractmethod
     def delete(self, key: bytes) -> bool:
-        """Remove ``key``; True if it existed (write transactions only)."""
+        """Remove ``key``; True if it existed (write transactions only: PermissionError
+        otherwise)."""
 
     @abstractmethod
     def scan(

@@ -4,7 +4,9 @@ lmdb gives readers lock-free MVCC snapshots and one writer at a time, which fits
 daemon: transactions are short and never span an ``await``.  The environment is opened with
 ``sync=False``: a commit reaches the OS page cache (so a killed process loses nothing) and
 :meth:`LmdbStore.sync` makes it survive a machine crash at the durability points the design
-names (fsync, close, S3 acknowledgement).  lmdb keeps its integrity either way.
+names (fsync, close, S3 acknowledgement).  Between syncs a machine crash may undo the latest
+commits, and lmdb only promises an intact file then if the file system preserves write order
+(see docs/metadata.md, "Transactions and durability").
 """
 
 from __future__ import annotations
@@ -31,9 +33,13 @@ class LmdbTxn(KVTxn):
         return None if value is None else bytes(value)
 
     def put(self, key: bytes, value: bytes) -> None:
+        if not self.write:
+            raise PermissionError("write in a read-only transaction")
         self._txn.put(key, value)
 
     def delete(self, key: bytes) -> bool:
+        if not self.write:
+            raise PermissionError("write in a read-only transaction")
         return bool(self._txn.delete(key))
 
     def scan(

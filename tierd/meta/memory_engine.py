@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from itertools import islice
 
 from sortedcontainers import SortedDict
 
 from tierd.meta.kv import KVStore, KVTxn
+
+_SCAN_BATCH = 64
 
 
 class MemoryTxn(KVTxn):
@@ -48,11 +51,26 @@ class MemoryTxn(KVTxn):
     def scan(
         self, start: bytes, end: bytes | None = None, *, reverse: bool = False
     ) -> Iterator[tuple[bytes, bytes]]:
-        data = self._data
-        keys = list(data.irange(start, end, inclusive=(True, False), reverse=reverse))
-        for k in keys:
-            if k in data:
-                yield k, data[k]
+        # Lazy and tolerant of this transaction's own writes during the scan: take the keys
+        # in small batches from the current view, resuming after the last key returned.
+        lo, lo_inclusive, hi = start, True, end
+        while True:
+            batch = list(
+                islice(
+                    self._data.irange(lo, hi, inclusive=(lo_inclusive, False), reverse=reverse),
+                    _SCAN_BATCH,
+                )
+            )
+            for k in batch:
+                value: bytes | None = self._data.get(k)
+                if value is not None:
+                    yield k, value
+            if len(batch) < _SCAN_BATCH:
+                return
+            if reverse:
+                hi = batch[-1]
+            else:
+                lo, lo_inclusive = batch[-1], False
 
     def commit(self) -> None:
         if self._done:

@@ -15,7 +15,7 @@ import hashlib
 import logging
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tierd.acl import X_OK, Identity, check_access
@@ -54,9 +54,12 @@ class OpenFile:
     synced_gen: int = 0
     mtime_ns: int = 0
     ctime_ns: int = 0
-    md5: Any = None  # hashlib md5 object covering bytes [0, md5_pos)
-    md5_pos: int = 0
-    hash_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    md5: Any = None  # hashlib md5 object covering bytes [0, md5_pos) once hashing catches up
+    md5_pos: int = 0  # end of the bytes queued for hashing
+    md5_done: int = 0  # end of the bytes hashed so far
+    # hashing runs behind the writes, on the other core, as a chain of tasks in write order
+    hash_tail: asyncio.Future[None] | None = None
+    hash_backlog: int = 0
 
     @property
     def dirty(self) -> bool:

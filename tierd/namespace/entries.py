@@ -4,6 +4,7 @@ unlink/rmdir, rename, listing and path resolution — Linux semantics and errnos
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 
@@ -209,9 +210,7 @@ class EntryOps(NamespaceBase):
             of.size = size
             of.touch()
             if size == 0:
-                import hashlib
-
-                of.md5, of.md5_pos = hashlib.md5(), 0
+                of.md5, of.md5_pos, of.md5_done = hashlib.md5(), 0, 0
             elif of.md5 is not None and size != of.md5_pos:
                 of.md5 = None
             await self._commit_open(of)

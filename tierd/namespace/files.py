@@ -20,7 +20,8 @@ from tierd.namespace.base import OpenFile, now_ns
 from tierd.namespace.entries import _EMPTY_MD5, EntryOps
 from tierd.tiers import fileio
 
-_INLINE_HASH = 256 << 10  # hash smaller writes inline; larger ones in a thread (GIL released)
+_INLINE_HASH = 64 << 10  # hash smaller chunks inline; larger ones in a thread (GIL released)
+HASH_BACKLOG = 64 << 20  # writers wait when hashing falls this far behind
 
 
 def _access_mask(flags: int) -> tuple[bool, bool]:
@@ -111,13 +112,10 @@ class FileOps(EntryOps):
         elif of.md5 is not None:
             of.md5 = None
         await fileio.pwrite(of.fd, data, offset)
-        if hash_this:
-            async with of.hash_lock:
-                if of.md5 is not None:
-                    if n <= _INLINE_HASH:
-                        of.md5.update(data)
-                    else:
-                        await asyncio.to_thread(of.md5.update, data)
+        if hash_this and of.md5 is not None:
+            self._hash_behind(of, bytes(data))
+            if of.hash_backlog > HASH_BACKLOG and of.hash_tail is not None:
+                await asyncio.shield(of.hash_tail)
         return n
 
     async def flush(self, fh: int) -> None:
@@ -161,24 +159,50 @@ class FileOps(EntryOps):
         await self._sync_meta()
         of.synced_gen = max(of.synced_gen, gen)
 
+    @staticmethod
+    def _hash_behind(of: OpenFile, data: bytes) -> None:
+        """Queue ``data`` for the file's running MD5 after every earlier chunk."""
+        prev = of.hash_tail
+        h = of.md5  # a truncate to zero starts a new hash: chunks queued before it skip
+        of.hash_backlog += len(data)
+
+        async def step() -> None:
+            try:
+                if prev is not None:
+                    await prev
+                if of.md5 is h and h is not None:
+                    if len(data) <= _INLINE_HASH:
+                        h.update(data)
+                    else:
+                        await asyncio.to_thread(h.update, data)
+                    if of.md5 is h:
+                        of.md5_done += len(data)
+            except Exception:  # the ETag is then computed on demand instead
+                of.md5 = None
+            finally:
+                of.hash_backlog -= len(data)
+
+        of.hash_tail = asyncio.ensure_future(step())
+
     async def _commit_open(self, of: OpenFile) -> None:
         """Record an open file's live size and a new content version (no fsync)."""
-        async with of.hash_lock:  # wait for in-flight hashing so the ETag is complete
-            gen = of.gen
-            etag = ""
-            if of.md5 is not None and of.md5_pos == of.size:
-                etag = of.md5.copy().hexdigest()
-            with self.meta.write() as tx:
-                inode = tx.get_inode(of.ino)
-                if inode is None:
-                    return
-                inode.size = of.size
-                inode.mtime_ns, inode.ctime_ns = of.mtime_ns, of.ctime_ns
-                inode.version = tx.next_version()
-                inode.etag = etag
-                inode.state = STATE_DIRTY
-                tx.put_inode(inode)
-            of.committed_gen = max(of.committed_gen, gen)
+        if of.hash_tail is not None:  # let hashing catch up so the ETag is complete
+            await asyncio.shield(of.hash_tail)
+        gen = of.gen
+        etag = ""
+        if of.md5 is not None and of.md5_done == of.md5_pos == of.size:
+            etag = of.md5.copy().hexdigest()
+        with self.meta.write() as tx:
+            inode = tx.get_inode(of.ino)
+            if inode is None:
+                return
+            inode.size = of.size
+            inode.mtime_ns, inode.ctime_ns = of.mtime_ns, of.ctime_ns
+            inode.version = tx.next_version()
+            inode.etag = etag
+            inode.state = STATE_DIRTY
+            tx.put_inode(inode)
+        of.committed_gen = max(of.committed_gen, gen)
 
     async def etag(self, ino: int) -> str:
         """The MD5 ETag of a file, computed (in a thread) and cached when writes out of order

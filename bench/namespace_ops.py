@@ -1,0 +1,156 @@
+"""Namespace cost against the raw hot-tier directory (method: shared/BENCHMARKING.md).
+
+Two experiments, each run as baseline/tierd pairs (A B A B ...), medians and the median of
+pair-wise ratios printed and written as JSON:
+
+* ``meta``: create + close, stat, rename, unlink of N small files (metadata path).
+  Baseline: the same os calls on a directory of the hot tier's file system.
+* ``write``: sequential 1 MiB writes of a SIZE file ending in fsync, then a warm read.
+  Baseline: os.pwrite/os.pread on a file in the same file system.
+
+Usage: python bench/namespace_ops.py [--files 10000] [--size-mib 1024] [--pairs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from tierd import __version__
+from tierd.acl import Identity
+from tierd.meta import MetaStore
+from tierd.namespace import Namespace
+
+ROOT = Identity.ROOT
+CHUNK = 1 << 20
+
+
+def cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def raw_meta(base: Path, n: int) -> None:
+    d = base / "raw"
+    d.mkdir()
+    for i in range(n):
+        fd = os.open(d / f"f{i}", os.O_CREAT | os.O_WRONLY, 0o644)
+        os.close(fd)
+    for i in range(n):
+        os.stat(d / f"f{i}")
+    for i in range(n):
+        os.rename(d / f"f{i}", d / f"g{i}")
+    for i in range(n):
+        os.unlink(d / f"g{i}")
+
+
+async def ns_meta(base: Path, n: int) -> None:
+    ns = await Namespace.load(MetaStore.open_lmdb(base / "meta"), base / "hot")
+    b = await ns.create_bucket(ROOT, "bench")
+    for i in range(n):
+        _, fh = await ns.create(ROOT, b.ino, f"f{i}".encode(), 0o644, os.O_WRONLY)
+        await ns.release(fh)
+    for i in range(n):
+        await ns.lookup(ROOT, b.ino, f"f{i}".encode())
+    for i in range(n):
+        await ns.rename(ROOT, b.ino, f"f{i}".encode(), b.ino, f"g{i}".encode())
+    for i in range(n):
+        await ns.unlink(ROOT, b.ino, f"g{i}".encode())
+    await ns.close()
+    ns.meta.close()
+
+
+async def raw_write(base: Path, size: int) -> None:
+    buf = os.urandom(CHUNK)
+    fd = os.open(base / "raw.bin", os.O_CREAT | os.O_RDWR, 0o644)
+    for off in range(0, size, CHUNK):
+        os.pwrite(fd, buf, off)
+    os.fsync(fd)
+    for off in range(0, size, CHUNK):
+        os.pread(fd, CHUNK, off)
+    os.close(fd)
+
+
+async def ns_write(base: Path, size: int) -> None:
+    buf = os.urandom(CHUNK)
+    ns = await Namespace.load(MetaStore.open_lmdb(base / "meta"), base / "hot")
+    b = await ns.create_bucket(ROOT, "bench")
+    _, fh = await ns.create(ROOT, b.ino, b"big.bin", 0o644, os.O_RDWR)
+    for off in range(0, size, CHUNK):
+        await ns.write(fh, off, buf)
+    await ns.fsync(fh)
+    for off in range(0, size, CHUNK):
+        await ns.read(fh, off, CHUNK)
+    await ns.release(fh)
+    await ns.close()
+    ns.meta.close()
+
+
+async def timed(fn: Callable[[Path], Awaitable[None]], workdir: Path) -> dict[str, float]:
+    base = Path(tempfile.mkdtemp(dir=workdir))
+    try:
+        c0, t0 = cpu(), time.perf_counter()
+        await asyncio.wait_for(fn(base), timeout=600)
+        return {"seconds": time.perf_counter() - t0, "cpu_seconds": cpu() - c0}
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def experiment(
+    name: str, baseline: Callable[[Path], Awaitable[None]],
+    subject: Callable[[Path], Awaitable[None]], pairs: int, workdir: Path, unit: float,
+    unit_name: str,
+) -> dict[str, object]:
+    runs = []
+    for _ in range(pairs):
+        a = await timed(baseline, workdir)
+        b = await timed(subject, workdir)
+        runs.append({"baseline": a, "tierd": b, "ratio": b["seconds"] / a["seconds"]})
+    med_a = statistics.median(r["baseline"]["seconds"] for r in runs)  # type: ignore[index]
+    med_b = statistics.median(r["tierd"]["seconds"] for r in runs)  # type: ignore[index]
+    ratio = statistics.median(r["ratio"] for r in runs)  # type: ignore[misc]
+    print(f"{name:6s} baseline {unit / med_a:12.1f} {unit_name}   tierd {unit / med_b:12.1f} "
+          f"{unit_name}   time ratio tierd/baseline {ratio:.2f}")
+    return {"runs": runs, "median_baseline_s": med_a, "median_tierd_s": med_b,
+            "median_ratio": ratio, "unit": unit_name, "per_run_units": unit}
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--files", type=int, default=10000)
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
+    ap.add_argument("--out", type=Path, default=Path("bench/results/namespace_ops.json"))
+    args = ap.parse_args()
+    n, size = args.files, args.size_mib << 20
+    result = {
+        "inputs": vars(args) | {"workdir": str(args.workdir), "out": str(args.out)},
+        "versions": {"tierd": __version__, "python": sys.version.split()[0]},
+        "machine": {"nproc": os.cpu_count(), "platform": platform.platform(),
+                    "mem_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
+        "note": "warm: the page cache is not dropped; meta ops = create+stat+rename+unlink",
+        "meta": await experiment("meta", lambda b: raw_meta(b, n), lambda b: ns_meta(b, n),
+                                 args.pairs, args.workdir, 4 * n, "ops/s"),
+        "write": await experiment("write", lambda b: raw_write(b, size),
+                                  lambda b: ns_write(b, size), args.pairs, args.workdir,
+                                  2 * size / 2**20, "MiB/s (write+fsync, then read)"),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,87 @@
+"""The admin API's aiohttp application.
+
+Endpoints:
+
+* ``GET /healthz`` -- ``200 ok`` while the daemon serves (for load balancers and systemd
+  watchdogs: no JSON parsing needed);
+* ``GET /v1/status`` -- JSON: version, uptime, data dir, pid, namespace counts, metadata
+  engine figures and the listen addresses.
+
+Every error is JSON ``{"error": code, "message": text}`` with the matching status, so
+``tierctl`` and scripts never have to parse HTML error pages.
+
+The admin door follows the layering rule of the design: it never touches metadata or tiers
+itself.  It asks an :class:`AdminBackend` (the daemon) for what it serves.
+
+**Authentication:** none yet -- the admin listener must stay on a local address until the
+admin token (``TIERD_ADMIN_TOKEN``, a later issue) is checked by a middleware here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from tierd.logs import get_logger
+
+log = get_logger("admin")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class AdminBackend(Protocol):
+    """What the admin API needs from the daemon.  Later issues add methods here."""
+
+    def status(self) -> dict[str, Any]:
+        """The ``/v1/status`` document."""
+        ...
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": code, "message": message}, status=status)
+
+
+_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+}
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn aiohttp's HTML/text error responses and unexpected exceptions into JSON."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = _CODES.get(exc.status, "error")
+        if exc.status == 404:
+            message = f"no such endpoint: {request.method} {request.path}"
+        elif exc.status == 405:
+            message = f"method {request.method} not allowed on {request.path}"
+        else:
+            message = exc.reason
+        return _error(exc.status, code, message)
+    except Exception:
+        log.exception("admin request failed: %s %s", request.method, request.path)
+        return _error(500, "internal", "internal error; see the tierd log")
+
+
+def make_admin_app(backend: AdminBackend) -> web.Application:
+    """Build the admin application served on ``admin_listen``."""
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(backend.status())
+
+    app = web.Application(middlewares=[_json_errors])
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/v1/status", status)
+    return app

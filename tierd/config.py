@@ -1,0 +1,566 @@
+"""tierd's settings: one typed, frozen :class:`Config` and the loader that fills it.
+
+Zero configuration must work, so every setting has a default.  Sources, in increasing
+precedence::
+
+    defaults  <  TOML file (--config FILE or TIERD_CONFIG)  <  TIERD_* env vars  <  CLI flags
+
+**The settings table is the dataclass.**  Each :class:`Config` field is declared as
+``field(default=..., metadata=setting(parse=..., help=...))``; the environment variable
+(``TIERD_<KEY>``), the CLI flag (``--<key-with-dashes>``), the TOML key and the reference in
+``docs/config.md`` all follow from the field name.  A later issue adds a setting (tiers, the
+cold URL, policies) by adding one field here (and a paragraph to ``docs/config.md``; a test
+checks the doc mentions every setting).
+
+Every value from every source goes through the same parser, so a bad value is rejected the
+same way wherever it came from, with a :class:`ConfigError` naming the key and the source
+(file path, environment variable or flag).  Unknown keys are rejected too: a typo in a config
+file must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import platformdirs
+
+T = TypeVar("T")
+
+ENV_PREFIX = "TIERD_"
+
+#: ``TIERD_*`` environment variables that are not settings and are therefore not rejected as
+#: unknown.  Documented in docs/config.md; add a name here when a new one is introduced.
+NON_SETTING_ENV: frozenset[str] = frozenset(
+    {
+        "TIERD_CONFIG",  # path of the TOML config file
+        "TIERD_ROOT_ACCESS_KEY",  # bootstrap S3 credentials (S3 gateway issue)
+        "TIERD_ROOT_SECRET_KEY",
+        "TIERD_ADMIN_URL",  # tierctl: where the admin API listens
+        "TIERD_ADMIN_TOKEN",  # admin API auth token (later issue)
+        "TIERD_VENV",  # dev.sh: location of the virtual environment
+    }
+)
+
+
+class ConfigError(Exception):
+    """A setting could not be accepted.  ``str(err)`` names the key and the source."""
+
+    def __init__(self, message: str, *, key: str | None = None, source: str | None = None):
+        super().__init__(message)
+        self.key = key
+        self.source = source
+
+
+class ParseContext(NamedTuple):
+    """What a parser needs to know about where a value came from."""
+
+    #: relative paths are taken relative to this directory (the config file's directory for
+    #: values from the file, the current directory otherwise)
+    base_dir: Path
+
+
+Parser = Callable[[object, ParseContext], T]
+
+
+@dataclass(frozen=True)
+class SettingInfo(Generic[T]):
+    """The table entry of one setting (stored in the dataclass field's metadata)."""
+
+    parse: Parser[T]
+    help: str
+    #: for settings whose default depends on other settings (``hot_dir`` under ``data_dir``)
+    derive: Callable[[Config], T] | None = None
+    #: never echo the value in error messages (credentials)
+    secret: bool = False
+    #: placeholder shown in ``--help``
+    metavar: str = "VALUE"
+
+
+_META_KEY = "tierd.setting"
+
+
+def setting(
+    *,
+    parse: Parser[T],
+    help: str,
+    derive: Callable[[Config], T] | None = None,
+    secret: bool = False,
+    metavar: str = "VALUE",
+) -> dict[str, SettingInfo[T]]:
+    """The table entry of one setting, as ``field(..., metadata=setting(...))``.
+
+    A setting with ``derive`` is declared ``field(default=DERIVED, ...)``: its default is
+    computed from the other settings after loading (see :meth:`Config.__post_init__`).
+    """
+    return {
+        _META_KEY: SettingInfo(
+            parse=parse, help=help, derive=derive, secret=secret, metavar=metavar
+        )
+    }
+
+
+#: Default of derived settings: a value no parser can produce (paths cannot contain NUL),
+#: meaning "compute me from the other settings".
+DERIVED: Any = Path("\x00derived")
+
+
+# --- parsers --------------------------------------------------------------------------------
+# Each takes the raw value (a native TOML value, or a string from the environment or the
+# command line) and returns the typed value or raises ValueError with a human message.
+
+
+def _type_name(value: object) -> str:
+    names = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array"}
+    return names.get(type(value), "table" if isinstance(value, dict) else type(value).__name__)
+
+
+def _need_str(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected {what} (a string), got {_type_name(value)}")
+    return value
+
+
+def parse_str(value: object, ctx: ParseContext) -> str:
+    """Any non-empty string."""
+    s = _need_str(value, "a string")
+    if not s:
+        raise ValueError("must not be empty")
+    return s
+
+
+def parse_path(value: object, ctx: ParseContext) -> Path:
+    """A filesystem path; ``~`` is expanded and relative paths are made absolute."""
+    s = _need_str(value, "a path")
+    if not s:
+        raise ValueError("must not be empty")
+    if "\x00" in s:
+        raise ValueError("must not contain NUL")
+    p = Path(s).expanduser()
+    if not p.is_absolute():
+        p = ctx.base_dir / p
+    return Path(os.path.normpath(p))
+
+
+def parse_optional_path(value: object, ctx: ParseContext) -> Path | None:
+    """A path, or the empty string for "none"."""
+    if value == "":
+        return None
+    return parse_path(value, ctx)
+
+
+class HostPort(NamedTuple):
+    """A listen address.  ``str()`` gives ``HOST:PORT`` (``[v6]:PORT`` for IPv6)."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+_HOSTNAME = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?$")
+
+
+def parse_host_port(value: object, ctx: ParseContext) -> HostPort:
+    """``HOST:PORT`` with an IPv4 address, a host name or a bracketed IPv6 address;
+    port 0 asks the kernel for a free port."""
+    s = _need_str(value, "HOST:PORT").strip()
+    example = "expected HOST:PORT, e.g. 127.0.0.1:9000 or [::1]:9000"
+    if s.startswith("["):
+        end = s.find("]")
+        if end < 0 or s[end + 1 : end + 2] != ":":
+            raise ValueError(example)
+        host, port_s = s[1:end], s[end + 2 :]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv6 address") from None
+    else:
+        host, sep, port_s = s.rpartition(":")
+        if not sep or not host:
+            raise ValueError(example)
+        if ":" in host:
+            raise ValueError(f"{example} (put an IPv6 address in brackets)")
+        if not _HOSTNAME.match(host):
+            raise ValueError(f"{host!r} is not a valid host name or address")
+    if not port_s.isdigit():
+        raise ValueError(f"port {port_s!r} is not a number ({example})")
+    port = int(port_s)
+    if port > 65535:
+        raise ValueError(f"port {port} is out of range 0-65535")
+    return HostPort(host, port)
+
+
+def parse_choice(*choices: str) -> Parser[str]:
+    """One of ``choices`` (case-insensitive; stored lower-case)."""
+
+    def parse(value: object, ctx: ParseContext) -> str:
+        s = _need_str(value, "one of " + ", ".join(choices)).strip().lower()
+        if s not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return s
+
+    return parse
+
+
+def parse_umask(value: object, ctx: ParseContext) -> int:
+    """An octal file-creation mask: ``"022"``, ``"0o022"`` or a TOML integer like ``0o022``."""
+    if isinstance(value, bool):
+        raise ValueError('expected an octal umask such as "022", got boolean')
+    if isinstance(value, int):
+        n = value
+    else:
+        s = _need_str(value, 'an octal umask such as "022"').strip().lower()
+        s = s.removeprefix("0o")
+        if not s or any(c not in "01234567" for c in s):
+            raise ValueError(f'{value!r} is not an octal umask such as "022"')
+        n = int(s, 8)
+    if not 0 <= n <= 0o777:
+        raise ValueError(f"umask {n:#o} is out of range 000-777")
+    return n
+
+
+def parse_int(lo: int, hi: int | None = None) -> Parser[int]:
+    """An integer in ``[lo, hi]`` (strings of decimal digits accepted from env and CLI)."""
+
+    def parse(value: object, ctx: ParseContext) -> int:
+        if isinstance(value, bool):
+            raise ValueError("expected an integer, got boolean")
+        if isinstance(value, int):
+            n = value
+        else:
+            s = _need_str(value, "an integer").strip()
+            try:
+                n = int(s, 10)
+            except ValueError:
+                raise ValueError(f"{s!r} is not an integer") from None
+        if n < lo or (hi is not None and n > hi):
+            raise ValueError(f"{n} is out of range {lo}-{'' if hi is None else hi}")
+        return n
+
+    return parse
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_bool(value: object, ctx: ParseContext) -> bool:
+    """A boolean; from env and CLI: 1/0, true/false, yes/no, on/off."""
+    if isinstance(value, bool):
+        return value
+    s = _need_str(value, "a boolean").strip().lower()
+    if s in _TRUE:
+        return True
+    if s in _FALSE:
+        return False
+    raise ValueError(f"{value!r} is not a boolean (use true or false)")
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(value: object, ctx: ParseContext) -> int:
+    """A byte count: an integer, or ``"64GiB"``/``"512M"`` (binary units: 1K = 1024)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError("a size must not be negative")
+        return value
+    s = _need_str(value, 'a size such as "64GiB"')
+    m = _SIZE.match(s)
+    if not m:
+        raise ValueError(f'{s!r} is not a size such as "512MiB" or "64G"')
+    return int(m.group(1)) << (10 * " kmgtp".index(m.group(2).lower() or " "))
+
+
+_REGION = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+def parse_region(value: object, ctx: ParseContext) -> str:
+    s = _need_str(value, "a region name").strip()
+    if not _REGION.match(s):
+        raise ValueError(f"{s!r} is not a region name such as us-east-1")
+    return s
+
+
+# --- the settings table ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every tierd setting, typed and validated.  Build one with :func:`load_config`.
+
+    Constructing ``Config(...)`` directly (tests, embedding) skips parsing: pass typed values.
+    """
+
+    data_dir: Path = field(
+        default_factory=lambda: Path(platformdirs.user_data_dir("tierd")),
+        metadata=setting(
+            parse=parse_path,
+            help="Directory holding metadata and the hot, warm and cold tiers.",
+            metavar="DIR",
+        ),
+    )
+    s3_listen: HostPort = field(
+        default=HostPort("127.0.0.1", 9000),
+        metadata=setting(
+            parse=parse_host_port,
+            help="HOST:PORT of the S3 gateway (port 0: any free port).",
+            metavar="HOST:PORT",
+        ),
+    )
+    admin_listen: HostPort = field(
+        default=HostPort("127.0.0.1", 9001),
+        metadata=setting(
+            parse=parse_host_port,
+            help="HOST:PORT of the admin API (port 0: any free port).",
+            metavar="HOST:PORT",
+        ),
+    )
+    mount: Path | None = field(
+        default=None,
+        metadata=setting(
+            parse=parse_optional_path,
+            help="Where to mount the namespace with FUSE (empty: no mount).",
+            metavar="DIR",
+        ),
+    )
+    log_level: str = field(
+        default="info",
+        metadata=setting(
+            parse=parse_choice("debug", "info", "warning", "error", "critical"),
+            help="Lowest log level written: debug, info, warning, error or critical.",
+            metavar="LEVEL",
+        ),
+    )
+    log_format: str = field(
+        default="text",
+        metadata=setting(
+            parse=parse_choice("text", "json"),
+            help="Log line format: text (key=value) or json (one object per line).",
+            metavar="text|json",
+        ),
+    )
+    umask: int = field(
+        default=0o022,
+        metadata=setting(
+            parse=parse_umask,
+            help='Mask applied to the mode of new files and directories (octal, e.g. "022").',
+            metavar="OCTAL",
+        ),
+    )
+    region: str = field(
+        default="us-east-1",
+        metadata=setting(
+            parse=parse_region,
+            help="Region name the S3 gateway reports and expects in signatures.",
+            metavar="NAME",
+        ),
+    )
+    meta_dir: Path = field(
+        default=DERIVED,
+        metadata=setting(
+            derive=lambda c: c.data_dir / "meta",
+            parse=parse_path,
+            help="Metadata engine directory (default: DATA_DIR/meta).",
+            metavar="DIR",
+        ),
+    )
+    hot_dir: Path = field(
+        default=DERIVED,
+        metadata=setting(
+            derive=lambda c: c.data_dir / "hot",
+            parse=parse_path,
+            help="Hot (NVMe) tier directory (default: DATA_DIR/hot).",
+            metavar="DIR",
+        ),
+    )
+    warm_dir: Path = field(
+        default=DERIVED,
+        metadata=setting(
+            derive=lambda c: c.data_dir / "warm",
+            parse=parse_path,
+            help="Warm (SSD) tier directory (default: DATA_DIR/warm).",
+            metavar="DIR",
+        ),
+    )
+    cold_dir: Path = field(
+        default=DERIVED,
+        metadata=setting(
+            derive=lambda c: c.data_dir / "cold",
+            parse=parse_path,
+            help="Cold tier directory, the local object store (default: DATA_DIR/cold).",
+            metavar="DIR",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        # Fill derived defaults now that the settings they depend on are known.
+        for f in dataclasses.fields(self):
+            info = f.metadata[_META_KEY]
+            if info.derive is not None and getattr(self, f.name) is DERIVED:
+                object.__setattr__(self, f.name, info.derive(self))
+
+    @property
+    def lock_file(self) -> Path:
+        """Held (flock) by the running daemon; contains its PID."""
+        return self.data_dir / "tierd.lock"
+
+    @property
+    def endpoints_file(self) -> Path:
+        """Written by the running daemon: the addresses it actually listens on."""
+        return self.data_dir / "endpoints.json"
+
+    def as_dict(self) -> dict[str, object]:
+        """Settings as TOML-compatible plain values (secrets redacted)."""
+        out: dict[str, object] = {}
+        for spec in SETTINGS:
+            value = getattr(self, spec.name)
+            if spec.info.secret:
+                out[spec.name] = "<redacted>"
+            elif isinstance(value, Path | HostPort):
+                out[spec.name] = str(value)
+            elif spec.name == "umask":
+                out[spec.name] = f"{value:03o}"
+            else:
+                out[spec.name] = "" if value is None else value
+        return out
+
+
+class Setting(NamedTuple):
+    """A setting as the outside world sees it: key, env var, CLI flag and table entry."""
+
+    name: str
+    env: str
+    flag: str
+    info: SettingInfo[Any]
+
+
+SETTINGS: tuple[Setting, ...] = tuple(
+    Setting(
+        name=f.name,
+        env=ENV_PREFIX + f.name.upper(),
+        flag="--" + f.name.replace("_", "-"),
+        info=f.metadata[_META_KEY],
+    )
+    for f in dataclasses.fields(Config)
+)
+_BY_NAME = {s.name: s for s in SETTINGS}
+_BY_ENV = {s.env: s for s in SETTINGS}
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _unknown_setting(key: str, source: str) -> ConfigError:
+    known = list(_BY_NAME)
+    return ConfigError(
+        f"unknown setting {key!r} ({source}){_did_you_mean(key, known)}; "
+        f"known settings: {', '.join(known)}",
+        key=key,
+        source=source,
+    )
+
+
+def _unknown_env(name: str) -> ConfigError:
+    known = sorted(_BY_ENV)
+    return ConfigError(
+        f"unknown environment variable {name}: not a tierd setting"
+        f"{_did_you_mean(name, known)}; settings: {', '.join(known)}; "
+        f"other TIERD_ variables: {', '.join(sorted(NON_SETTING_ENV))}",
+        key=name,
+        source=f"environment variable {name}",
+    )
+
+
+def _parse_one(
+    spec: Setting, raw: object, source: str, ctx: ParseContext, values: dict[str, object]
+) -> None:
+    try:
+        values[spec.name] = spec.info.parse(raw, ctx)
+    except ValueError as e:
+        shown = "" if spec.info.secret else f" = {raw!r}"
+        raise ConfigError(
+            f"invalid {spec.name}{shown} ({source}): {e}", key=spec.name, source=source
+        ) from None
+
+
+def read_config_file(path: Path, values: dict[str, object]) -> None:
+    """Parse the TOML file at ``path`` into ``values`` (settings keyed by name)."""
+    src = f"config file {path}"
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{src}: no such file", source=src) from None
+    except OSError as e:
+        raise ConfigError(f"{src}: cannot read: {e.strerror}", source=src) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{src}: invalid TOML: {e}", source=src) from None
+    ctx = ParseContext(base_dir=path.parent)
+    for key, raw in doc.items():
+        spec = _BY_NAME.get(key)
+        if spec is None:
+            raise _unknown_setting(key, src)
+        _parse_one(spec, raw, src, ctx, values)
+
+
+def load_config(
+    *,
+    cli: Mapping[str, object | None] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: str | Path | None = None,
+    cwd: Path | None = None,
+) -> Config:
+    """Build the effective :class:`Config` from all sources.
+
+    ``cli`` maps setting names to command-line values (``None`` = not given); ``env``
+    defaults to ``os.environ``; ``config_file`` (from ``--config``) beats ``TIERD_CONFIG``.
+    Raises :class:`ConfigError` naming the key and source of the first bad value.
+    """
+    env = os.environ if env is None else env
+    ctx = ParseContext(base_dir=cwd or Path.cwd())
+    values: dict[str, object] = {}
+
+    # 1. config file
+    path_raw: str | None = None
+    if config_file is not None and str(config_file) != "":
+        path_raw = str(config_file)
+    elif env.get("TIERD_CONFIG"):
+        path_raw = env["TIERD_CONFIG"]
+    if path_raw is not None:
+        read_config_file(Path(os.path.normpath(ctx.base_dir / Path(path_raw).expanduser())), values)
+
+    # 2. environment
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in NON_SETTING_ENV:
+            continue
+        spec = _BY_ENV.get(name)
+        if spec is None:
+            raise _unknown_env(name)
+        _parse_one(spec, env[name], f"environment variable {name}", ctx, values)
+
+    # 3. command line
+    for key, raw in (cli or {}).items():
+        if raw is None:
+            continue
+        spec = _BY_NAME.get(key)
+        if spec is None:
+            raise _unknown_setting(key, "command line")
+        _parse_one(spec, raw, f"command-line option {spec.flag}", ctx, values)
+
+    return Config(**values)  # type: ignore[arg-type]

@@ -1,0 +1,294 @@
+"""The tierd process: one asyncio loop owning the namespace and serving every door.
+
+:meth:`Daemon.run` is the whole life cycle:
+
+1. take the data directory's lock (``flock`` on ``<data_dir>/tierd.lock``; the file holds the
+   PID) -- two daemons on one lmdb environment and one set of tier directories would corrupt
+   each other, so the second one refuses, naming the data directory and the holder's PID;
+2. create the directory layout, open the metadata store and the namespace;
+3. start the S3 and admin listeners (port 0 = any free port), log the bound addresses and
+   write them to ``<data_dir>/endpoints.json`` for tests and tools;
+4. wait for SIGTERM or SIGINT, then shut down in reverse order and return, so the process
+   exits 0 after a clean stop.
+
+Startup failures (lock held, port in use, unusable directory) raise :class:`StartupError`
+with a message for the operator; the CLI turns it into a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from tierd import __version__
+from tierd.admin import make_admin_app
+from tierd.config import Config, HostPort
+from tierd.logs import AccessLogger, get_logger, kv
+from tierd.meta.store import MetaStore
+from tierd.namespace import Namespace
+from tierd.s3 import make_s3_app
+
+log = get_logger("daemon")
+
+#: seconds a listener waits for in-flight requests at shutdown before closing them
+SHUTDOWN_GRACE = 5.0
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message says why and what to do."""
+
+
+class DataDirLock:
+    """An exclusive, non-blocking ``flock`` on ``<data_dir>/tierd.lock``.
+
+    ``flock`` (not a PID file alone) because the kernel drops it when the process dies, so a
+    crashed daemon never leaves a stale lock behind.  The PID is written into the file only
+    to name the holder in the second instance's error message.  The file is never unlinked:
+    unlinking a lock file races with a newcomer locking the old inode.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise StartupError(f"cannot open lock file {self.path}: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StartupError(
+                f"another tierd (pid {holder}) is already running on data directory "
+                f"{self.path.parent} (lock {self.path}); stop it or use another --data-dir"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            os.ftruncate(fd, 0)  # before unlocking: the next holder writes its own PID
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def _url_host(host: str) -> str:
+    """A host to put in a URL that clients can connect to (wildcards become loopback)."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+class Daemon:
+    """One tierd process.  ``await Daemon(config).run()`` serves until SIGTERM/SIGINT."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.started_monotonic = 0.0
+        self.meta: MetaStore | None = None
+        self.namespace: Namespace | None = None
+        #: door name -> bound (host, port) of its first socket; filled once listening
+        self.bound: dict[str, HostPort] = {}
+        self._stop = asyncio.Event()
+        self._stop_signal: str | None = None
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Start, serve until asked to stop, stop.  Raises :class:`StartupError`."""
+        self.started_monotonic = time.monotonic()
+        loop = asyncio.get_running_loop()
+        # Handlers first: a signal arriving during start-up must stop us cleanly afterwards,
+        # not kill the process half-way through opening the store.  (Outside the main thread,
+        # e.g. embedded in a test, there are no signal handlers: use request_stop().)
+        handled: list[signal.Signals] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                handled.append(sig)
+            except (ValueError, RuntimeError):
+                log.debug("no handler for %s outside the main thread", sig.name)
+        try:
+            async with self._started():
+                log.info("tierd ready", extra=kv(pid=os.getpid(), version=__version__))
+                await self._stop.wait()
+                log.info("shutting down", extra=kv(signal=self._stop_signal))
+            log.info("stopped cleanly")
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to shut down (what SIGTERM does)."""
+        self._stop.set()
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if self._stop.is_set():
+            log.warning("already shutting down", extra=kv(signal=sig.name))
+            return
+        self._stop_signal = sig.name
+        self._stop.set()
+
+    @contextlib.asynccontextmanager
+    async def _started(self) -> AsyncIterator[None]:
+        """Everything :meth:`run` starts, stopped in reverse order on the way out."""
+        cfg = self.config
+        async with contextlib.AsyncExitStack() as stack:
+            if cfg.mount is not None:
+                raise StartupError(
+                    f"mount = {cfg.mount}: the FUSE door is not available in this tierd "
+                    "version yet; leave mount empty"
+                )
+            self._make_dirs([cfg.data_dir])
+            lock = DataDirLock(cfg.lock_file)
+            lock.acquire()
+            stack.callback(lock.release)
+            log.info("data directory locked", extra=kv(data_dir=cfg.data_dir))
+            self._make_dirs([cfg.meta_dir, cfg.hot_dir, cfg.warm_dir, cfg.cold_dir])
+
+            # lmdb open/close touch the disk: keep them off the loop.
+            try:
+                self.meta = await asyncio.to_thread(MetaStore.open_lmdb, cfg.meta_dir)
+            except Exception as e:  # lmdb errors, SchemaError: nothing to serve without it
+                raise StartupError(
+                    f"cannot open the metadata store in {cfg.meta_dir}: {type(e).__name__}: {e}"
+                ) from e
+            stack.push_async_callback(self._close_meta)
+            self.namespace = await Namespace.load(self.meta, cfg.hot_dir, umask=cfg.umask)
+            stack.push_async_callback(self._close_namespace)
+
+            admin = make_admin_app(self)
+            s3 = make_s3_app()
+            for door, app, addr, key in (
+                ("s3", s3, cfg.s3_listen, "s3_listen"),
+                ("admin", admin, cfg.admin_listen, "admin_listen"),
+            ):
+                runner = await self._listen(door, app, addr, key)
+                stack.push_async_callback(runner.cleanup)
+
+            await asyncio.to_thread(self._write_endpoints)
+            stack.callback(self._remove_endpoints)
+            yield
+
+    @staticmethod
+    def _make_dirs(dirs: list[Path]) -> None:
+        for d in dirs:
+            try:
+                d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as e:
+                raise StartupError(f"cannot create directory {d}: {e.strerror}") from None
+            if not os.access(d, os.W_OK | os.X_OK):
+                raise StartupError(f"directory {d} is not writable by this user")
+
+    async def _listen(
+        self, door: str, app: web.Application, addr: HostPort, key: str
+    ) -> web.AppRunner:
+        runner = web.AppRunner(
+            app,
+            access_log_class=AccessLogger,
+            access_log=get_logger(f"{door}.access"),
+            shutdown_timeout=SHUTDOWN_GRACE,
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, addr.host, addr.port, shutdown_timeout=SHUTDOWN_GRACE)
+        try:
+            await site.start()
+        except OSError as e:
+            await runner.cleanup()
+            if isinstance(e, socket.gaierror):
+                why = f"cannot resolve host {addr.host!r} ({e.strerror})"
+            elif e.errno == errno.EADDRINUSE:
+                why = "address already in use (another process listens there)"
+            else:
+                why = e.strerror or str(e)
+            raise StartupError(
+                f"cannot listen for {door} on {addr}: {why}; change {key} "
+                f"(--{key.replace('_', '-')} or TIERD_{key.upper()})"
+            ) from None
+        first = runner.addresses[0]  # a host name may bind several sockets; report one
+        self.bound[door] = HostPort(first[0], int(first[1]))
+        log.info(
+            "listening",
+            extra=kv(door=door, address=str(self.bound[door]), url=self._url(door)),
+        )
+        return runner
+
+    async def _close_namespace(self) -> None:
+        if self.namespace is not None:
+            ns, self.namespace = self.namespace, None
+            await ns.close()
+
+    async def _close_meta(self) -> None:
+        if self.meta is not None:
+            meta, self.meta = self.meta, None
+            await asyncio.to_thread(meta.close)
+
+    # -- endpoints.json ----------------------------------------------------------------------
+
+    def _url(self, door: str) -> str:
+        hp = self.bound[door]
+        return f"http://{_url_host(hp.host)}:{hp.port}"
+
+    def endpoints(self) -> dict[str, Any]:
+        """What ``endpoints.json`` holds: the PID and, per door, the bound address."""
+        doc: dict[str, Any] = {"pid": os.getpid(), "data_dir": str(self.config.data_dir)}
+        for door, hp in self.bound.items():
+            doc[door] = {"host": hp.host, "port": hp.port, "url": self._url(door)}
+        return doc
+
+    def _write_endpoints(self) -> None:
+        path = self.config.endpoints_file
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.endpoints(), indent=2) + "\n")
+        os.replace(tmp, path)  # atomic: readers never see a half-written file
+
+    def _remove_endpoints(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.config.endpoints_file.unlink()
+
+    # -- AdminBackend ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The ``/v1/status`` document (see :mod:`tierd.admin.app`)."""
+        counts = self.namespace.stats() if self.namespace is not None else {}
+        meta: dict[str, Any] = {}
+        if self.meta is not None:
+            meta = {"engine": getattr(self.meta.engine, "name", type(self.meta.engine).__name__)}
+            meta.update(self.meta.engine.stat())
+        return {
+            "version": __version__,
+            "uptime_seconds": round(time.monotonic() - self.started_monotonic, 3),
+            "data_dir": str(self.config.data_dir),
+            "pid": os.getpid(),
+            "inodes": counts.get("inodes", 0),
+            "bytes": counts.get("bytes", 0),
+            "buckets": counts.get("buckets", 0),
+            "open_files": counts.get("open_files", 0),
+            "meta": meta,
+            "listen": {door: str(hp) for door, hp in self.bound.items()},
+        }

@@ -1,0 +1,133 @@
+"""Structured logging on top of stdlib :mod:`logging`.
+
+Why stdlib: every library tierd uses (aiohttp, asyncio, boto3) already logs through it, so one
+handler on the root logger formats all of it the same way.  Two formats:
+
+* ``text``: ``ts=2024-05-01T12:00:00.123Z level=info component=daemon msg="listening"
+  door=s3 address=127.0.0.1:9000`` -- key=value, greppable, readable in a terminal;
+* ``json``: one JSON object per line with the same keys, for log shippers.
+
+Every record carries a **component**: the logger name below ``tierd.`` (``get_logger("s3")``
+logs as ``component=s3``); records from other libraries use their logger name
+(``component=aiohttp.server``).  Structured fields go in through :func:`kv`::
+
+    log = get_logger("daemon")
+    log.info("listening", extra=kv(door="s3", address="127.0.0.1:9000"))
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import IO, Any
+
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import StreamResponse
+
+_FIELDS = "tierd_fields"
+_RESERVED = ("ts", "level", "component", "msg")
+
+
+def get_logger(component: str) -> logging.Logger:
+    """The logger of one tierd component (``daemon``, ``s3``, ``admin``, ``namespace`` ...)."""
+    return logging.getLogger(f"tierd.{component}")
+
+
+def kv(**fields: object) -> dict[str, Any]:
+    """Structured fields for one record: pass as ``extra=kv(...)``."""
+    return {_FIELDS: fields}
+
+
+def _component(record: logging.LogRecord) -> str:
+    name = record.name
+    return name[len("tierd.") :] if name.startswith("tierd.") else name
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    t = time.gmtime(record.created)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z"
+
+
+def _fields(record: logging.LogRecord) -> dict[str, object]:
+    out: dict[str, object] = {
+        "ts": _timestamp(record),
+        "level": record.levelname.lower(),
+        "component": _component(record),
+        "msg": record.getMessage(),
+    }
+    extra = getattr(record, _FIELDS, None)
+    if isinstance(extra, dict):
+        for k, v in extra.items():
+            out[f"field_{k}" if k in _RESERVED else k] = v
+    return out
+
+
+def _quote(value: object) -> str:
+    s = value if isinstance(value, str) else str(value)
+    if s and not any(c in s for c in ' "=\\\n\t') and s.isprintable():
+        return s
+    return json.dumps(s)
+
+
+class TextFormatter(logging.Formatter):
+    """``key=value`` lines; values with spaces, quotes or ``=`` are JSON-quoted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = " ".join(f"{k}={_quote(v)}" for k, v in _fields(record).items())
+        if record.exc_info:
+            line += " exc=" + _quote(self.formatException(record.exc_info))
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = _fields(record)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str, ensure_ascii=False)
+
+
+_HANDLER_MARK = "_tierd_handler"
+
+
+def setup_logging(level: str = "info", fmt: str = "text", stream: IO[str] | None = None) -> None:
+    """Route every logger to one handler on ``stream`` (stderr) in the chosen format.
+
+    Idempotent: calling it again replaces tierd's handler instead of adding a second one.
+    """
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    setattr(handler, _HANDLER_MARK, True)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if getattr(old, _HANDLER_MARK, False):
+            root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper()))
+    logging.captureWarnings(True)
+
+
+class AccessLogger(AbstractAccessLogger):
+    """aiohttp access log as structured ``debug`` records (per-request lines at ``info``
+    would drown everything else when health checks poll)."""
+
+    def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
+        self.logger.debug(
+            "request",
+            extra=kv(
+                method=request.method,
+                path=request.path,
+                status=response.status,
+                ms=round(time * 1000, 3),
+                remote=request.remote,
+            ),
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.DEBUG)
