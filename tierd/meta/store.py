@@ -255,7 +255,12 @@ class MetaStore:
     def open_lmdb(cls, path: Path | str) -> MetaStore:
         from tierd.meta.lmdb_engine import LmdbStore
 
-        return cls(LmdbStore(path))
+        engine = LmdbStore(path)
+        try:
+            return cls(engine)
+        except BaseException:  # SchemaError: do not leave the environment open
+            engine.close()
+            raise
 
     @classmethod
     def open_memory(cls) -> MetaStore:

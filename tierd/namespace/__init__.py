@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, Inode, MetaStore
-from tierd.namespace.base import ROOT_MODE, StatFs, now_ns
+from tierd.namespace.base import ROOT_MODE, Change, StatFs, now_ns
 from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
 from tierd.namespace.objects import Listing, ObjectOps, ObjectReader
 from tierd.namespace.xattrs import XATTR_CREATE, XATTR_REPLACE, XattrOps
@@ -26,6 +26,7 @@ __all__ = [
     "UTIME_NOW",
     "XATTR_CREATE",
     "XATTR_REPLACE",
+    "Change",
     "FsError",
     "Listing",
     "Namespace",

@@ -15,6 +15,7 @@ import hashlib
 import logging
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,16 @@ class Handle:
 
 
 @dataclass(frozen=True, slots=True)
+class Change:
+    """What an object-door operation changed, for doors that cache (the FUSE kernel cache):
+    the content or attributes of ``ino``, and/or the entry ``name`` in directory ``parent``."""
+
+    ino: int | None = None
+    parent: int | None = None
+    name: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StatFs:
     f_bsize: int
     f_frsize: int
@@ -104,6 +115,21 @@ class NamespaceBase:
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._closed = False
+        self._subscribers: list[Callable[[Change], None]] = []
+
+    def subscribe(self, callback: Callable[[Change], None]) -> None:
+        """Call ``callback`` (synchronously, on the loop; it must not block) after every
+        change made through the object calls (put/delete/copy/multipart), so a door that
+        caches (FUSE) can invalidate what it cached."""
+        self._subscribers.append(callback)
+
+    def _notify(self, *changes: Change) -> None:
+        for cb in self._subscribers:
+            for ch in changes:
+                try:
+                    cb(ch)
+                except Exception:
+                    log.exception("change subscriber failed")
 
     # -- attributes ------------------------------------------------------------------------
     def _live(self, inode: Inode) -> Inode:

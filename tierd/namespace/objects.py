@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from tierd.acl import R_OK, W_OK, X_OK, Identity, check_access, may_access
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
-from tierd.namespace.base import IMPLICIT
+from tierd.namespace.base import IMPLICIT, Change
 from tierd.namespace.entries import _EMPTY_MD5
 from tierd.namespace.files import _INLINE_HASH, FileOps
 from tierd.namespace.names import check_bucket_name, split_key
@@ -220,6 +220,8 @@ class ObjectOps(FileOps):
             raise
         if dropped is not None:
             self._forget_data(dropped)
+        self._notify(Change(ino=dropped, parent=inode.parent, name=segments[-1]))
+        inode.parent = 0
         await asyncio.to_thread(self.hot.fsync_dir, inode.ino)
         await self._sync_meta()
         return inode
@@ -254,6 +256,7 @@ class ObjectOps(FileOps):
             tx.put_inode(inode)
             tx.add_dirent(d.ino, name, Dirent(inode.ino, stat.S_IFREG))
             self._touch_dir(tx, d)
+        inode.parent = d.ino  # (only in the returned copy) which directory changed
         return inode, dropped
 
     async def delete_object(self, ident: Identity, bucket: str, key: str) -> bool:
@@ -283,23 +286,27 @@ class ObjectOps(FileOps):
                 self._touch_dir(tx, d)
                 if self._unref(tx, child):
                     drop = child.ino
-            self._prune_implicit(tx, d.ino)
+            pruned = self._prune_implicit(tx, d.ino)
         if drop is not None:
             self._forget_data(drop)
+        self._notify(Change(ino=child.ino, parent=d.ino, name=name), *pruned)
         await self._sync_meta()
         return True
 
-    def _prune_implicit(self, tx: MetaTxn, ino: int) -> None:
+    def _prune_implicit(self, tx: MetaTxn, ino: int) -> list[Change]:
+        """Remove implicit directories emptied by a delete, bottom up."""
+        removed: list[Change] = []
         while True:
             d = tx.get_inode(ino)
             if d is None or not d.objmeta.get(IMPLICIT) or tx.has_children(ino):
-                return
+                return removed
             parent = self._get(tx, d.parent)
             if parent.ino == ROOT_INO:
-                return
+                return removed
             for name, _, dirent in tx.list_dirents(parent.ino):
                 if dirent.ino == ino:
                     tx.remove_dirent(parent.ino, name)
+                    removed.append(Change(ino=ino, parent=parent.ino, name=name))
                     break
             tx.delete_inode(ino)
             self._touch_dir(tx, parent, -1)
