@@ -14,6 +14,7 @@ from tierd.meta.records import (
     Dirent,
     Inode,
     MultipartUpload,
+    UploadPart,
 )
 from tierd.meta.store import ROOT_INO, SCHEMA_VERSION, MetaStore, MetaTxn, SchemaError
 
@@ -34,4 +35,5 @@ __all__ = [
     "MetaTxn",
     "MultipartUpload",
     "SchemaError",
+    "UploadPart",
 ]

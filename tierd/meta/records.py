@@ -125,3 +125,15 @@ class MultipartUpload(Record):
     initiated_ns: int
     objmeta: dict[str, str] = field(default_factory=dict)
     parts: dict[int, list[Any]] = field(default_factory=dict)  # number -> [etag, size, path]
+
+
+@dataclass(slots=True)
+class UploadPart(Record):
+    """One uploaded part of a multipart upload; its bytes are a staging file of the hot tier.
+    Parts are separate records so uploading part N rewrites nothing of parts 1..N-1."""
+
+    number: int
+    etag: str  # MD5 hex of the part
+    size: int
+    mtime_ns: int
+    checksums: dict[str, str] = field(default_factory=dict)

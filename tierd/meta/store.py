@@ -14,6 +14,7 @@ so numeric order is byte order:
 ``B<bucket>``               :class:`Bucket`
 ``K<access key>``           :class:`AccessKey`
 ``M<upload id>``            :class:`MultipartUpload`
+``P<upload id>\0<part>``    :class:`UploadPart` (part number 4-byte big-endian)
 ``O<ino>``                  orphan: unlinked but still open; removed at release or restart
 ==========================  ===================================================
 """
@@ -29,7 +30,7 @@ from types import TracebackType
 import msgpack
 
 from tierd.meta.kv import KVStore, KVTxn, prefix_end
-from tierd.meta.records import AccessKey, Bucket, Dirent, Inode, MultipartUpload
+from tierd.meta.records import AccessKey, Bucket, Dirent, Inode, MultipartUpload, UploadPart
 
 SCHEMA_VERSION = 1
 ROOT_INO = 1
@@ -233,6 +234,30 @@ class MetaTxn:
     def list_uploads(self) -> Iterator[MultipartUpload]:
         for _, raw in self.kv.scan(b"M", prefix_end(b"M")):
             yield MultipartUpload.decode(raw)
+
+    @staticmethod
+    def _part_prefix(upload_id: str) -> bytes:
+        return b"P" + upload_id.encode() + b"\0"
+
+    def put_part(self, upload_id: str, part: UploadPart) -> None:
+        self.kv.put(self._part_prefix(upload_id) + struct.pack(">I", part.number), part.encode())
+
+    def get_part(self, upload_id: str, number: int) -> UploadPart | None:
+        raw = self.kv.get(self._part_prefix(upload_id) + struct.pack(">I", number))
+        return None if raw is None else UploadPart.decode(raw)
+
+    def list_parts(self, upload_id: str, after: int = 0) -> Iterator[UploadPart]:
+        """Parts in number order, strictly after part ``after``."""
+        prefix = self._part_prefix(upload_id)
+        for _, raw in self.kv.scan(prefix + struct.pack(">I", after + 1), prefix_end(prefix)):
+            yield UploadPart.decode(raw)
+
+    def delete_parts(self, upload_id: str) -> int:
+        prefix = self._part_prefix(upload_id)
+        keys = [k for k, _ in self.kv.scan(prefix, prefix_end(prefix))]
+        for k in keys:
+            self.kv.delete(k)
+        return len(keys)
 
     def add_orphan(self, ino: int) -> None:
         self.kv.put(b"O" + _u64(ino), b"")

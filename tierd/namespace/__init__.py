@@ -13,7 +13,8 @@ from tierd.errors import FsError
 from tierd.meta import ROOT_INO, Inode, MetaStore
 from tierd.namespace.base import ROOT_MODE, Change, StatFs, now_ns
 from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
-from tierd.namespace.objects import Listing, ObjectOps, ObjectReader
+from tierd.namespace.multipart import MultipartOps
+from tierd.namespace.objects import Listing, ObjectReader
 from tierd.namespace.xattrs import XATTR_CREATE, XATTR_REPLACE, XattrOps
 from tierd.tiers.hotdir import HotDir
 
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 
-class Namespace(ObjectOps, XattrOps):
+class Namespace(MultipartOps, XattrOps):
     """Assembled namespace; build it with :meth:`load` (``open`` opens files)."""
 
     @classmethod

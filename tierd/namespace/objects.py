@@ -211,9 +211,17 @@ class ObjectOps(FileOps):
             os.unlink(path)
             raise
         os.close(fd)
+        return await self._install_put(ident, bucket, key, segments, path, size,
+                                       md5.hexdigest(), objmeta or {})
+
+    async def _install_put(
+        self, ident: Identity, bucket: str, key: str, segments: list[bytes], path: str,
+        size: int, etag: str, objmeta: dict[str, str],
+    ) -> Inode:
+        """Swap a fsynced staging file in as ``bucket/key`` (the tail of every PUT)."""
         try:
-            inode, dropped = self._commit_put(ident, bucket, key, segments, path, size,
-                                              md5.hexdigest(), objmeta or {})
+            inode, dropped = self._commit_put(ident, bucket, key, segments, path, size, etag,
+                                              objmeta)
         except BaseException:
             if os.path.exists(path):
                 os.unlink(path)
