@@ -366,6 +366,17 @@ class Config:
             metavar="NAME",
         ),
     )
+    meta_sync: str = field(
+        default="commit",
+        metadata=setting(
+            parse=parse_choice("commit", "durability-points"),
+            help="When metadata reaches stable storage: commit (every transaction; a machine "
+            "crash loses at most the last one) or durability-points (only at fsync/close/S3 "
+            "acknowledgements; faster, but a machine crash between them can corrupt the "
+            "metadata store: for scratch nodes).",
+            metavar="commit|durability-points",
+        ),
+    )
     meta_dir: Path = field(
         default=DERIVED,
         metadata=setting(

@@ -173,7 +173,9 @@ class Daemon:
 
             # lmdb open/close touch the disk: keep them off the loop.
             try:
-                self.meta = await asyncio.to_thread(MetaStore.open_lmdb, cfg.meta_dir)
+                self.meta = await asyncio.to_thread(
+                    MetaStore.open_lmdb, cfg.meta_dir, durable=cfg.meta_sync == "commit"
+                )
             except Exception as e:  # lmdb errors, SchemaError: nothing to serve without it
                 raise StartupError(
                     f"cannot open the metadata store in {cfg.meta_dir}: {type(e).__name__}: {e}"

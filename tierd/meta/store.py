@@ -277,10 +277,10 @@ class MetaStore:
         self._check_schema()
 
     @classmethod
-    def open_lmdb(cls, path: Path | str) -> MetaStore:
+    def open_lmdb(cls, path: Path | str, *, durable: bool = True) -> MetaStore:
         from tierd.meta.lmdb_engine import LmdbStore
 
-        engine = LmdbStore(path)
+        engine = LmdbStore(path, durable=durable)
         try:
             return cls(engine)
         except BaseException:  # SchemaError: do not leave the environment open

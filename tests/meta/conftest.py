@@ -1,0 +1,122 @@
+"""Engine fixtures for the metadata suite.
+
+Every test that takes ``engine`` (a fresh, empty :class:`~tierd.meta.kv.KVStore`), ``store`` (a
+:class:`~tierd.meta.store.MetaStore` over it) or ``engines`` (a factory, for tests that need
+several fresh engines or must reopen one) runs once per entry of :data:`ENGINES`.
+
+To run the whole suite against a new engine, add one entry to :data:`ENGINES`: a function that
+opens the engine at a location (a fresh temporary directory it may use or ignore) and whether
+the data survives a close and reopen at that location.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tierd.meta.kv import KVStore
+from tierd.meta.lmdb_engine import LmdbStore
+from tierd.meta.memory_engine import MemoryStore
+from tierd.meta.store import MetaStore
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    open: Callable[[Path], KVStore]
+    # True: closing and opening again at the same location finds the data (a disk engine).
+    # False: the data lives in the engine object; "reopening" hands back the same object.
+    persistent: bool
+
+
+ENGINES: dict[str, EngineSpec] = {
+    "lmdb": EngineSpec(open=lambda path: LmdbStore(path), persistent=True),
+    "memory": EngineSpec(open=lambda path: MemoryStore(), persistent=False),
+}
+
+
+@dataclass
+class EngineFactory:
+    """Opens fresh engines of one kind; closes whatever is still open at teardown."""
+
+    name: str
+    spec: EngineSpec
+    base: Path
+    _open: list[KVStore] = field(default_factory=list)
+    _paths: dict[int, Path] = field(default_factory=dict)
+    _count: int = 0
+
+    @property
+    def persistent(self) -> bool:
+        return self.spec.persistent
+
+    def new(self) -> KVStore:
+        """A new, empty engine."""
+        self._count += 1
+        path = self.base / f"{self.name}-{self._count}"
+        engine = self.spec.open(path)
+        self._open.append(engine)
+        self._paths[id(engine)] = path
+        return engine
+
+    def reopen(self, engine: KVStore) -> KVStore:
+        """The same data through a new handle: close and open again for a persistent engine,
+        the very same object otherwise."""
+        if not self.persistent:
+            return engine
+        path = self._paths.pop(id(engine))
+        self.close(engine)
+        again = self.spec.open(path)
+        self._open.append(again)
+        self._paths[id(again)] = path
+        return again
+
+    def close(self, engine: KVStore) -> None:
+        if engine in self._open:
+            self._open.remove(engine)
+            engine.close()
+
+    @contextmanager
+    def fresh(self) -> Iterator[KVStore]:
+        """A new empty engine for one block (one hypothesis example), closed afterwards."""
+        engine = self.new()
+        try:
+            yield engine
+        finally:
+            self.close(engine)
+
+    @contextmanager
+    def fresh_store(self) -> Iterator[MetaStore]:
+        with self.fresh() as engine:
+            yield MetaStore(engine)
+
+    def close_all(self) -> None:
+        for engine in list(self._open):
+            self.close(engine)
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def engines(request: pytest.FixtureRequest) -> Iterator[EngineFactory]:
+    name: str = request.param
+    # Not tmp_path: hypothesis tests open many engines per test function, and a directory of
+    # our own is cleaned up at once rather than kept for pytest's last three runs.
+    with tempfile.TemporaryDirectory(prefix=f"tierd-meta-{name}-") as base:
+        factory = EngineFactory(name, ENGINES[name], Path(base))
+        try:
+            yield factory
+        finally:
+            factory.close_all()
+
+
+@pytest.fixture
+def engine(engines: EngineFactory) -> KVStore:
+    return engines.new()
+
+
+@pytest.fixture
+def store(engine: KVStore) -> MetaStore:
+    return MetaStore(engine)
