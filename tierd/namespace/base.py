@@ -36,6 +36,18 @@ def now_ns() -> int:
     return time.time_ns()
 
 
+def has_privs(mode: int) -> bool:
+    """Bits Linux drops when an unprivileged caller writes or truncates the file."""
+    return bool(mode & stat.S_ISUID or (mode & stat.S_ISGID and mode & stat.S_IXGRP))
+
+
+def drop_privs(mode: int) -> int:
+    mode &= ~stat.S_ISUID
+    if mode & stat.S_IXGRP:
+        mode &= ~stat.S_ISGID
+    return mode
+
+
 @dataclass(slots=True)
 class OpenFile:
     """Live state of a regular file while at least one handle is open.
@@ -58,6 +70,7 @@ class OpenFile:
     md5: Any = None  # hashlib md5 object covering bytes [0, md5_pos) once hashing catches up
     md5_pos: int = 0  # end of the bytes queued for hashing
     md5_done: int = 0  # end of the bytes hashed so far
+    privs: bool = False  # mode has setuid, or setgid with group exec: a write must drop them
     # hashing runs behind the writes, on the other core, as a chain of tasks in write order
     hash_tail: asyncio.Future[None] | None = None
     hash_backlog: int = 0
@@ -75,6 +88,7 @@ class OpenFile:
 class Handle:
     fh: int
     ino: int
+    ident: Identity  # who opened it: writes by a non-root opener drop setuid/setgid
     readable: bool
     writable: bool
     append: bool
@@ -212,7 +226,9 @@ class NamespaceBase:
             raise FsError(errno.EBADF, f"file handle {fh} is not open")
         return h
 
-    def _attach(self, inode: Inode, readable: bool, writable: bool, append: bool) -> int:
+    def _attach(
+        self, inode: Inode, ident: Identity, readable: bool, writable: bool, append: bool
+    ) -> int:
         of = self._open.get(inode.ino)
         if of is None:
             fd = self.hot.open(inode.ino, create=True)
@@ -224,7 +240,8 @@ class NamespaceBase:
         of.refs += 1
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = Handle(fh, inode.ino, readable, writable, append, of)
+        of.privs = has_privs(inode.mode)
+        self._handles[fh] = Handle(fh, inode.ino, ident, readable, writable, append, of)
         return fh
 
     def _forget_data(self, ino: int) -> None:

@@ -12,7 +12,14 @@ from tierd.acl import R_OK, W_OK, X_OK, Identity, check_access, is_owner, may_ac
 from tierd.acl.modes import AccessDenied
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
-from tierd.namespace.base import MAX_SYMLINK_HOPS, NamespaceBase, StatFs, now_ns
+from tierd.namespace.base import (
+    MAX_SYMLINK_HOPS,
+    NamespaceBase,
+    StatFs,
+    drop_privs,
+    has_privs,
+    now_ns,
+)
 from tierd.namespace.names import SYMLINK_MAX, check_bucket_name, check_name
 
 RENAME_NOREPLACE = 1
@@ -151,9 +158,7 @@ class EntryOps(NamespaceBase):
                                       "and only to a group they belong to")
                 if not inode.is_dir and (new_uid != inode.uid or new_gid != inode.gid
                                          or not ident.is_root):
-                    inode.mode &= ~stat.S_ISUID
-                    if inode.mode & stat.S_IXGRP:
-                        inode.mode &= ~stat.S_ISGID
+                    inode.mode = drop_privs(inode.mode)
                 inode.uid, inode.gid = new_uid, new_gid
                 changed = True
             if mode is not None:
@@ -164,6 +169,9 @@ class EntryOps(NamespaceBase):
                     perm &= ~stat.S_ISGID
                 inode.mode = stat.S_IFMT(inode.mode) | perm
                 changed = True
+            of = self._open.get(ino)
+            if of is not None:
+                of.privs = has_privs(inode.mode)
             if atime_ns is not None or mtime_ns is not None:
                 explicit = any(v is not None and v != UTIME_NOW for v in (atime_ns, mtime_ns))
                 if not is_owner(ident, inode):
@@ -200,10 +208,16 @@ class EntryOps(NamespaceBase):
             pass  # ftruncate on a descriptor opened for writing needs no further check
         else:
             check_access(ident, inode, W_OK, f"inode {ino}")
-        await self._set_size(ino, size)
+        await self._set_size(ino, size, drop=not ident.is_root and has_privs(inode.mode))
 
-    async def _set_size(self, ino: int, size: int) -> None:
-        """Truncate or extend a file's data and commit the new size and version at once."""
+    async def _set_size(self, ino: int, size: int, drop: bool = False) -> None:
+        """Truncate or extend a file's data and commit the new size and version at once
+        (``drop``: also clear setuid/setgid, for an unprivileged caller)."""
+        if drop:
+            with self.meta.write() as tx:
+                inode = self._get(tx, ino)
+                inode.mode = drop_privs(inode.mode)
+                tx.put_inode(inode)
         of = self._open.get(ino)
         if of is not None:
             os.ftruncate(of.fd, size)

@@ -16,7 +16,7 @@ import stat
 from tierd.acl import R_OK, W_OK, Identity, check_access
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Dirent, Inode
-from tierd.namespace.base import OpenFile, now_ns
+from tierd.namespace.base import OpenFile, drop_privs, has_privs, now_ns
 from tierd.namespace.entries import _EMPTY_MD5, EntryOps
 from tierd.tiers import fileio
 
@@ -51,7 +51,7 @@ class FileOps(EntryOps):
             tx.put_inode(inode)
             tx.add_dirent(parent, name, Dirent(inode.ino, stat.S_IFREG))
             self._touch_dir(tx, d)
-        fh = self._attach(inode, readable, writable, bool(flags & os.O_APPEND))
+        fh = self._attach(inode, ident, readable, writable, bool(flags & os.O_APPEND))
         return inode, fh
 
     async def open(self, ident: Identity, ino: int, flags: int) -> int:
@@ -68,7 +68,7 @@ class FileOps(EntryOps):
         check_access(ident, inode, mask, f"inode {ino}")
         if inode.is_dir:
             raise FsError(errno.EISDIR, "open directories with listdir, not open")
-        fh = self._attach(inode, readable, writable, bool(flags & os.O_APPEND))
+        fh = self._attach(inode, ident, readable, writable, bool(flags & os.O_APPEND))
         if flags & os.O_TRUNC and self._live(inode).size:
             try:
                 await self._set_size(ino, 0)
@@ -103,6 +103,8 @@ class FileOps(EntryOps):
         n = len(data)
         if n == 0:
             return 0
+        if of.privs and not h.ident.is_root:
+            self._drop_privs(of)
         # claim the range synchronously so later writes see the new size and hash position
         of.size = max(of.size, offset + n)
         of.touch()
@@ -158,6 +160,16 @@ class FileOps(EntryOps):
             await self._commit_open(of)
         await self._sync_meta()
         of.synced_gen = max(of.synced_gen, gen)
+
+    def _drop_privs(self, of: OpenFile) -> None:
+        """A write by an unprivileged caller clears setuid (and setgid with group exec)."""
+        with self.meta.write() as tx:
+            inode = self._get(tx, of.ino)
+            if has_privs(inode.mode):
+                inode.mode = drop_privs(inode.mode)
+                inode.ctime_ns = now_ns()
+                tx.put_inode(inode)
+        of.privs = False
 
     @staticmethod
     def _hash_behind(of: OpenFile, data: bytes) -> None:
@@ -235,5 +247,3 @@ class FileOps(EntryOps):
             os.close(fd)
         return h.hexdigest()
 
-
-_ = now_ns

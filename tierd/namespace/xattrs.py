@@ -7,8 +7,9 @@ EOPNOTSUPP, which cp/rsync/tar treat as "no ACLs here".
 from __future__ import annotations
 
 import errno
+import stat
 
-from tierd.acl import R_OK, W_OK, Identity, check_access
+from tierd.acl import R_OK, W_OK, Identity, check_access, is_owner
 from tierd.errors import FsError
 from tierd.meta import Inode
 from tierd.namespace.base import NamespaceBase, now_ns
@@ -46,6 +47,10 @@ class XattrOps(NamespaceBase):
         if ns == b"user." and not (inode.is_reg or inode.is_dir):
             raise FsError(errno.EPERM if write else errno.ENODATA,
                           "user.* attributes exist only on files and directories")
+        if (ns == b"user." and write and inode.is_dir and inode.mode & stat.S_ISVTX
+                and not is_owner(ident, inode)):
+            raise FsError(errno.EPERM, "only the owner may change user.* attributes of a "
+                          "sticky directory")
         check_access(ident, inode, W_OK if write else R_OK, f"inode {inode.ino}")
 
     async def getxattr(self, ident: Identity, ino: int, name: bytes) -> bytes:
