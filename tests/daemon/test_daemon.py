@@ -195,16 +195,20 @@ def test_admin_errors_are_json(spawn: Spawn, data_dir: Path) -> None:
     assert status == 405 and json.loads(body)["error"] == "method_not_allowed"
 
 
-def test_s3_placeholder_answers_not_implemented(spawn: Spawn, data_dir: Path) -> None:
+def test_s3_door_refuses_anonymous_requests(spawn: Spawn, data_dir: Path) -> None:
+    """The S3 listener is up and authenticates: unsigned requests get AccessDenied XML
+    (the gateway's own tests in tests/s3 cover the protocol)."""
     t = spawn(data_dir)
     for path, method in [("/", "GET"), ("/bucket/key", "PUT"), ("/healthz", "POST")]:
         status, headers, body = http_get(t.url("s3") + path, method=method)
-        assert status == 501, (method, path)
+        assert status == 403, (method, path)
         assert headers["Content-Type"].startswith("application/xml")
-        assert b"<Code>NotImplemented</Code>" in body
+        assert b"<Code>AccessDenied</Code>" in body
         assert headers["x-amz-request-id"].encode() in body
     status, _, body = http_get(t.url("s3") + "/bucket", method="HEAD")
-    assert status == 501 and body == b""
+    assert status == 403 and body == b""
+    status, _, body = http_get(t.url("s3") + "/healthz")
+    assert status == 200
 
 
 def test_json_log_format(spawn: Spawn, data_dir: Path) -> None:

@@ -22,10 +22,9 @@ from tierd.acl import W_OK, X_OK, Identity, check_access
 from tierd.errors import FsError
 from tierd.meta import Inode, MultipartUpload, UploadPart
 from tierd.namespace.base import now_ns
-from tierd.namespace.files import _INLINE_HASH
 from tierd.namespace.names import split_key
 from tierd.namespace.objects import ObjectOps
-from tierd.tiers import fileio
+from tierd.namespace.staging import stage_body
 
 MIN_PART_SIZE = 5 << 20  # S3's minimum size of every part but the last
 MAX_PART_NUMBER = 10000
@@ -158,26 +157,9 @@ class MultipartOps(ObjectOps):
     ) -> UploadPart:
         self._check_part_number(number)
         self._upload(ident, upload_id)
-        path, fd = self.hot.new_temp()
-        try:
-            md5 = hashlib.md5()
-            size = 0
-            async for chunk in body:
-                if not chunk:
-                    continue
-                await fileio.pwrite(fd, chunk, size)
-                if len(chunk) <= _INLINE_HASH:
-                    md5.update(chunk)
-                else:
-                    await asyncio.to_thread(md5.update, chunk)
-                size += len(chunk)
-            await asyncio.to_thread(os.fsync, fd)
-        except BaseException:
-            os.close(fd)
-            os.unlink(path)
-            raise
-        os.close(fd)
-        part = UploadPart(number, md5.hexdigest(), size, now_ns(), dict(checksums or {}))
+        path, size, md5hex = await stage_body(self.hot, body)
+        # checksums are read after the body: a door may fill in trailing checksums
+        part = UploadPart(number, md5hex, size, now_ns(), dict(checksums or {}))
         return self._store_part(upload_id, part, path)
 
     def _store_part(self, upload_id: str, part: UploadPart, path: str) -> UploadPart:
@@ -192,7 +174,7 @@ class MultipartOps(ObjectOps):
 
     async def upload_part_copy(
         self, ident: Identity, upload_id: str, number: int, src_bucket: str, src_key: str,
-        byte_range: tuple[int, int] | None = None,
+        byte_range: tuple[int, int] | None = None, checksums: dict[str, str] | None = None,
     ) -> UploadPart:
         """A part copied from an existing object; ``byte_range`` is inclusive (first, last)."""
         self._check_part_number(number)
@@ -214,7 +196,7 @@ class MultipartOps(ObjectOps):
         finally:
             await src.close()
         return self._store_part(upload_id, UploadPart(number, md5.hexdigest(), length,
-                                                      now_ns()), path)
+                                                      now_ns(), dict(checksums or {})), path)
 
     async def list_parts(
         self, ident: Identity, upload_id: str, after: int = 0, limit: int = 1000
@@ -257,10 +239,17 @@ class MultipartOps(ObjectOps):
             tx.delete_parts(upload_id)
         await asyncio.to_thread(shutil.rmtree, self._mpu_dir(upload_id), True)
 
+    async def get_upload(self, ident: Identity, upload_id: str) -> MultipartUpload:
+        """The upload (NoSuchUpload if unknown; EACCES if another user's)."""
+        return self._upload(ident, upload_id)
+
     async def complete_multipart(
-        self, ident: Identity, upload_id: str, parts: list[tuple[int, str]]
+        self, ident: Identity, upload_id: str, parts: list[tuple[int, str]],
+        objmeta: dict[str, str] | None = None,
     ) -> Inode:
-        """Assemble the listed parts, in order, into the object; ETag is MD5-of-MD5s-N."""
+        """Assemble the listed parts, in order, into the object; ETag is MD5-of-MD5s-N.
+        ``objmeta`` (e.g. a composite checksum, the part layout) is merged over the
+        metadata given at create."""
         up = self._upload(ident, upload_id)
         if not parts:
             raise FsError(errno.EINVAL, "the part list is empty", reason="MalformedXML")
@@ -293,9 +282,10 @@ class MultipartOps(ObjectOps):
             raise
         os.close(fd)
         digest = hashlib.md5(b"".join(bytes.fromhex(p.etag) for p in chosen)).hexdigest()
-        objmeta = dict(up.objmeta)
+        merged = dict(up.objmeta)
+        merged.update(objmeta or {})
         inode = await self._install_put(ident, up.bucket, up.key, segments, path, size,
-                                        f"{digest}-{len(chosen)}", objmeta)
+                                        f"{digest}-{len(chosen)}", merged)
         with self.meta.write() as tx:
             tx.delete_upload(upload_id)
             tx.delete_parts(upload_id)

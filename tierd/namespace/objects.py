@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hashlib
 import os
 import stat
 from collections.abc import AsyncIterable, AsyncIterator, Iterator
@@ -24,8 +23,9 @@ from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
 from tierd.namespace.base import IMPLICIT, Change
 from tierd.namespace.entries import _EMPTY_MD5
-from tierd.namespace.files import _INLINE_HASH, FileOps
+from tierd.namespace.files import FileOps
 from tierd.namespace.names import check_bucket_name, split_key
+from tierd.namespace.staging import stage_body
 from tierd.tiers import fileio
 
 READ_CHUNK = 1 << 20
@@ -73,6 +73,26 @@ class Listing:
     prefixes: list[str] = field(default_factory=list)
     truncated: bool = False
     next_marker: str = ""
+
+
+def _check_conditions(
+    key: str, old: Inode | None, if_match: str | None, if_none_match: str | None
+) -> None:
+    exists = old is not None and old.is_reg
+    if if_none_match is not None and exists and (
+        if_none_match.strip() == "*" or (old is not None
+        and if_none_match.strip('" ') == old.etag)
+    ):
+        raise FsError(errno.EEXIST, f"key {key!r} exists (If-None-Match)",
+                      reason="PreconditionFailed")
+    if if_match is not None:
+        if not exists:
+            raise FsError(errno.ENOENT, f"no such key {key!r} (If-Match)")
+        assert old is not None
+        wanted = if_match.strip()
+        if wanted != "*" and wanted.strip('"') != old.etag:
+            raise FsError(errno.EINVAL, f"key {key!r} has another ETag (If-Match)",
+                          reason="PreconditionFailed")
 
 
 class ObjectOps(FileOps):
@@ -177,7 +197,16 @@ class ObjectOps(FileOps):
         key: str,
         body: AsyncIterable[bytes],
         objmeta: dict[str, str] | None = None,
+        *,
+        if_match: str | None = None,
+        if_none_match: str | None = None,
     ) -> Inode:
+        """Store ``body`` as ``bucket/key`` atomically (see the module doc).
+
+        ``objmeta`` is read only after the body is consumed, so a door may fill in values
+        known only at the end (trailing checksums).  ``if_match`` (an ETag) and
+        ``if_none_match`` (``"*"``) are checked inside the commit transaction: a failed
+        condition raises with reason ``PreconditionFailed`` and leaves the old object."""
         segments, marker = split_key(key)
         with self.meta.snapshot() as tx:  # fail fast, before reading the body
             self._bucket_dir(tx, bucket)
@@ -192,36 +221,30 @@ class ObjectOps(FileOps):
                     tx.put_inode(d)
             await self._sync_meta()
             return d
-        path, fd = self.hot.new_temp()
+        path, size, md5hex = await stage_body(self.hot, body)
+        if if_match is not None or if_none_match is not None:
+            await self._precondition_etag(ident, bucket, key)
+        return await self._install_put(ident, bucket, key, segments, path, size, md5hex,
+                                       objmeta if objmeta is not None else {},
+                                       if_match=if_match, if_none_match=if_none_match)
+
+    async def _precondition_etag(self, ident: Identity, bucket: str, key: str) -> None:
+        """Make sure the current object's ETag is known before a conditional commit."""
         try:
-            md5 = hashlib.md5()
-            size = 0
-            async for chunk in body:
-                if not chunk:
-                    continue
-                await fileio.pwrite(fd, chunk, size)
-                if len(chunk) <= _INLINE_HASH:
-                    md5.update(chunk)
-                else:
-                    await asyncio.to_thread(md5.update, chunk)
-                size += len(chunk)
-            await asyncio.to_thread(os.fsync, fd)
-        except BaseException:
-            os.close(fd)
-            os.unlink(path)
-            raise
-        os.close(fd)
-        return await self._install_put(ident, bucket, key, segments, path, size,
-                                       md5.hexdigest(), objmeta or {})
+            await self.head_object(ident, bucket, key)
+        except FsError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR):
+                raise
 
     async def _install_put(
         self, ident: Identity, bucket: str, key: str, segments: list[bytes], path: str,
-        size: int, etag: str, objmeta: dict[str, str],
+        size: int, etag: str, objmeta: dict[str, str], *, if_match: str | None = None,
+        if_none_match: str | None = None,
     ) -> Inode:
         """Swap a fsynced staging file in as ``bucket/key`` (the tail of every PUT)."""
         try:
             inode, dropped = self._commit_put(ident, bucket, key, segments, path, size, etag,
-                                              objmeta)
+                                              objmeta, if_match, if_none_match)
         except BaseException:
             if os.path.exists(path):
                 os.unlink(path)
@@ -236,13 +259,15 @@ class ObjectOps(FileOps):
 
     def _commit_put(
         self, ident: Identity, bucket: str, key: str, segments: list[bytes], path: str,
-        size: int, etag: str, objmeta: dict[str, str],
+        size: int, etag: str, objmeta: dict[str, str], if_match: str | None = None,
+        if_none_match: str | None = None,
     ) -> tuple[Inode, int | None]:
         dropped: int | None = None
         with self.meta.write() as tx:
             d = self._parent_dirs(tx, ident, bucket, segments[:-1], create=True)
             name = segments[-1]
             old = self._child(tx, ident, d, name)
+            _check_conditions(key, old, if_match, if_none_match)
             if old is not None and old.is_dir:
                 raise FsError(errno.EISDIR, f"key {key!r} is a directory (it has keys below "
                               "it), so it cannot also be an object")
@@ -269,10 +294,30 @@ class ObjectOps(FileOps):
 
     async def delete_object(self, ident: Identity, bucket: str, key: str) -> bool:
         """Remove a key; False when it did not exist (S3 answers success either way).
-        Implicit parent directories left empty go too."""
+        Implicit parent directories left empty go too.  A missing bucket is ENOENT."""
+        existed = self._delete_one(ident, bucket, key)
+        await self._sync_meta()
+        return existed
+
+    async def delete_objects(
+        self, ident: Identity, bucket: str, keys: list[str]
+    ) -> list[tuple[str, bool | FsError]]:
+        """Delete many keys with one metadata sync: per key, existed or the error."""
+        await self._bucket(bucket)
+        out: list[tuple[str, bool | FsError]] = []
+        for key in keys:
+            try:
+                out.append((key, self._delete_one(ident, bucket, key)))
+            except FsError as e:
+                out.append((key, e))
+        await self._sync_meta()
+        return out
+
+    def _delete_one(self, ident: Identity, bucket: str, key: str) -> bool:
         segments, marker = split_key(key)
         drop: int | None = None
         with self.meta.write() as tx:
+            self._bucket_dir(tx, bucket)
             try:
                 d = self._parent_dirs(tx, ident, bucket, segments[:-1], create=False)
             except FsError as e:
@@ -298,7 +343,6 @@ class ObjectOps(FileOps):
         if drop is not None:
             self._forget_data(drop)
         self._notify(Change(ino=child.ino, parent=d.ino, name=name), *pruned)
-        await self._sync_meta()
         return True
 
     def _prune_implicit(self, tx: MetaTxn, ino: int) -> list[Change]:
@@ -338,7 +382,7 @@ class ObjectOps(FileOps):
             root = self._bucket_dir(tx, bucket)
             check_access(ident, root, R_OK | X_OK, f"bucket {bucket!r}")
             last_cp = b""
-            for key, inode in self._walk(tx, ident, root, b"", p, sa):
+            for key, inode in self._walk(tx, ident, root, b"", p, sa, dl):
                 if dl:
                     i = key.find(dl, len(p))
                     if i >= 0:
@@ -368,10 +412,13 @@ class ObjectOps(FileOps):
 
     def _walk(
         self, tx: MetaTxn, ident: Identity, d: Inode, base: bytes, prefix: bytes,
-        start_after: bytes,
+        start_after: bytes, delimiter: bytes = b"",
     ) -> Iterator[tuple[bytes, Inode]]:
         """Keys under directory ``d`` (whose keys start with ``base``) that start with
-        ``prefix`` and sort after ``start_after``, in order, pruning whole subtrees."""
+        ``prefix`` and sort after ``start_after``, in order, pruning whole subtrees.  With a
+        ``delimiter``, a directory whose key already holds the delimiter past the prefix is
+        yielded once (as its ``name/`` key) instead of walked: every key below it rolls up
+        into the same common prefix."""
         start = b""
         if prefix.startswith(base):
             start = prefix[len(base):].split(b"/")[0]
@@ -397,6 +444,9 @@ class ObjectOps(FileOps):
                     continue
                 if not may_access(ident, inode, R_OK | X_OK):
                     continue  # like find(1): a subtree the caller cannot read is skipped
-                yield from self._walk(tx, ident, inode, key, prefix, start_after)
+                if delimiter and key.startswith(prefix) and key.find(delimiter, len(prefix)) >= 0:
+                    yield key, inode
+                    continue
+                yield from self._walk(tx, ident, inode, key, prefix, start_after, delimiter)
             elif (inode.is_reg or inode.is_lnk) and key > start_after and key.startswith(prefix):
                 yield key, inode

@@ -1,52 +1,205 @@
-"""Placeholder S3 application until the gateway proper lands (issue #3).
+"""The S3 gateway application: addressing, authentication, dispatch and error responses.
 
-It answers ``GET /healthz`` with ``200 ok`` and every other request with the S3-style XML
-error ``501 NotImplemented``, so S3 clients pointed at tierd fail with a clear S3 error
-(boto3 shows "NotImplemented") instead of an HTML page or a connection error.
+One catch-all route.  :func:`locate` finds the bucket and key (path-style, or virtual-host
+style under the configured domains), :func:`route` picks the handler from the method and
+the sub-resources in the query, and :func:`make_s3_app`'s handler wraps every call: request
+id, authentication, the ``<Error>`` document for :class:`S3Error` and
+:class:`~tierd.errors.FsError`, and ``InternalError`` (logged) for anything else.
 
-Note for issue #3: in path-style addressing ``GET /healthz`` is also ListObjects on a bucket
-named ``healthz``.  The gateway should keep answering health checks only for unsigned
-requests without a query string (or reserve the bucket name) and say so in the docs.
+``GET /healthz`` answers ``ok`` only when it is unsigned and has no query string; a signed
+``GET /healthz`` is ListObjects on a bucket named ``healthz``.
 """
 
 from __future__ import annotations
 
-import uuid
-from xml.sax.saxutils import escape
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from urllib.parse import unquote
 
 from aiohttp import web
 
+from tierd.acl.keys import KeyStore
+from tierd.errors import FsError
+from tierd.namespace import Namespace
+from tierd.s3 import buckets, listing, multipart, objects
+from tierd.s3.auth import Authenticator
+from tierd.s3.common import Ctx, S3State
+from tierd.s3.errors import S3Error, from_fs_error
+from tierd.s3.xmlio import error_document
 
-def s3_error_xml(code: str, message: str, resource: str, request_id: str) -> str:
-    """The body of an S3 error response (``<Error>`` document)."""
-    return (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f"<Error><Code>{escape(code)}</Code><Message>{escape(message)}</Message>"
-        f"<Resource>{escape(resource)}</Resource><RequestId>{request_id}</RequestId></Error>"
-    )
+log = logging.getLogger("tierd.s3")
+
+Handler = Callable[[Ctx], Awaitable[web.StreamResponse]]
+
+#: sub-resources tierd does not implement: answered 501 NotImplemented, never a wrong success
+UNSUPPORTED = frozenset({
+    "acl", "accelerate", "analytics", "attributes", "cors", "encryption",
+    "intelligent-tiering", "inventory", "legal-hold", "lifecycle", "logging", "metadataTable",
+    "metrics", "notification", "object-lock", "ownershipControls", "policy", "policyStatus",
+    "publicAccessBlock", "renameObject", "replication", "requestPayment", "restore",
+    "retention", "select", "session", "tagging", "torrent", "website",
+})
 
 
-def make_s3_app() -> web.Application:
-    """Build the placeholder application served on ``s3_listen``."""
+def _not_implemented(what: str) -> S3Error:
+    return S3Error("NotImplemented", f"{what} is not implemented by tierd")
 
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
 
-    async def not_implemented(request: web.Request) -> web.Response:
-        request_id = uuid.uuid4().hex[:16].upper()
-        headers = {"x-amz-request-id": request_id, "Server": "tierd"}
-        body = s3_error_xml(
-            "NotImplemented",
-            "The S3 gateway is not implemented yet in this tierd version.",
-            request.path,
-            request_id,
-        )
-        if request.method == "HEAD":
-            # HEAD responses carry no body; S3 clients read the status code only.
-            return web.Response(status=501, headers=headers, content_type="application/xml")
-        return web.Response(status=501, text=body, headers=headers, content_type="application/xml")
+def _method_not_allowed(ctx: Ctx) -> S3Error:
+    where = "the service" if not ctx.bucket else "a bucket" if not ctx.key else "an object"
+    return S3Error("MethodNotAllowed", f"{ctx.request.method} is not allowed on {where}",
+                   Method=ctx.request.method,
+                   ResourceType="SERVICE" if not ctx.bucket else
+                   "BUCKET" if not ctx.key else "OBJECT")
 
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_route("*", "/{tail:.*}", not_implemented)
+
+def route(ctx: Ctx) -> Handler:
+    """The handler for this request (S3Error when there is none)."""
+    method = ctx.request.method
+    q = ctx.query
+    unsupported = sorted(UNSUPPORTED & q.keys())
+    if unsupported and ctx.bucket:
+        raise _not_implemented(f"the ?{unsupported[0]} sub-resource")
+    if not ctx.bucket:
+        if method == "GET":
+            return buckets.list_buckets
+        raise _method_not_allowed(ctx)
+    if not ctx.key:
+        if method == "GET":
+            if "location" in q:
+                return buckets.get_location
+            if "versioning" in q:
+                return buckets.get_versioning
+            if "versions" in q:
+                return listing.list_object_versions
+            if "uploads" in q:
+                return multipart.list_uploads
+            lt = q.get("list-type")
+            if lt == "2":
+                return listing.list_objects_v2
+            if lt is not None:
+                raise S3Error("InvalidArgument", "list-type must be 2",
+                              ArgumentName="list-type", ArgumentValue=lt)
+            return listing.list_objects_v1
+        if method == "HEAD":
+            return buckets.head_bucket
+        if method == "PUT":
+            if "versioning" in q:
+                return buckets.put_versioning
+            return buckets.create_bucket
+        if method == "DELETE":
+            return buckets.delete_bucket
+        if method == "POST":
+            if "delete" in q:
+                return objects.delete_objects
+            raise _not_implemented("POST object (browser form uploads)")
+        raise _method_not_allowed(ctx)
+    if method == "GET":
+        if "uploadId" in q:
+            return multipart.list_parts
+        return objects.get_object
+    if method == "HEAD":
+        return objects.head_object
+    if method == "PUT":
+        if "uploadId" in q or "partNumber" in q:
+            if "x-amz-copy-source" in ctx.headers:
+                return multipart.upload_part_copy
+            return multipart.upload_part
+        if "x-amz-copy-source" in ctx.headers:
+            return objects.copy_object
+        return objects.put_object
+    if method == "POST":
+        if "uploads" in q:
+            return multipart.create
+        if "uploadId" in q:
+            return multipart.complete
+        raise _not_implemented(f"POST on an object with ?{'&'.join(q.keys()) or ''}")
+    if method == "DELETE":
+        if "uploadId" in q:
+            return multipart.abort
+        return objects.delete_object
+    raise _method_not_allowed(ctx)
+
+
+def locate(request: web.Request, domains: tuple[str, ...]) -> tuple[str, str, bool]:
+    """(bucket, key, virtual_host) of a request."""
+    path = unquote(request.rel_url.raw_path or "/", errors="surrogateescape")
+    host = request.headers.get("Host", "").lower()
+    host = host[: host.find("]") + 1] if host.startswith("[") else host.rsplit(":", 1)[0]
+    for d in domains:
+        if host.endswith("." + d):
+            return host[: -len(d) - 1], path[1:], True
+    bucket, _, key = path[1:].partition("/")
+    return bucket, key, False
+
+
+def error_response(ctx: Ctx, e: S3Error) -> web.Response:
+    headers = dict(ctx.response_headers)
+    headers.update(e.headers)
+    if ctx.request.method == "HEAD" or e.status == 304:
+        return web.Response(status=e.status, headers=headers)
+    fields = dict(e.fields)
+    if e.code == "NoSuchKey" and "Key" not in fields and ctx.key:
+        fields["Key"] = ctx.key
+    if e.code == "NoSuchBucket" and "BucketName" not in fields and ctx.bucket:
+        fields["BucketName"] = ctx.bucket
+    body = error_document(e.code, e.message, ctx.request.rel_url.path, ctx.request_id, fields)
+    return web.Response(status=e.status, body=body.encode(), headers=headers,
+                        content_type="application/xml")
+
+
+def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
+                domains: tuple[str, ...] = (), max_skew: float = 900.0) -> web.Application:
+    """The S3 gateway over ``ns``, authenticating with the access keys in ``keys``."""
+    state = S3State(ns=ns, keys=keys, auth=Authenticator(keys, region, max_skew),
+                    region=region, domains=tuple(d.lower().strip(".") for d in domains))
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        request_id = os.urandom(8).hex().upper()
+        if (request.method in ("GET", "HEAD") and request.rel_url.raw_path == "/healthz"
+                and not request.rel_url.raw_query_string
+                and not Authenticator.is_signed(request)):
+            bucket, _, _ = locate(request, state.domains)
+            if bucket == "healthz":
+                return web.Response(text="ok\n", headers={"x-amz-request-id": request_id})
+        ctx = Ctx(request, state, request_id)
+        ctx.response_headers.update({"x-amz-request-id": request_id,
+                                     "x-amz-id-2": request_id, "Server": "tierd"})
+        try:
+            ctx.bucket, ctx.key, _ = locate(request, state.domains)
+            ctx.auth = state.auth.authenticate(request)
+            handler = route(ctx)
+            return await handler(ctx)
+        except S3Error as e:
+            if e.status >= 500 and e.code != "NotImplemented":
+                log.warning("%s %s: %s", request.method, request.rel_url.path, e)
+            return _after_error(ctx, e)
+        except FsError as e:
+            return _after_error(ctx, from_fs_error(e, bucket=ctx.bucket, key=ctx.key))
+        except (ConnectionError, OSError) as e:
+            if isinstance(e, ConnectionError) and ctx.stream is not None:
+                # the client went away mid-body: nothing to answer, nothing to log loudly
+                log.debug("%s %s: client disconnected: %s", request.method,
+                          request.rel_url.path, e)
+                if request.transport is not None:
+                    request.transport.close()
+                return ctx.stream
+            if isinstance(e, ConnectionError) or ctx.started:
+                raise
+            log.exception("%s %s failed", request.method, request.rel_url.path)
+            return _after_error(ctx, S3Error("InternalError", f"{type(e).__name__}: {e}"))
+        except Exception as e:
+            if ctx.started:
+                raise
+            log.exception("%s %s failed", request.method, request.rel_url.path)
+            return _after_error(ctx, S3Error("InternalError", f"{type(e).__name__}: {e}"))
+
+    def _after_error(ctx: Ctx, e: S3Error) -> web.StreamResponse:
+        if ctx.started:
+            raise ConnectionResetError(f"failed after the response started: {e}")
+        return error_response(ctx, e)
+
+    app = web.Application(client_max_size=1 << 20)
+    app.router.add_route("*", "/{tail:.*}", handle)
     return app

@@ -1,0 +1,354 @@
+"""What every handler shares: the request context, object headers in and out, conditionals,
+ranges and copy sources."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+from aiohttp import web
+from multidict import CIMultiDictProxy, MultiDictProxy
+
+from tierd.acl import Identity
+from tierd.acl.keys import KeyStore, Owner
+from tierd.meta import Inode
+from tierd.namespace import Namespace
+from tierd.s3 import checksums
+from tierd.s3.errors import S3Error
+from tierd.s3.xmlio import el
+
+if TYPE_CHECKING:
+    from tierd.s3.auth import Auth, Authenticator
+
+EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
+DEFAULT_CONTENT_TYPE = "binary/octet-stream"
+MAX_USER_METADATA = 2048  # bytes of x-amz-meta-* names and values, as AWS
+MAX_PUT_SIZE = 5 << 30  # one PUT or one part
+#: objmeta keys stored and returned as the same HTTP headers
+STORED_HEADERS = ("content-type", "content-encoding", "content-disposition", "cache-control",
+                  "content-language", "expires")
+#: internal objmeta keys (never returned as headers)
+META_PARTS = "tierd.s3.parts"  # multipart layout: "size*count,size*count"
+META_MPU_ALGORITHM = "tierd.s3.checksum-algorithm"  # in-progress upload: checksum algorithm
+META_MPU_TYPE = "tierd.s3.checksum-type"  # in-progress upload: COMPOSITE or FULL_OBJECT
+STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA",
+                   "INTELLIGENT_TIERING", "GLACIER", "DEEP_ARCHIVE", "OUTPOSTS", "GLACIER_IR",
+                   "SNOW", "EXPRESS_ONEZONE")
+
+
+@dataclass
+class S3State:
+    """Everything the handlers need, shared by all requests."""
+
+    ns: Namespace
+    keys: KeyStore
+    auth: Authenticator
+    region: str
+    domains: tuple[str, ...] = ()
+
+
+@dataclass
+class Ctx:
+    """One request: who asks, for what."""
+
+    request: web.Request
+    state: S3State
+    request_id: str
+    bucket: str = ""
+    key: str = ""
+    auth: Auth | None = None
+    response_headers: dict[str, str] = field(default_factory=dict)
+    #: a streamed response that has sent its headers: errors can no longer be answered
+    stream: web.StreamResponse | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.stream is not None
+
+    @property
+    def ns(self) -> Namespace:
+        return self.state.ns
+
+    @property
+    def verified(self) -> Auth:
+        assert self.auth is not None, "the request was not authenticated"
+        return self.auth
+
+    @property
+    def ident(self) -> Identity:
+        return self.verified.identity
+
+    @property
+    def query(self) -> MultiDictProxy[str]:
+        return self.request.rel_url.query
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]:
+        return self.request.headers
+
+    def owner(self, uid: int) -> Owner:
+        return self.state.keys.owner(uid)
+
+    def owner_xml(self, uid: int, tag: str = "Owner") -> str:
+        o = self.owner(uid)
+        return f"<{tag}>{el('ID', o.id)}{el('DisplayName', o.display_name)}</{tag}>"
+
+
+# -- times and ETags ---------------------------------------------------------------------
+
+def http_date(ns: int) -> str:
+    return email.utils.formatdate(ns // 1_000_000_000, usegmt=True)
+
+
+def parse_http_date(value: str) -> float | None:
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def etag_of(inode: Inode) -> str:
+    return inode.etag or EMPTY_MD5
+
+
+def quoted(etag: str) -> str:
+    return f'"{etag}"'
+
+
+# -- object metadata in ------------------------------------------------------------------
+
+def reject_unsupported_headers(h: CIMultiDictProxy[str]) -> None:
+    """Headers asking for features tierd does not have: refuse rather than ignore."""
+    sse = h.get("x-amz-server-side-encryption")
+    if sse is not None or any(k.lower().startswith("x-amz-server-side-encryption-customer")
+                              for k in h):
+        raise S3Error("NotImplemented", "server-side encryption is not supported by tierd")
+    for name in ("x-amz-tagging", "x-amz-object-lock-mode", "x-amz-object-lock-retain-until"
+                 "-date", "x-amz-object-lock-legal-hold", "x-amz-website-redirect-location"):
+        if name in h:
+            raise S3Error("NotImplemented", f"the {name} header is not supported by tierd")
+    if any(k.lower().startswith("x-amz-grant-") for k in h):
+        raise S3Error("NotImplemented", "x-amz-grant-* headers (ACLs) are not supported yet")
+    acl = h.get("x-amz-acl")
+    if acl is not None and acl not in ("private", "bucket-owner-full-control",
+                                       "bucket-owner-read"):
+        raise S3Error("NotImplemented", f"canned ACL {acl!r} is not supported yet; only "
+                      "private")
+    sc = h.get("x-amz-storage-class")
+    if sc is not None and sc != "STANDARD":
+        if sc not in STORAGE_CLASSES:
+            raise S3Error("InvalidStorageClass", StorageClassRequested=sc)
+        raise S3Error("NotImplemented", f"storage class {sc} is not supported; tierd stores "
+                      "every object as STANDARD")
+
+
+def objmeta_from_headers(h: CIMultiDictProxy[str]) -> dict[str, str]:
+    """System and user metadata of a PUT/Create/Copy(REPLACE) request."""
+    reject_unsupported_headers(h)
+    meta: dict[str, str] = {}
+    for name in STORED_HEADERS:
+        if name in h:
+            value = h[name]
+            if name == "content-encoding":
+                value = ",".join(e for e in (x.strip() for x in value.split(","))
+                                 if e and e.lower() != "aws-chunked")
+                if not value:
+                    continue
+            meta[name] = value
+    size = 0
+    for k, v in h.items():
+        lk = k.lower()
+        if lk.startswith("x-amz-meta-"):
+            if lk in meta:
+                meta[lk] += "," + v
+            else:
+                meta[lk] = v
+            size += len(lk) - len("x-amz-meta-") + len(v.encode())
+    if size > MAX_USER_METADATA:
+        raise S3Error("MetadataTooLarge", f"user metadata is {size} bytes; the limit is "
+                      f"{MAX_USER_METADATA}", Size=str(size), MaxSizeAllowed=str(
+                          MAX_USER_METADATA))
+    return meta
+
+
+def checksum_meta(values: dict[str, str], kind: str = "FULL_OBJECT") -> dict[str, str]:
+    out = {checksums.META_PREFIX + a: v for a, v in values.items()}
+    if out:
+        out[checksums.META_TYPE] = kind
+    return out
+
+
+# -- object metadata out -----------------------------------------------------------------
+
+def object_headers(inode: Inode, *, checksum_mode: bool) -> dict[str, str]:
+    """The headers GET and HEAD answer with for ``inode``."""
+    meta = inode.objmeta
+    out = {
+        "ETag": quoted(etag_of(inode)),
+        "Last-Modified": http_date(inode.mtime_ns),
+        "Accept-Ranges": "bytes",
+        "Content-Type": meta.get("content-type", DEFAULT_CONTENT_TYPE),
+    }
+    for name in STORED_HEADERS[1:]:
+        if name in meta:
+            out[name.title()] = meta[name]
+    for k, v in meta.items():
+        if k.startswith("x-amz-meta-"):
+            out[k] = v
+    if checksum_mode:
+        for a in checksums.ALGORITHMS:
+            value = meta.get(checksums.META_PREFIX + a)
+            if value is not None:
+                out[checksums.META_PREFIX + a] = value
+                out[checksums.META_TYPE] = meta.get(checksums.META_TYPE, "FULL_OBJECT")
+    return out
+
+
+def object_checksum(inode: Inode) -> tuple[str, str] | None:
+    for a in checksums.ALGORITHMS:
+        v = inode.objmeta.get(checksums.META_PREFIX + a)
+        if v is not None:
+            return a, v
+    return None
+
+
+def part_layout(inode: Inode) -> list[int]:
+    """Part sizes of a multipart object (empty for single-part objects)."""
+    raw = inode.objmeta.get(META_PARTS, "")
+    sizes: list[int] = []
+    for run in filter(None, raw.split(",")):
+        size, _, count = run.partition("*")
+        sizes.extend([int(size)] * int(count or 1))
+    return sizes
+
+
+def encode_layout(sizes: list[int]) -> str:
+    runs: list[list[int]] = []
+    for s in sizes:
+        if runs and runs[-1][0] == s:
+            runs[-1][1] += 1
+        else:
+            runs.append([s, 1])
+    return ",".join(f"{s}*{n}" for s, n in runs)
+
+
+# -- conditionals and ranges -------------------------------------------------------------
+
+def _etag_list(value: str) -> list[str]:
+    return [e.strip().removeprefix("W/").strip('"') for e in value.split(",")]
+
+
+def check_conditions(h: CIMultiDictProxy[str], inode: Inode, *,
+                     prefix: str = "", copy: bool = False) -> None:
+    """RFC 7232 preconditions as S3 evaluates them.  ``prefix`` is ``x-amz-copy-source-``
+    for CopyObject/UploadPartCopy, where every failure is 412."""
+    etag = etag_of(inode)
+    mtime = inode.mtime_ns // 1_000_000_000
+    if_match = h.get(prefix + "if-match")
+    if_none = h.get(prefix + "if-none-match")
+    if_unmod = h.get(prefix + "if-unmodified-since")
+    if_mod = h.get(prefix + "if-modified-since")
+    if if_match is not None:
+        tags = _etag_list(if_match)
+        if "*" not in tags and etag not in tags:
+            raise S3Error("PreconditionFailed", Condition=prefix + "If-Match")
+    elif if_unmod is not None:
+        t = parse_http_date(if_unmod)
+        if t is not None and mtime > t:
+            raise S3Error("PreconditionFailed", Condition=prefix + "If-Unmodified-Since")
+    not_modified = "PreconditionFailed" if copy else "NotModified"
+    if if_none is not None:
+        tags = _etag_list(if_none)
+        if "*" in tags or etag in tags:
+            raise S3Error(not_modified, Condition=prefix + "If-None-Match",
+                          headers=_304_headers(inode))
+    elif if_mod is not None:
+        t = parse_http_date(if_mod)
+        if t is not None and mtime <= t and t <= time.time():
+            raise S3Error(not_modified, Condition=prefix + "If-Modified-Since",
+                          headers=_304_headers(inode))
+
+
+def _304_headers(inode: Inode) -> dict[str, str]:
+    return {"ETag": quoted(etag_of(inode)), "Last-Modified": http_date(inode.mtime_ns)}
+
+
+def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
+    """(first, last) inclusive for a ``Range: bytes=`` header, None for the whole object
+    (absent, malformed or multi-range headers are ignored, as AWS does); InvalidRange when
+    it cannot be satisfied."""
+    if not value:
+        return None
+    unit, _, spec = value.strip().partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    first_s, dash, last_s = spec.strip().partition("-")
+    if not dash:
+        return None
+    try:
+        if not first_s:
+            n = int(last_s)
+            if n <= 0 or size == 0:
+                raise _unsatisfiable(size)
+            return max(0, size - n), size - 1
+        first = int(first_s)
+        last = int(last_s) if last_s else size - 1
+    except ValueError:
+        return None
+    if first >= size:
+        raise _unsatisfiable(size)
+    if first < 0 or last < first:
+        return None
+    return first, min(last, size - 1)
+
+
+def _unsatisfiable(size: int) -> S3Error:
+    return S3Error("InvalidRange", ActualObjectSize=str(size),
+                   headers={"Content-Range": f"bytes */{size}"})
+
+
+def parse_copy_source(value: str) -> tuple[str, str]:
+    """``x-amz-copy-source`` -> (bucket, key); only ``versionId=null`` is accepted."""
+    src = value.strip()
+    path, _, query = src.partition("?")
+    if query:
+        name, _, vid = query.partition("=")
+        if name != "versionId" or vid != "null":
+            raise S3Error("InvalidArgument", "only versionId=null may be given: buckets are "
+                          "unversioned", ArgumentName="x-amz-copy-source")
+    path = unquote(path).lstrip("/")
+    bucket, _, key = path.partition("/")
+    if not bucket or not key:
+        raise S3Error("InvalidArgument", "Copy Source must mention the source bucket and key: "
+                      "sourcebucket/sourcekey", ArgumentName="x-amz-copy-source",
+                      ArgumentValue=value)
+    return bucket, key
+
+
+def check_version_id(ctx: Ctx) -> bool:
+    """Accept ``versionId=null`` (unversioned objects); True when it was given."""
+    vid = ctx.query.get("versionId")
+    if vid is None:
+        return False
+    if vid != "null":
+        raise S3Error("InvalidArgument", "Invalid version id specified: buckets are "
+                      "unversioned; only versionId=null exists", ArgumentName="versionId",
+                      ArgumentValue=vid)
+    return True
+
+
+def max_keys(ctx: Ctx, name: str = "max-keys", default: int = 1000) -> int:
+    raw = ctx.query.get(name)
+    if raw is None:
+        return default
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise S3Error("InvalidArgument", f"{name} must be a non-negative integer",
+                      ArgumentName=name, ArgumentValue=raw)
+    return min(n, default)
