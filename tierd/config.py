@@ -292,6 +292,69 @@ def parse_region(value: object, ctx: ParseContext) -> str:
     return s
 
 
+def parse_domains(value: object, ctx: ParseContext) -> tuple[str, ...]:
+    """Comma-separated host names (a TOML array of strings is accepted too); empty: none."""
+    items: list[object]
+    if isinstance(value, list):
+        items = list(value)
+    else:
+        items = list(_need_str(value, "domain names").split(","))
+    out: list[str] = []
+    for item in items:
+        d = _need_str(item, "a domain name").strip().lower().strip(".")
+        if not d:
+            continue
+        if not _HOSTNAME.match(d):
+            raise ValueError(f"{d!r} is not a valid domain name")
+        out.append(d)
+    return tuple(out)
+
+
+def parse_optional_str(value: object, ctx: ParseContext) -> str:
+    """Any string; empty means "not set" (credentials, endpoints left to their defaults)."""
+    return _need_str(value, "a string").strip()
+
+
+def parse_optional_region(value: object, ctx: ParseContext) -> str:
+    """A region name, or empty for the client library's own default."""
+    s = _need_str(value, "a region name").strip()
+    return parse_region(s, ctx) if s else ""
+
+
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def parse_cold_url(value: object, ctx: ParseContext) -> str:
+    """The cold store: ``file:///DIR`` (or a plain directory path), ``s3://BUCKET/PREFIX``,
+    ``s3://`` (one S3 bucket per tierd bucket) or another fsspec URL (``memory://x``)."""
+    s = _need_str(value, "a URL such as s3://bucket/prefix or file:///dir").strip()
+    if not s:
+        raise ValueError("must not be empty")
+    if "://" not in s:
+        return "file://" + str(parse_path(s, ctx))
+    scheme, rest = s.split("://", 1)
+    scheme = scheme.lower()
+    if not re.match(r"^[a-z][a-z0-9+.-]*$", scheme):
+        raise ValueError(f"{scheme!r} is not a URL scheme")
+    if scheme == "file":
+        if not rest:
+            raise ValueError("file:// URL names no directory")
+        return "file://" + str(parse_path(rest, ctx))
+    if scheme in ("s3", "s3a"):
+        bucket = rest.split("/", 1)[0]
+        if bucket and not _S3_BUCKET.match(bucket):
+            raise ValueError(f"{bucket!r} is not a valid S3 bucket name")
+    return f"{scheme}://{rest}"
+
+
+def parse_http_url(value: object, ctx: ParseContext) -> str:
+    """``http(s)://HOST[:PORT]``, or empty for the service's default endpoint."""
+    s = _need_str(value, "a URL such as http://127.0.0.1:9000").strip()
+    if s and not re.match(r"^https?://[^/\s]+(/.*)?$", s):
+        raise ValueError(f"{s!r} is not an http:// or https:// URL")
+    return s.rstrip("/")
+
+
 # --- the settings table ---------------------------------------------------------------------
 
 
@@ -377,6 +440,32 @@ class Config:
             metavar="commit|durability-points",
         ),
     )
+    s3_domain: tuple[str, ...] = field(
+        default=(),
+        metadata=setting(
+            parse=parse_domains,
+            help="Domain(s) for virtual-host-style S3 addressing (BUCKET.DOMAIN), "
+            "comma-separated; empty: path style only.",
+            metavar="DOMAIN[,DOMAIN]",
+        ),
+    )
+    s3_max_clock_skew: int = field(
+        default=900,
+        metadata=setting(
+            parse=parse_int(1, 7 * 24 * 3600),
+            help="Seconds a signed S3 request's time may differ from the server's "
+            "(RequestTimeTooSkewed beyond).",
+            metavar="SECONDS",
+        ),
+    )
+    s3_min_part_size: int = field(
+        default=5 << 20,
+        metadata=setting(
+            parse=parse_size,
+            help='Smallest size of a multipart part other than the last (e.g. "5MiB").',
+            metavar="SIZE",
+        ),
+    )
     meta_dir: Path = field(
         default=DERIVED,
         metadata=setting(
@@ -413,6 +502,124 @@ class Config:
             metavar="DIR",
         ),
     )
+    cold_url: str = field(
+        default=DERIVED,
+        metadata=setting(
+            derive=lambda c: "file://" + str(c.cold_dir),
+            parse=parse_cold_url,
+            help="Cold store, the system of record: file:///DIR, s3://BUCKET/PREFIX, s3:// "
+            "(one S3 bucket per tierd bucket) or another fsspec URL (default: "
+            "file://COLD_DIR).",
+            metavar="URL",
+        ),
+    )
+    cold_s3_endpoint: str = field(
+        default="",
+        metadata=setting(
+            parse=parse_http_url,
+            help="S3 endpoint of the cold store (MinIO, Ceph RGW); empty: AWS.",
+            metavar="URL",
+        ),
+    )
+    cold_s3_region: str = field(
+        default="",
+        metadata=setting(
+            parse=parse_optional_region,
+            help="Region of the cold S3 store; empty: boto3's default (AWS_REGION, config).",
+            metavar="REGION",
+        ),
+    )
+    cold_s3_access_key: str = field(
+        default="",
+        metadata=setting(
+            parse=parse_optional_str,
+            help="Access key for the cold S3 store; empty: boto3's credential chain.",
+            metavar="KEY",
+        ),
+    )
+    cold_s3_secret_key: str = field(
+        default="",
+        metadata=setting(
+            parse=parse_optional_str,
+            help="Secret key for the cold S3 store; empty: boto3's credential chain.",
+            secret=True,
+            metavar="SECRET",
+        ),
+    )
+    cold_s3_addressing: str = field(
+        default="auto",
+        metadata=setting(
+            parse=parse_choice("auto", "path", "virtual"),
+            help="S3 addressing style: auto, path (MinIO, Ceph) or virtual (BUCKET.HOST).",
+            metavar="auto|path|virtual",
+        ),
+    )
+    cold_s3_retry_mode: str = field(
+        default="standard",
+        metadata=setting(
+            parse=parse_choice("standard", "adaptive"),
+            help="botocore retry mode: standard (backoff with jitter) or adaptive (also "
+            "rate-limits itself when throttled).",
+            metavar="standard|adaptive",
+        ),
+    )
+    cold_s3_max_attempts: int = field(
+        default=5,
+        metadata=setting(
+            parse=parse_int(1, 50),
+            help="Tries per S3 request (first try included) before the store counts as "
+            "unavailable.",
+            metavar="N",
+        ),
+    )
+    cold_multipart_threshold: int = field(
+        default=64 << 20,
+        metadata=setting(
+            parse=parse_size,
+            help='Files at least this large are uploaded to cold in parts (e.g. "64MiB").',
+            metavar="SIZE",
+        ),
+    )
+    cold_part_size: int = field(
+        default=16 << 20,
+        metadata=setting(
+            parse=parse_size,
+            help='Part size of multipart uploads to cold (S3: at least "5MiB").',
+            metavar="SIZE",
+        ),
+    )
+    cold_range_size: int = field(
+        default=8 << 20,
+        metadata=setting(
+            parse=parse_size,
+            help="Size of each ranged GET when large reads from cold run in parallel.",
+            metavar="SIZE",
+        ),
+    )
+    cold_concurrency: int = field(
+        default=16,
+        metadata=setting(
+            parse=parse_int(1, 256),
+            help="Parallel ranged GETs / part uploads per cold transfer.",
+            metavar="N",
+        ),
+    )
+    hot_capacity: int = field(
+        default=0,
+        metadata=setting(
+            parse=parse_size,
+            help="Bytes the hot tier may use; 0: the size of its file system.",
+            metavar="SIZE",
+        ),
+    )
+    warm_capacity: int = field(
+        default=0,
+        metadata=setting(
+            parse=parse_size,
+            help="Bytes the warm tier may use; 0: the size of its file system.",
+            metavar="SIZE",
+        ),
+    )
 
     def __post_init__(self) -> None:
         # Fill derived defaults now that the settings they depend on are known.
@@ -440,6 +647,8 @@ class Config:
                 out[spec.name] = "<redacted>"
             elif isinstance(value, Path | HostPort):
                 out[spec.name] = str(value)
+            elif isinstance(value, tuple):
+                out[spec.name] = ",".join(value)
             elif spec.name == "umask":
                 out[spec.name] = f"{value:03o}"
             else:

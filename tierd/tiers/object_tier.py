@@ -1,0 +1,516 @@
+"""The cold tier's interface: a store of whole objects, the system of record.
+
+Placement persists a file by putting its content as one object and fills the hot tier by
+reading ranges of it back.  Every engine (``file://`` directory, ``s3://`` through boto3, any
+other fsspec URL) implements :class:`ObjectTier`, and the one backend suite in
+``tests/tiers/`` runs against all of them, so placement never needs to know which it has.
+
+**Keys** are ``"<bucket>/<key>"``: the namespace's bucket and key joined by ``/``.  The
+layout is *transparent*: the object lands at exactly that path under the tier's prefix
+(``s3://cold/tierd`` + ``photos/cat.jpg`` -> ``s3://cold/tierd/photos/cat.jpg``), so any S3
+client or ``ls`` reads persisted data without tierd, and objects uploaded there by others are
+readable through tierd.  Keys must be valid relative paths (see :func:`check_key`); a key
+ending in ``/`` (a directory marker) is not an object here: directories are namespace
+metadata.
+
+**Errors** are few on purpose, because placement maps them to errnos and S3 codes:
+
+* :class:`ObjectNotFound` (also a ``KeyError``): the key has no object;
+* :class:`TierUnavailable`: the store cannot be used now (unreachable, 5xx or throttling after
+  the engine's retries, credentials refused, cold bucket missing, local cold disk full):
+  EIO/503 for reads of uncached data, a reason to keep dirty data and retry later for writes;
+* :class:`ObjectChanged`: an ``if_match`` ETag no longer matches (someone replaced the object);
+* :class:`InvalidKey` (also a ``ValueError``), :class:`KeyConflict` (``a`` and ``a/b`` in a
+  store that is a file system);
+* ``OSError`` only from the *caller's* descriptor (``read_into``'s destination,
+  ``put_file``'s source): a full hot tier must reach placement as ENOSPC, not as a cold fault.
+
+**Concurrency**: every blocking call (boto3, fsspec, file I/O) runs on the tier's own bounded
+thread pool, never on the event loop.  Large transfers are split into ranges/parts run in
+parallel, at most ``TransferOptions.concurrency`` per operation.  When an operation that uses
+a caller's descriptor fails or is cancelled, it waits for its threads to stop before it
+raises: a late thread writing into a descriptor the caller has reused would corrupt data.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import bisect
+import builtins
+import concurrent.futures
+import functools
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeVar
+
+T = TypeVar("T")
+
+#: sorts after every character a key can contain: ``p + MAX_CHAR`` is a bound just past every
+#: key that starts with ``p`` (used to skip a whole common prefix when listing)
+MAX_CHAR = "\U0010ffff"
+
+#: the largest page :meth:`ObjectTier.list` returns (S3's own limit)
+MAX_LIST = 1000
+
+#: the MD5 of nothing: ETag of an empty object
+EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+class TierError(Exception):
+    """Base of every error an object tier raises (besides the caller's own ``OSError``)."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.key = key
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TierUnavailable(TierError):
+    """The store cannot serve the request now; retrying later may succeed.
+
+    Placement maps it to EIO (FUSE) / 503 (S3) for reads of uncached data and keeps dirty
+    data local until :meth:`ObjectTier.probe` succeeds again."""
+
+
+class ObjectNotFound(TierError, KeyError):
+    """No object has this key."""
+
+    def __str__(self) -> str:  # KeyError's __str__ would repr() the message
+        return self.message
+
+
+class ObjectChanged(TierError):
+    """The object no longer has the ETag the caller asked for with ``if_match``."""
+
+
+class InvalidKey(TierError, ValueError):
+    """The key is not a valid ``<bucket>/<key>`` relative path."""
+
+
+class KeyConflict(TierError):
+    """The store is a file system and ``a`` and ``a/b`` cannot both exist.
+
+    Raised by :class:`~tierd.tiers.file_tier.FileObjectTier` when an older object is in the
+    way (e.g. a rename whose background delete has not run yet): retry after it is gone."""
+
+
+# --- values ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What the store knows about one object.
+
+    ``etag`` is the *store's* identity of the content (quotes stripped): compare it with an
+    earlier value of the same store to detect change; it need not equal the namespace's ETag
+    (a ``file://`` store without xattrs, or a multipart upload with another part size,
+    differ).  ``mtime_ns`` is the store's modification time (S3: second resolution)."""
+
+    key: str
+    size: int
+    etag: str
+    mtime_ns: int
+
+
+class ListPage(NamedTuple):
+    """One page of :meth:`ObjectTier.list`, in key order (UTF-8 byte order)."""
+
+    objects: list[ObjectInfo]
+    common_prefixes: list[str]
+    truncated: bool
+
+    @property
+    def next_start_after(self) -> str:
+        """What to pass as ``start_after`` for the next page ("" when the page is empty)."""
+        last_obj = self.objects[-1].key if self.objects else ""
+        last_cp = self.common_prefixes[-1] if self.common_prefixes else ""
+        return max(last_obj, last_cp)
+
+
+@dataclass(frozen=True, slots=True)
+class TransferOptions:
+    """How large transfers are split; shared by every engine.
+
+    Defaults suit a LAN object store; tests lower them to exercise multipart with small data.
+    """
+
+    #: ``put_file`` of at least this many bytes uses a multipart upload (and ``copy`` a
+    #: multipart copy); below it, one PUT
+    multipart_threshold: int = 64 << 20
+    #: size of each multipart part (raised automatically to stay within 10,000 parts)
+    part_size: int = 16 << 20
+    #: size of each ranged GET when ``read_into``/``get_range`` fetch in parallel
+    range_size: int = 8 << 20
+    #: parallel parts / ranged GETs per operation; the thread pool and (S3) the HTTP
+    #: connection pool are sized from it
+    concurrency: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("multipart_threshold", "part_size", "range_size", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+
+
+# --- keys -----------------------------------------------------------------------------------
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a valid ``<bucket>/<key>``, else raise :class:`InvalidKey`.
+
+    The rules make every key a safe relative path (so a ``file://`` store cannot be escaped
+    through ``..``) and mirror the namespace's key rules: no empty, ``.`` or ``..`` segment,
+    no NUL, segments of at most 255 bytes, a bucket segment not starting with ``.`` (names
+    starting with ``.`` are the stores' own housekeeping) and at least one key segment.
+    """
+    if not isinstance(key, str) or not key:
+        raise InvalidKey("empty object key", key=key)
+    if "\x00" in key:
+        raise InvalidKey(f"object key {key!r} contains NUL", key=key)
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        raise InvalidKey(f"object key {key!r} is not valid UTF-8", key=key) from None
+    parts = key.split("/")
+    if len(parts) < 2:
+        raise InvalidKey(f"object key {key!r} is not <bucket>/<key>", key=key)
+    if key.endswith("/"):
+        raise InvalidKey(f"object key {key!r} is a directory marker, not an object", key=key)
+    for p in parts:
+        if p in ("", ".", ".."):
+            raise InvalidKey(f"object key {key!r} has an empty, '.' or '..' segment", key=key)
+        if len(p.encode()) > 255:
+            raise InvalidKey(f"object key {key!r} has a segment over 255 bytes", key=key)
+    if parts[0].startswith("."):
+        raise InvalidKey(f"bucket {parts[0]!r} of key {key!r} starts with '.'", key=key)
+    return key
+
+
+def check_list_args(prefix: str, delimiter: str, limit: int) -> None:
+    """Validate :meth:`ObjectTier.list` arguments (the same way in every engine)."""
+    if "\x00" in prefix or "\x00" in delimiter:
+        raise InvalidKey("listing prefix or delimiter contains NUL", key=prefix)
+    if prefix.startswith("/"):
+        raise InvalidKey(f"listing prefix {prefix!r} starts with '/'", key=prefix)
+    if not 1 <= limit <= MAX_LIST:
+        raise ValueError(f"list limit {limit} is out of range 1-{MAX_LIST}")
+
+
+def list_lower_bound(prefix: str, start_after: str, delimiter: str) -> str:
+    """The exclusive lower bound of a listing's keys.
+
+    A ``start_after`` that is a common prefix (ends with the delimiter, inside the listing's
+    prefix) skips everything under it; otherwise the next page would roll the keys below it
+    up into the same common prefix again."""
+    if (
+        delimiter
+        and start_after.endswith(delimiter)
+        and start_after.startswith(prefix)
+        and len(start_after) > len(prefix)
+    ):
+        return start_after + MAX_CHAR
+    return start_after
+
+
+def split_ranges(offset: int, length: int, chunk: int) -> list[tuple[int, int]]:
+    """``[offset, offset+length)`` as ``(offset, length)`` pieces of at most ``chunk`` bytes."""
+    return [(o, min(chunk, offset + length - o)) for o in range(offset, offset + length, chunk)]
+
+
+def check_range(offset: int, length: int) -> None:
+    """Reject a negative offset or length (a caller's bug, not a store fault)."""
+    if offset < 0 or length < 0:
+        raise ValueError(f"bad range: offset {offset}, length {length}")
+
+
+def read_exact(fd: int, start: int, length: int) -> bytes:
+    """``length`` bytes of a caller's file at ``start``; its errors stay ``OSError`` (a short
+    file is EIO: the caller promised ``size`` bytes)."""
+    out = bytearray()
+    while len(out) < length:
+        piece = os.pread(fd, length - len(out), start + len(out))
+        if not piece:
+            raise OSError(5, f"source file ended at {start + len(out)}, expected {length} bytes")
+        out += piece
+    return bytes(out)
+
+
+def part_size_for(size: int, part_size: int) -> int:
+    """``part_size`` raised (to whole MiB) so that ``size`` needs at most 10,000 parts."""
+    if size <= part_size * 10_000:
+        return part_size
+    mib = 1 << 20
+    return -(-size // 10_000 // mib) * mib + mib
+
+
+# --- the interface --------------------------------------------------------------------------
+
+
+Source = str | os.PathLike[str] | int
+
+
+class ObjectTier(abc.ABC):
+    """A store of whole objects under one prefix.  All methods are coroutines and safe to
+    call concurrently; blocking work runs on the tier's bounded thread pool."""
+
+    #: the store's URL without credentials (for logs and errors)
+    url: str
+
+    def __init__(self, url: str, transfer: TransferOptions | None = None) -> None:
+        self.url = url
+        self.transfer = transfer or TransferOptions()
+        # Twice the per-operation window: one large transfer cannot take every thread.
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2 * self.transfer.concurrency, thread_name_prefix="tierd-cold"
+        )
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # -- the operations ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def head(self, key: str) -> ObjectInfo | None:
+        """The object's size, ETag and mtime, or ``None`` if there is none."""
+
+    @abc.abstractmethod
+    async def get_range(
+        self, key: str, offset: int, length: int, *, if_match: str | None = None
+    ) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (fewer at the end, ``b""`` past it).
+
+        Large lengths are fetched as parallel ranged GETs.  With ``if_match`` the object must
+        still have that ETag (else :class:`ObjectChanged`)."""
+
+    @abc.abstractmethod
+    async def read_into(
+        self,
+        key: str,
+        offset: int,
+        length: int,
+        fd: int,
+        fd_offset: int,
+        *,
+        if_match: str | None = None,
+    ) -> int:
+        """Copy ``[offset, offset+length)`` of the object into ``fd`` at ``fd_offset``.
+
+        Returns the number of bytes written (short at the object's end).  This is how
+        placement fills the hot tier: large lengths go as parallel ranged GETs streamed
+        straight into the file, never whole in memory.  All ranges come from one version of
+        the object (the ETag read first, or ``if_match``): a concurrent overwrite raises
+        :class:`ObjectChanged` instead of mixing versions.  Errors writing ``fd`` propagate
+        as ``OSError``."""
+
+    @abc.abstractmethod
+    async def put_file(
+        self, key: str, source: Source, size: int, *, md5_hex: str | None = None
+    ) -> ObjectInfo:
+        """Store the first ``size`` bytes of a local file (a path, or a descriptor read with
+        ``pread`` from offset 0 without moving its position) as the object ``key``.
+
+        Atomic: readers see the old object or the whole new one.  At least
+        ``multipart_threshold`` bytes go as a multipart upload with parallel parts.
+        ``md5_hex``, when the caller already has the content's MD5, is sent for the store to
+        verify (single PUT) and spares a hashing pass where the engine would compute one."""
+
+    @abc.abstractmethod
+    async def delete(self, key: str) -> None:
+        """Remove the object; removing a missing object succeeds (as in S3)."""
+
+    @abc.abstractmethod
+    async def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
+        """Copy an object inside the store (server-side where the store can), e.g. to make
+        the cold copy follow a rename in the background.  :class:`ObjectNotFound` if
+        ``src_key`` is missing."""
+
+    @abc.abstractmethod
+    async def list(
+        self, prefix: str, start_after: str = "", delimiter: str = "", limit: int = MAX_LIST
+    ) -> ListPage:
+        """Objects whose key starts with ``prefix`` and sorts after ``start_after``, in UTF-8
+        byte order, at most ``limit`` (1-1000) entries counting common prefixes.
+
+        With a ``delimiter``, keys containing it after the prefix are rolled up into one
+        common prefix each (``photos/`` for ``photos/cat.jpg`` with delimiter ``/``).  Pass
+        ``page.next_start_after`` to continue; a common prefix given as ``start_after``
+        skips everything below it."""
+
+    async def probe(self) -> None:
+        """Check that the store answers; raise :class:`TierUnavailable` if not.
+
+        Placement calls it to notice when a store that failed is back (then it resumes
+        persisting).  The default lists one key."""
+        await self.list("", limit=1)
+
+    async def close(self) -> None:
+        """Release threads and connections.  Waits for running blocking calls."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self._pool.shutdown, wait=True)
+        )
+
+    # -- helpers for the engines -------------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run one blocking call on the pool."""
+        if self._closed:
+            raise TierUnavailable(f"cold store {self.url} is closed")
+        return await asyncio.wrap_future(self._pool.submit(fn, *args))
+
+    async def _parallel(
+        self, jobs: Sequence[Callable[[threading.Event], T]]
+    ) -> builtins.list[T]:
+        """Run blocking jobs on the pool, at most ``concurrency`` at once, results in order.
+
+        Each job gets a ``threading.Event`` that is set when the operation is abandoned (a job
+        failed, or the caller was cancelled); long jobs check it between pieces.  Before
+        raising, this waits for every started job to return, because jobs may write into a
+        caller's descriptor that the caller reuses as soon as we return."""
+        if self._closed:
+            raise TierUnavailable(f"cold store {self.url} is closed")
+        stop = threading.Event()
+        if len(jobs) == 1:
+            started = [self._pool.submit(jobs[0], stop)]
+            try:
+                return [await asyncio.wrap_future(started[0])]
+            except BaseException:
+                stop.set()
+                await _settle(started)
+                raise
+        sem = asyncio.Semaphore(self.transfer.concurrency)
+        started = []
+
+        async def one(job: Callable[[threading.Event], T]) -> T:
+            async with sem:
+                if stop.is_set():
+                    raise asyncio.CancelledError
+                cf = self._pool.submit(job, stop)
+                started.append(cf)
+                return await asyncio.wrap_future(cf)
+
+        tasks = [asyncio.ensure_future(one(j)) for j in jobs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            stop.set()
+            for t in tasks:
+                t.cancel()
+            await _settle(started)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+
+def _first(pair: tuple[str, TreeEntry]) -> str:
+    return pair[0]
+
+
+async def _settle(futures: Sequence[concurrent.futures.Future[Any]]) -> None:
+    """Wait until every thread future is finished, even if we are cancelled meanwhile
+    (the cancellation is re-delivered by the caller's ``raise``)."""
+    pending = {asyncio.wrap_future(f) for f in futures if not f.done()}
+    waited = set(pending)
+    while pending:
+        try:
+            _, pending = await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            continue
+    for w in waited:  # their errors are reported by the caller's raise, not by the GC
+        if not w.cancelled():
+            w.exception()
+
+
+# --- sorted listing over a directory tree ---------------------------------------------------
+# Shared by the engines whose store is a tree of directories (file://, fsspec): S3 listing
+# order and pagination are rebuilt from per-directory listings, pruning every subtree outside
+# the prefix or before the start key, so a page costs O(depth) directory reads, not a walk.
+
+
+class TreeEntry(NamedTuple):
+    """One directory entry: ``name``, whether it is a directory, engine-specific payload."""
+
+    name: str
+    is_dir: bool
+    payload: Any
+
+
+ListDir = Callable[[str], Sequence[TreeEntry]]
+MakeInfo = Callable[[str, Any], "ObjectInfo | None"]
+
+
+class TreeLister:
+    """Answers :meth:`ObjectTier.list` from a ``listdir(rel_dir)`` function.
+
+    ``listdir("")`` lists the store's top (buckets), ``listdir("a/b/")`` a directory; a
+    missing directory lists as empty.  ``make_info(key, payload)`` returns the object's
+    info or ``None`` to leave the entry out (it vanished, or is not a valid key).  A
+    directory's entries are read once per listing call and kept for its duration."""
+
+    def __init__(self, listdir: ListDir, make_info: MakeInfo) -> None:
+        self._listdir = listdir
+        self._make_info = make_info
+        self._cache: dict[str, tuple[list[str], list[TreeEntry]]] = {}
+
+    def _entries(self, rel: str) -> tuple[list[str], list[TreeEntry]]:
+        got = self._cache.get(rel)
+        if got is None:
+            ents = [e for e in self._listdir(rel) if "/" not in e.name and e.name]
+            keyed = sorted(
+                ((rel + e.name + ("/" if e.is_dir else ""), e) for e in ents), key=_first
+            )
+            got = ([k for k, _ in keyed], [e for _, e in keyed])
+            self._cache[rel] = got
+        return got
+
+    def _keys_after(self, rel: str, prefix: str, lo: str) -> Iterator[tuple[str, Any]]:
+        fulls, ents = self._entries(rel)
+        i = bisect.bisect_right(fulls, lo)
+        if i > 0 and ents[i - 1].is_dir and lo.startswith(fulls[i - 1]):
+            i -= 1  # the directory holding ``lo``: part of its subtree sorts after lo
+        for full, ent in zip(fulls[i:], ents[i:], strict=True):
+            if not (full.startswith(prefix) or (ent.is_dir and prefix.startswith(full))):
+                if full > prefix:
+                    return  # sorted: everything further is past the prefix
+                continue
+            if ent.is_dir:
+                yield from self._keys_after(full, prefix, lo)
+            elif full > lo:
+                yield full, ent.payload
+
+    def list(self, prefix: str, start_after: str, delimiter: str, limit: int) -> ListPage:
+        lo = list_lower_bound(prefix, start_after, delimiter)
+        top = prefix[: prefix.rfind("/") + 1]
+        objects: list[ObjectInfo] = []
+        prefixes: list[str] = []
+        it = self._keys_after(top, prefix, lo)
+        while True:
+            nxt = next(it, None)
+            if nxt is None:
+                return ListPage(objects, prefixes, False)
+            key, payload = nxt
+            if delimiter:
+                j = key.find(delimiter, len(prefix))
+                if j >= 0:
+                    if len(objects) + len(prefixes) >= limit:
+                        return ListPage(objects, prefixes, True)
+                    cp = key[: j + len(delimiter)]
+                    prefixes.append(cp)
+                    it = self._keys_after(top, prefix, cp + MAX_CHAR)
+                    continue
+            info = self._make_info(key, payload)
+            if info is None:
+                continue
+            if len(objects) + len(prefixes) >= limit:
+                return ListPage(objects, prefixes, True)
+            objects.append(info)
