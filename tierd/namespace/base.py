@@ -151,8 +151,9 @@ class NamespaceBase:
         of = self._open.get(inode.ino)
         if of is None or not of.dirty:
             return inode
+        # the committed ETag describes older bytes: unknown until the next commit
         return dataclasses.replace(
-            inode, size=of.size, mtime_ns=of.mtime_ns, ctime_ns=of.ctime_ns
+            inode, size=of.size, mtime_ns=of.mtime_ns, ctime_ns=of.ctime_ns, etag=""
         )
 
     @staticmethod

@@ -156,8 +156,8 @@ class EntryOps(NamespaceBase):
                     ):
                         raise FsError(errno.EPERM, "only the owner may change the group, "
                                       "and only to a group they belong to")
-                if not inode.is_dir and (new_uid != inode.uid or new_gid != inode.gid
-                                         or not ident.is_root):
+                given = any(v is not None and v != -1 for v in (uid, gid))
+                if not inode.is_dir and given:  # as chown_common(): every chown of a file
                     inode.mode = drop_privs(inode.mode)
                 inode.uid, inode.gid = new_uid, new_gid
                 changed = True
@@ -165,7 +165,7 @@ class EntryOps(NamespaceBase):
                 if not is_owner(ident, inode):
                     raise FsError(errno.EPERM, f"only the owner may chmod inode {ino}")
                 perm = mode & 0o7777
-                if not ident.is_root and not inode.is_dir and not ident.in_group(inode.gid):
+                if not ident.is_root and not ident.in_group(inode.gid):
                     perm &= ~stat.S_ISGID
                 inode.mode = stat.S_IFMT(inode.mode) | perm
                 changed = True
@@ -424,18 +424,12 @@ class EntryOps(NamespaceBase):
             if dst is not None and dst.ino == src.ino:
                 return
             self._check_rename_perms(tx, ident, od, src, nd, dst, old_parent != new_parent,
-                                     bool(flags & RENAME_EXCHANGE))
+                                     bool(flags & RENAME_EXCHANGE), new_name)
             if flags & RENAME_EXCHANGE:
                 assert dst is not None
                 self._exchange(tx, od, old_name, src, nd, new_name, dst)
                 return
             if dst is not None:
-                if src.is_dir and not dst.is_dir:
-                    raise FsError(errno.ENOTDIR, f"{new_name.decode(errors='replace')!r} is "
-                                  "not a directory")
-                if not src.is_dir and dst.is_dir:
-                    raise FsError(errno.EISDIR, f"{new_name.decode(errors='replace')!r} is "
-                                  "a directory")
                 if dst.is_dir:
                     if tx.has_children(dst.ino):
                         raise FsError(errno.ENOTEMPTY, f"{new_name.decode(errors='replace')!r}"
@@ -467,14 +461,22 @@ class EntryOps(NamespaceBase):
 
     def _check_rename_perms(
         self, tx: MetaTxn, ident: Identity, od: Inode, src: Inode, nd: Inode,
-        dst: Inode | None, cross: bool, exchange: bool,
+        dst: Inode | None, cross: bool, exchange: bool, new_name: bytes,
     ) -> None:
+        """Checks in the order of Linux's vfs_rename(), so the errno matches."""
         check_access(ident, od, W_OK | X_OK, f"directory inode {od.ino}")
         if not may_delete(ident, od, src):
             raise AccessDenied(errno.EPERM, "the sticky bit protects the source entry")
         check_access(ident, nd, W_OK | X_OK, f"directory inode {nd.ino}")
         if dst is not None and not may_delete(ident, nd, dst):
             raise AccessDenied(errno.EPERM, "the sticky bit protects the target entry")
+        if dst is not None and not exchange:  # vfs_rename: may_delete() checks the types
+            if src.is_dir and not dst.is_dir:
+                raise FsError(errno.ENOTDIR, f"{new_name.decode(errors='replace')!r} is "
+                              "not a directory")
+            if not src.is_dir and dst.is_dir:
+                raise FsError(errno.EISDIR, f"{new_name.decode(errors='replace')!r} is "
+                              "a directory")
         if cross:
             # moving a directory rewrites its "..": that needs write permission on it
             if src.is_dir:

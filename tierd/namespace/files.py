@@ -41,6 +41,9 @@ class FileOps(EntryOps):
             if existing is not None:
                 if flags & os.O_EXCL:
                     raise FsError(errno.EEXIST, f"{name.decode(errors='replace')!r} exists")
+                if existing.is_dir:
+                    raise FsError(errno.EISDIR, f"{name.decode(errors='replace')!r} is a "
+                                  "directory")
                 tx.abort()
                 return existing, await self.open(ident, existing.ino, flags & ~os.O_CREAT)
             d = self._creatable(tx, ident, parent, name)
@@ -69,9 +72,9 @@ class FileOps(EntryOps):
         if inode.is_dir:
             raise FsError(errno.EISDIR, "open directories with listdir, not open")
         fh = self._attach(inode, ident, readable, writable, bool(flags & os.O_APPEND))
-        if flags & os.O_TRUNC and self._live(inode).size:
+        if flags & os.O_TRUNC:  # like do_truncate(): times and set-ID bits even at size 0
             try:
-                await self._set_size(ino, 0)
+                await self._set_size(ino, 0, drop=not ident.is_root and has_privs(inode.mode))
             except BaseException:
                 await self.release(fh)
                 raise
