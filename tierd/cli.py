@@ -52,8 +52,11 @@ def cli() -> None:
     metavar="FILE",
     help="TOML config file [env: TIERD_CONFIG].",
 )
+@click.option("--exit-on-unmount", is_flag=True, hidden=True,
+              help="Stop when the mount is removed from outside (set by `tierd mount`).")
 @_setting_options
-def serve(config_file: str | None, **settings: str | None) -> None:
+def serve(config_file: str | None, exit_on_unmount: bool = False,
+          **settings: str | None) -> None:
     """Run the daemon until SIGTERM or SIGINT.
 
     Settings come from defaults < the TOML file < TIERD_* variables < these flags.
@@ -73,11 +76,46 @@ def serve(config_file: str | None, **settings: str | None) -> None:
     log = get_logger("daemon")
     log.info("starting", extra=kv(version=__version__, **config.as_dict()))
     try:
-        asyncio.run(Daemon(config).run())
+        asyncio.run(Daemon(config, exit_on_unmount=exit_on_unmount).run())
     except StartupError as e:
         # critical: shown whatever log_level says, since the process is about to exit
         log.critical("cannot start: %s", e)
         sys.exit(EXIT_STARTUP)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.option("--foreground", "-f", is_flag=True,
+              help="Serve in this process (like `tierd serve --mount`) instead of detaching.")
+@click.option("--timeout", default=30.0, show_default=True, metavar="SECONDS",
+              help="How long to wait for the mount to appear.")
+@click.argument("serve_args", nargs=-1, type=click.UNPROCESSED)
+def mount(mountpoint: str, foreground: bool, timeout: float, serve_args: tuple[str, ...]) -> None:
+    """Mount the namespace at MOUNTPOINT: start a daemon serving it and return once mounted.
+
+    Extra options are passed to `tierd serve` (e.g. --data-dir DIR --s3-listen HOST:PORT).
+    The detached daemon logs to DATA_DIR/tierd.log and stops when the mount is removed with
+    `tierd umount`.
+    """
+    from tierd_fuse.cli import mount_detached, serve_foreground
+
+    if foreground:
+        sys.exit(serve_foreground(mountpoint, serve_args))
+    sys.exit(mount_detached(mountpoint, serve_args, timeout))
+
+
+@cli.command()
+@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.option("--lazy", "-l", is_flag=True,
+              help="Detach now even if files are open (they are closed as processes exit).")
+def umount(mountpoint: str, lazy: bool) -> None:
+    """Unmount a tierd mount; its daemon (started by `tierd mount`) then stops.
+
+    A stale mount left by a killed daemon is cleared.
+    """
+    from tierd_fuse.cli import umount_cli
+
+    sys.exit(umount_cli(mountpoint, lazy))
 
 
 @cli.command()

@@ -1,0 +1,316 @@
+"""The FUSE door against the raw hot-tier directory, with fio (method: shared/BENCHMARKING.md).
+
+A real ``tierd serve --mount`` daemon is started; every experiment runs alternately on the
+raw hot-tier directory of that daemon (the baseline: same file system, same disk) and on the
+mount (A B A B ..., ``--pairs`` pairs), and reports medians and the median of the pair-wise
+ratios (mount / raw):
+
+* ``seq_write``: fio sequential write of SIZE, bs=1M, ``end_fsync=1`` (fsync is part of it);
+* ``seq_read_cold``: fio sequential read bs=1M after ``sync; echo 3 > drop_caches``;
+* ``seq_read_warm``: the same read again without dropping anything (``invalidate=0``): the
+  mount is served from the kernel's page cache it kept (``keep_cache``);
+* ``rand_read_4k``: fio 4 KiB random reads for ``--rand-seconds`` on the cached file;
+* ``meta``: a Python script creating (open O_CREAT + close), stating and unlinking
+  ``--files`` files, in its own process, reported per phase as operations per second.
+
+CPU: fio's own user+sys and the daemon's (from /proc) are reported as CPU seconds per GiB
+for the data experiments.  Before measuring, the machine's available memory is touched once
+(``--no-prefault`` skips it): a VM guest's memory is backed lazily by the host, and the first
+use of fresh pages would otherwise slow whichever run needs new memory (writes at ~350 MB/s
+instead of GB/s on this machine kind).  Results go to ``bench/results/fuse_fio.json``.
+
+Usage (root, for drop_caches): python bench/fuse_fio.py [--size-gib 2] [--pairs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TIMEOUT = 600
+
+META_SCRIPT = r"""
+import json, os, sys, time
+d, n = sys.argv[1], int(sys.argv[2])
+os.makedirs(d, exist_ok=True)
+names = [os.path.join(d, f"f{i:06d}") for i in range(n)]
+out = {}
+t = time.perf_counter()
+for p in names:
+    os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
+out["create"] = n / (time.perf_counter() - t)
+t = time.perf_counter()
+for p in names:
+    os.stat(p)
+out["stat"] = n / (time.perf_counter() - t)
+t = time.perf_counter()
+for p in names:
+    os.unlink(p)
+out["unlink"] = n / (time.perf_counter() - t)
+os.rmdir(d)
+print(json.dumps(out))
+"""
+
+
+def prefault(leave_gib: float = 2.0) -> float:
+    """Touch the machine's available memory once and free it again.  A VM guest's memory is
+    backed by the host lazily: the first touch of a page costs a host fault (a page-cache
+    write then runs at ~350 MB/s instead of several GB/s here), and without this that cost
+    falls on whichever run first needs new memory.  Returns the GiB touched."""
+    import mmap
+
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    size = int(info.get("MemAvailable", 0) - leave_gib * (1 << 30))
+    if size <= 0:
+        return 0.0
+    chunk = b"\1" * (64 << 20)
+    with mmap.mmap(-1, size) as m:
+        for off in range(0, size - len(chunk), len(chunk)):
+            m[off:off + len(chunk)] = chunk
+    return size / (1 << 30)
+
+
+def drop_caches() -> bool:
+    if os.geteuid() != 0:
+        return False
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+    return True
+
+
+def proc_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def fio(name: str, path: Path, args: list[str]) -> dict[str, Any]:
+    cmd = ["fio", f"--name={name}", f"--filename={path}", "--ioengine=psync",
+           "--output-format=json", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+    if r.returncode != 0:
+        raise RuntimeError(f"{cmd} failed: {r.stderr}")
+    job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
+    return job  # type: ignore[no-any-return]
+
+
+class Runner:
+    def __init__(self, daemon_pid: int, size: int, rand_seconds: int) -> None:
+        self.pid = daemon_pid
+        self.size = size
+        self.rand_seconds = rand_seconds
+        self.cold_ok = os.geteuid() == 0
+
+    def run(self, exp: str, target: Path) -> dict[str, Any]:
+        f = target / "fio.bin"
+        gib = self.size / (1 << 30)
+        base = [f"--size={self.size}", "--bs=1M"]
+        if exp == "seq_write":
+            if f.exists():
+                f.unlink()
+            args = [*base, "--rw=write", "--end_fsync=1"]
+        elif exp == "seq_read_cold":
+            drop_caches()
+            args = [*base, "--rw=read", "--invalidate=0"]
+        elif exp == "seq_read_warm":
+            fio("prime", f, [*base, "--rw=read", "--invalidate=0"])
+            args = [*base, "--rw=read", "--invalidate=0"]
+        elif exp == "rand_read_4k":
+            fio("prime", f, [*base, "--rw=read", "--invalidate=0"])
+            args = [f"--size={self.size}", "--bs=4k", "--rw=randread", "--invalidate=0",
+                    "--time_based", f"--runtime={self.rand_seconds}", "--randrepeat=1"]
+            gib = 0.0
+        else:
+            raise ValueError(exp)
+        cpu0 = proc_cpu(self.pid)
+        job = fio(exp, f, args)
+        daemon_cpu = proc_cpu(self.pid) - cpu0
+        side = job["write"] if exp == "seq_write" else job["read"]
+        runtime = job["job_runtime"] / 1000.0
+        fio_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * runtime
+        out: dict[str, Any] = {
+            "MBps": side["bw_bytes"] / 1e6,
+            "iops": side["iops"],
+            "seconds": runtime,
+            "fio_cpu_s": round(fio_cpu, 3),
+            "daemon_cpu_s": round(daemon_cpu, 3),
+        }
+        if gib:
+            out["cpu_s_per_gib"] = round((fio_cpu + daemon_cpu) / gib, 3)
+        return out
+
+    @staticmethod
+    def meta(target: Path, n: int) -> dict[str, float]:
+        r = subprocess.run([sys.executable, "-c", META_SCRIPT, str(target / "meta"), str(n)],
+                           capture_output=True, text=True, timeout=TIMEOUT, check=True)
+        res: dict[str, float] = json.loads(r.stdout)
+        return res
+
+
+def summarize(pairs: list[tuple[dict[str, Any], dict[str, Any]]], key: str) -> dict[str, Any]:
+    raw = [p[0][key] for p in pairs]
+    mnt = [p[1][key] for p in pairs]
+    return {
+        "raw_median": round(statistics.median(raw), 1),
+        "mount_median": round(statistics.median(mnt), 1),
+        "ratio_median": round(statistics.median(m / r for r, m in pairs_of(raw, mnt)), 3),
+    }
+
+
+def pairs_of(raw: list[float], mnt: list[float]) -> list[tuple[float, float]]:
+    return list(zip(raw, mnt, strict=True))
+
+
+def start_daemon(base: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    data, mnt = base / "data", base / "mnt"
+    log = open(base / "tierd.log", "wb")  # noqa: SIM115 - the daemon writes until it exits
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tierd.cli", "serve", "--data-dir", str(data), "--mount",
+         str(mnt), "--s3-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+         "--log-level", "warning", *extra],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            doc = json.loads((data / "endpoints.json").read_text())
+            if doc.get("pid") == proc.pid and doc.get("mount"):
+                return proc, data / "hot", mnt
+        except (OSError, ValueError):
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError((base / "tierd.log").read_text())
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("tierd did not mount in 30 s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size-gib", type=float, default=2.0)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--rand-seconds", type=int, default=20)
+    ap.add_argument("--files", type=int, default=10_000)
+    ap.add_argument("--only", nargs="*", default=None,
+                    help="experiments to run (seq_write seq_read_cold seq_read_warm "
+                    "rand_read_4k meta)")
+    ap.add_argument("--no-prefault", action="store_true",
+                    help="skip touching the machine's free memory once before measuring")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="extra `tierd serve` argument (repeatable), e.g. "
+                    "--serve-arg=--meta-sync=durability-points")
+    ap.add_argument("--base", default=None, help="working directory (default: a temp dir)")
+    ap.add_argument("--out", default=str(HERE / "results" / "fuse_fio.json"))
+    args = ap.parse_args()
+    if shutil.which("fio") is None:
+        sys.exit("fio is not installed (apt-get install fio)")
+    touched = 0.0 if args.no_prefault else prefault()
+    base = Path(args.base or tempfile.mkdtemp(prefix="tierd-bench-fuse-"))
+    base.mkdir(parents=True, exist_ok=True)
+    proc, hot, mnt = start_daemon(base, args.serve_arg)
+    results: dict[str, Any] = {
+        "benchmark": "fuse_fio",
+        "inputs": vars(args) | {"size_bytes": int(args.size_gib * (1 << 30))},
+        "machine": {"nproc": os.cpu_count(), "kernel": platform.release(),
+                    "mem_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+                    "python": platform.python_version()},
+        "versions": versions(),
+        "cold_read": "page cache dropped before each cold read" if os.geteuid() == 0
+        else "NOT cold: not root, drop_caches unavailable",
+        "prefaulted_gib": round(touched, 1),
+        "runs": {}, "summary": {},
+    }
+    try:
+        raw_dir = hot / "bench-raw"
+        raw_dir.mkdir(exist_ok=True)
+        mnt_dir = mnt / "bench"
+        mnt_dir.mkdir(exist_ok=True)
+        runner = Runner(proc.pid, int(args.size_gib * (1 << 30)), args.rand_seconds)
+        exps = args.only or ["seq_write", "seq_read_cold", "seq_read_warm", "rand_read_4k",
+                             "meta"]
+        for exp in exps:
+            pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+            for i in range(args.pairs):
+                if exp == "meta":
+                    pair = (runner.meta(raw_dir, args.files), runner.meta(mnt_dir, args.files))
+                else:
+                    if exp != "seq_write" and not (raw_dir / "fio.bin").exists():
+                        runner.run("seq_write", raw_dir)
+                        runner.run("seq_write", mnt_dir)
+                    pair = (runner.run(exp, raw_dir), runner.run(exp, mnt_dir))
+                pairs.append(pair)
+                print(f"{exp} pair {i}: raw {short(pair[0])} | mount {short(pair[1])}",
+                      flush=True)
+            results["runs"][exp] = [{"raw": r, "mount": m} for r, m in pairs]
+            if exp == "meta":
+                results["summary"][exp] = {k: summarize(pairs, k)
+                                           for k in ("create", "stat", "unlink")}
+            else:
+                key = "iops" if exp == "rand_read_4k" else "MBps"
+                results["summary"][exp] = summarize(pairs, key) | {
+                    "unit": key,
+                    "cpu_s_per_gib_raw": med(pairs, 0, "cpu_s_per_gib"),
+                    "cpu_s_per_gib_mount": med(pairs, 1, "cpu_s_per_gib"),
+                }
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if not args.base:
+            shutil.rmtree(base, ignore_errors=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results["summary"], indent=2))
+    print(f"written to {out}")
+
+
+def med(pairs: list[tuple[dict[str, Any], dict[str, Any]]], side: int, key: str) -> float | None:
+    vals = [p[side][key] for p in pairs if key in p[side]]
+    return round(statistics.median(vals), 3) if vals else None
+
+
+def short(r: dict[str, Any]) -> str:
+    if "MBps" in r:
+        return f"{r['MBps']:.0f} MB/s {r['iops']:.0f} IOPS"
+    return " ".join(f"{k} {v:.0f}/s" for k, v in r.items())
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for cmd in (["fio", "--version"], ["fusermount3", "--version"]):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            out[cmd[0]] = (r.stdout or r.stderr).strip()
+        except OSError:
+            pass
+    try:
+        import pyfuse3
+
+        out["pyfuse3"] = pyfuse3.__version__
+    except ImportError:
+        pass
+    from tierd import __version__
+
+    out["tierd"] = __version__
+    return out
+
+
+if __name__ == "__main__":
+    main()

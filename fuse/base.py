@@ -1,0 +1,132 @@
+"""Shared state of the FUSE operations and the one place namespace errors become FUSE errors.
+
+Every handler is wrapped by :func:`fs_errors`: a :class:`tierd.errors.FsError` (an OSError
+with the errno the namespace chose) becomes ``pyfuse3.FUSEError(errno)``; any other OSError
+keeps its errno; anything else is a bug, logged with its traceback and answered with EIO so
+the calling process gets an error instead of a hung system call.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
+import pyfuse3
+
+from tierd.acl import Identity
+from tierd.meta import Inode
+from tierd.namespace import Namespace
+
+from .attrs import entry_attributes
+from .handles import DirHandle, FileState, KernelCache
+from .identity import Callers
+from .invalidate import Invalidator
+
+log = logging.getLogger("tierd.fuse")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def fs_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """Translate exceptions of a handler into the errno the kernel passes to the caller."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as e:
+            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except Exception:
+            log.exception("FUSE %s failed", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+def _sysctl(name: str) -> int:
+    try:
+        with open(f"/proc/sys/{name}") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+class OpsBase(pyfuse3.Operations):
+    """State every operation uses: the namespace, callers, handles, kernel cache state."""
+
+    supports_dot_lookup = True
+    enable_acl = False
+
+    def __init__(
+        self,
+        ns: Namespace,
+        *,
+        entry_timeout: float = 300.0,
+        attr_timeout: float = 300.0,
+        # TODO(namespace): put_object notifies only the leaf entry, not the directories it
+        # creates; a cached negative entry for such a directory would hide it, so missing
+        # names are not cached until the namespace reports created directories too
+        negative_timeout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.ns = ns
+        self.entry_timeout = entry_timeout
+        self.attr_timeout = attr_timeout
+        self.negative_timeout = negative_timeout
+        self.callers = Callers()
+        self.invalidator = Invalidator(on_inode=self._content_changed)
+        #: directory inode -> "every user may search it" (see :meth:`entry_timeout_in`)
+        self.searchable: dict[int, bool] = {}
+        #: inodes known to have no security.capability attribute (asked before each write)
+        self.no_caps: set[int] = set()
+        self.kcache = KernelCache()
+        self.files: dict[int, FileState] = {}
+        self.dirs: dict[int, DirHandle] = {}
+        self._next_dir_fh = 1
+        #: fs.protected_hardlinks as the kernel would apply it (it cannot, for this mount)
+        self.protected_hardlinks = _sysctl("fs/protected_hardlinks") == 1
+
+    def ident(self, ctx: pyfuse3.RequestContext) -> Identity:
+        return self.callers.identity(ctx.uid, ctx.gid, ctx.pid)
+
+    def _content_changed(self, ino: int) -> None:
+        self.kcache.drop(ino)
+        self.no_caps.discard(ino)
+
+    # -- which entries the kernel may cache ---------------------------------------------------
+    #
+    # Without default_permissions the kernel asks the daemon about search permission only when
+    # it looks a name up; a cached entry is walked through without asking.  So entries are
+    # cached (long timeout) only in directories every user may search (x for owner, group and
+    # other); in any other directory each lookup comes here and is checked for its caller.
+    # When a directory stops being searchable by all, the kernel is told to forget its
+    # children's entries before the chmod returns.
+
+    def note(self, inode: Inode) -> None:
+        if inode.is_dir:
+            self.searchable[inode.ino] = inode.mode & 0o111 == 0o111
+
+    async def is_searchable(self, ino: int) -> bool:
+        known = self.searchable.get(ino)
+        if known is None:
+            self.note(await self.ns.getattr(Identity.ROOT, ino))
+            known = self.searchable.get(ino, False)
+        return known
+
+    async def entry_timeout_in(self, parent: int) -> float:
+        return self.entry_timeout if await self.is_searchable(parent) else 0.0
+
+    def entry(self, inode: Inode, entry_timeout: float) -> pyfuse3.EntryAttributes:
+        """Reply to a request that makes the kernel link a name: it counts one lookup."""
+        self.note(inode)
+        self.kcache.looked_up(inode.ino)
+        return entry_attributes(inode, entry_timeout, self.attr_timeout)
+
+    def init(self) -> None:
+        log.debug("FUSE session initialised")

@@ -1,0 +1,151 @@
+"""Open files: create/open, read/write, flush/fsync/release.
+
+Bytes go straight to the namespace, which reads and writes the tier file with
+``preadv``/``pwritev`` (inline when the page cache can serve them).  What this module adds
+is the kernel's side of caching:
+
+* ``keep_cache`` on open while the inode's content version is the one the kernel's page
+  cache holds, so a file read again is served from the kernel at memory speed;
+* after a handle that wrote commits (flush, fsync, release) the new version is recorded as
+  cached -- the kernel's pages already hold those writes (the mount does not use the
+  kernel's writeback cache: writes reach the daemon as they happen, see docs/fuse.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+
+import pyfuse3
+
+from tierd.acl import X_OK, Identity
+from tierd.meta import Inode
+
+from .base import OpsBase, fs_errors
+from .handles import FileState
+
+#: the open flag the kernel adds when a file is opened for execve() (__FMODE_EXEC)
+FMODE_EXEC = 0o40
+#: how far ahead of a sequential reader the tier file is asked to read
+READ_AHEAD = 16 << 20
+
+
+def _willneed(fd: int, offset: int, length: int) -> None:
+    with contextlib.suppress(OSError):  # the handle was closed meanwhile: nothing to do
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+
+
+def _ignore_result(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _writable(flags: int) -> bool:
+    return flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+
+
+class FileOps(OpsBase):
+    # -- opening -----------------------------------------------------------------------------
+    def _file_info(self, fh: int, inode: Inode, flags: int) -> pyfuse3.FileInfo:
+        self.files[fh] = FileState(inode.ino, _writable(flags))
+        keep = self.kcache.keep_cache(inode.ino, inode.version)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=False)
+
+    @fs_errors
+    async def open(
+        self, inode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.FileInfo:
+        ident = self.ident(ctx)
+        if flags & FMODE_EXEC:
+            # execve(): the kernel only checks that some x bit is set (it cannot know who
+            # may execute without default_permissions); the caller's right is checked here
+            await self.ns.access(ident, inode, X_OK)
+        fh = await self.ns.open(ident, inode, flags)
+        # TODO(namespace): open() returning the inode would save this read
+        attrs = await self.ns.getattr(Identity.ROOT, inode)
+        return self._file_info(fh, attrs, flags)
+
+    @fs_errors
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        inode, fh = await self.ns.create(self.ident(ctx), parent_inode, name, mode, flags)
+        if flags & os.O_TRUNC and inode.size:
+            # an existing file was opened and truncated: its version is the truncated one
+            inode = await self.ns.getattr(Identity.ROOT, inode.ino)
+        info = self._file_info(fh, inode, flags)
+        return info, self.entry(inode, await self.entry_timeout_in(parent_inode))
+
+    # -- data ----------------------------------------------------------------------------------
+    @fs_errors
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        st = self.files.get(fh)
+        if st is not None:
+            self._read_ahead(st, fh, off, size)
+        return await self.ns.read(fh, off, size)
+
+    def _read_ahead(self, st: FileState, fh: int, off: int, size: int) -> None:
+        """Sequential readers: ask the tier file to read :data:`READ_AHEAD` bytes ahead, so
+        the next requests find the page cache filled and are served inline (the cold path is
+        otherwise one blocking read in a thread per kernel request)."""
+        sequential = off == st.last_end or off == 0
+        st.last_end = off + size
+        if not sequential or off + size + READ_AHEAD // 2 < st.advised:
+            return
+        fd = self._backing_fd(fh)
+        if fd is None:
+            return
+        start = max(off, st.advised)
+        st.advised = off + size + READ_AHEAD
+        # fire and forget: posix_fadvise starts the I/O but may block while submitting it
+        task = asyncio.get_running_loop().run_in_executor(
+            None, _willneed, fd, start, st.advised - start)
+        task.add_done_callback(_ignore_result)
+
+    def _backing_fd(self, fh: int) -> int | None:
+        # TODO(namespace): a public "advise read-ahead" call (or the tier fd) would avoid
+        # reaching into the namespace's handle table
+        h = getattr(self.ns, "_handles", {}).get(fh)
+        of = getattr(h, "ofile", None)
+        fd = getattr(of, "fd", None)
+        return fd if isinstance(fd, int) else None
+
+    @fs_errors
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        st = self.files.get(fh)
+        if st is not None:
+            st.wrote = True
+        return await self.ns.write(fh, off, buf)
+
+    # -- durability ------------------------------------------------------------------------------
+    async def _committed(self, fh: int) -> None:
+        """The kernel's pages hold what this handle wrote: remember the new version."""
+        st = self.files.get(fh)
+        if st is None or not st.wrote:
+            return
+        st.wrote = False
+        try:
+            attrs = await self.ns.getattr(Identity.ROOT, st.ino)
+        except OSError:
+            return
+        self.kcache.cached(st.ino, attrs.version)
+
+    @fs_errors
+    async def flush(self, fh: int) -> None:
+        await self.ns.flush(fh)
+        await self._committed(fh)
+
+    @fs_errors
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self.ns.fsync(fh, datasync)
+        await self._committed(fh)
+
+    @fs_errors
+    async def release(self, fh: int) -> None:
+        try:
+            await self.ns.release(fh)
+            await self._committed(fh)
+        finally:
+            self.files.pop(fh, None)

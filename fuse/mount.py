@@ -1,0 +1,268 @@
+"""Mount points and the mount's life cycle in the daemon's event loop.
+
+* :func:`find_mount` reads ``/proc/self/mountinfo``.
+* :func:`prepare_mountpoint` runs before mounting: a stale tierd mount (its daemon was
+  killed; ``stat`` fails with ENOTCONN) is lazily unmounted; a live mount of anything is
+  refused with a message naming it (a second mount would hide the first one's files).
+* :class:`FuseDoor` mounts with pyfuse3, serves requests as tasks of the daemon's loop, and
+  unmounts at shutdown.  When the mount disappears from outside (``tierd umount``,
+  ``fusermount3 -u``), the door closes and calls ``on_unmounted``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyfuse3
+import pyfuse3.asyncio
+
+from tierd.logs import get_logger, kv
+from tierd.namespace import Namespace
+
+from .ops import TierdOps
+
+log = get_logger("fuse")
+
+FSNAME = "tierd"
+#: seconds to wait for a stat of an existing mount point (a hung FUSE server never answers)
+STAT_TIMEOUT = 5.0
+#: seconds to wait for in-flight requests at shutdown
+STOP_TIMEOUT = 10.0
+
+
+class MountError(Exception):
+    """The mount point cannot be used; the message says why and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class MountInfo:
+    mountpoint: str
+    fstype: str
+    source: str
+    options: str
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal (\\040 ...)."""
+    out = bytearray()
+    raw = field.encode()
+    i = 0
+    while i < len(raw):
+        if raw[i] == 0x5C and i + 3 < len(raw) and raw[i + 1:i + 4].isdigit():
+            out.append(int(raw[i + 1:i + 4], 8))
+            i += 4
+        else:
+            out.append(raw[i])
+            i += 1
+    return out.decode(errors="surrogateescape")
+
+
+def find_mount(path: str | Path) -> MountInfo | None:
+    """The mount whose mount point is exactly ``path`` (the last one if stacked)."""
+    target = os.path.abspath(path)
+    found: MountInfo | None = None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                rfields = right.split()
+                if len(fields) < 6 or len(rfields) < 2:
+                    continue
+                if _unescape(fields[4]) == target:
+                    found = MountInfo(target, rfields[0], _unescape(rfields[1]), fields[5])
+    except OSError:
+        return None
+    return found
+
+
+def _stat_state(path: str) -> int:
+    """0 when ``path`` answers a stat, else the errno."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno or errno.EIO
+    return 0
+
+
+def unmount(path: str | Path, lazy: bool = False) -> None:
+    """Unmount a FUSE mount: ``fusermount3 -u`` (works without root), ``umount`` as
+    fallback.  Raises :class:`MountError` with the tool's message (e.g. busy)."""
+    target = os.path.abspath(path)
+    cmds: list[list[str]] = []
+    if shutil.which("fusermount3"):
+        cmds.append(["fusermount3", "-u", *(["-z"] if lazy else []), target])
+    if os.geteuid() == 0 and shutil.which("umount"):
+        cmds.append(["umount", *(["-l"] if lazy else []), target])
+    if not cmds:
+        raise MountError("neither fusermount3 nor umount is installed")
+    why = ""
+    for cmd in cmds:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+        if r.returncode == 0 or find_mount(target) is None:
+            return
+        why = (r.stderr or r.stdout).strip()
+    raise MountError(f"cannot unmount {target}: {why}")
+
+
+async def prepare_mountpoint(path: Path) -> Path:
+    """Make ``path`` a usable, unused directory; clear a stale mount left by a killed
+    daemon.  Returns the absolute path."""
+    target = Path(os.path.abspath(path))
+    info = find_mount(target)
+    if info is not None:
+        try:
+            err = await asyncio.wait_for(asyncio.to_thread(_stat_state, str(target)),
+                                         STAT_TIMEOUT)
+        except TimeoutError:
+            raise MountError(
+                f"mount point {target} is already mounted ({info.fstype} from {info.source}) "
+                f"and does not answer: unmount it first (tierd umount --lazy {target})"
+            ) from None
+        if err == errno.ENOTCONN:
+            log.warning("clearing stale mount at %s (%s from %s): its server is gone",
+                        target, info.fstype, info.source)
+            await asyncio.to_thread(unmount, target, True)
+        else:
+            raise MountError(
+                f"mount point {target} is busy: {info.fstype} from {info.source} is mounted "
+                f"there; unmount it first (tierd umount {target}) or choose another mount"
+            )
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MountError(f"cannot create mount point {target}: {e.strerror}") from None
+    if not target.is_dir():
+        raise MountError(f"mount point {target} is not a directory")
+    return target
+
+
+def mount_options(allow_other: bool | None = None) -> set[str]:
+    """Kernel mount options: never ``default_permissions`` (the daemon decides access),
+    ``allow_other`` so every user of the machine reaches the mount when permitted."""
+    opts = {f"fsname={FSNAME}", f"subtype={FSNAME}", "noatime"}
+    if allow_other is None:
+        allow_other = os.geteuid() == 0 or _user_allow_other()
+    if allow_other:
+        opts.add("allow_other")
+    else:
+        log.warning("mounting without allow_other: only this user can use the mount "
+                    "(add user_allow_other to /etc/fuse.conf or run as root)")
+    return opts
+
+
+def _user_allow_other() -> bool:
+    try:
+        with open("/etc/fuse.conf") as f:
+            return any(line.strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
+
+
+class FuseDoor:
+    """The mount of one namespace; start once, stop once (pyfuse3 allows one per process)."""
+
+    def __init__(
+        self,
+        ns: Namespace,
+        mountpoint: Path,
+        *,
+        on_unmounted: Callable[[], None] | None = None,
+        max_tasks: int = 64,
+    ) -> None:
+        self.ns = ns
+        self.mountpoint = Path(os.path.abspath(mountpoint))
+        self.ops = TierdOps(ns)
+        self.invalidator = self.ops.invalidator
+        self.on_unmounted = on_unmounted
+        self.max_tasks = max_tasks
+        self._task: asyncio.Task[None] | None = None
+        self._session = False
+        self._stopping = False
+
+    async def start(self) -> None:
+        self.mountpoint = await prepare_mountpoint(self.mountpoint)
+        pyfuse3.asyncio.enable()
+        opts = mount_options()
+        try:
+            await asyncio.to_thread(pyfuse3.init, self.ops, str(self.mountpoint), opts)
+        except RuntimeError as e:
+            raise MountError(f"cannot mount {self.mountpoint}: {e} (is /dev/fuse usable "
+                             "and fusermount3 installed?)") from None
+        self._session = True
+        # TODO(namespace): subscribe() has no unsubscribe; on_change is a no-op once stopped
+        self.ns.subscribe(self.invalidator.on_change)
+        self.invalidator.start()
+        self._task = asyncio.create_task(self._serve(), name="tierd-fuse")
+        log.info("mounted", extra=kv(mountpoint=str(self.mountpoint),
+                                        options=",".join(sorted(opts))))
+
+    async def _serve(self) -> None:
+        try:
+            await pyfuse3.main(min_tasks=2, max_tasks=self.max_tasks)
+        except Exception:
+            log.exception("FUSE session failed")
+        if not self._stopping:
+            log.warning("the mount at %s went away (unmounted from outside): the FUSE door "
+                        "is closed", self.mountpoint)
+            await self._close(unmount=False)
+            if self.on_unmounted is not None:
+                self.on_unmounted()
+
+    async def stop(self) -> None:
+        """Unmount while still serving, so the kernel's last requests (the RELEASE of files
+        just closed, FORGETs) are answered before the session ends; if the mount is busy
+        (a process has a file open or its working directory inside), end the session and
+        detach the mount instead -- the namespace then releases what is still open."""
+        if self._stopping or not self._session:
+            return
+        self._stopping = True
+        task = self._task
+        if task is not None and not task.done():
+            try:
+                await asyncio.to_thread(unmount, self.mountpoint)
+            except MountError as e:
+                log.warning("%s; detaching the mount", e)
+            else:  # the kernel ends the session once its pending requests are answered
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(task), STOP_TIMEOUT)
+        if task is not None and not task.done():
+            pyfuse3.terminate()
+            try:
+                await asyncio.wait_for(asyncio.shield(task), STOP_TIMEOUT)
+            except TimeoutError:
+                log.warning("FUSE requests still running after %.0f s; unmounting anyway",
+                            STOP_TIMEOUT)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        await self._close(unmount=find_mount(self.mountpoint) is not None)
+        log.info("unmounted", extra=kv(mountpoint=str(self.mountpoint)))
+
+    async def _close(self, unmount: bool) -> None:
+        if not self._session:
+            return
+        self._session = False
+        await asyncio.to_thread(self.invalidator.stop)
+        await asyncio.to_thread(pyfuse3.close, unmount)
+        if unmount and find_mount(self.mountpoint) is not None:
+            # still there (busy): detach it
+            with contextlib.suppress(MountError):
+                await asyncio.to_thread(unmount_lazy, self.mountpoint)
+
+    @property
+    def mounted(self) -> bool:
+        return self._session
+
+
+def unmount_lazy(path: Path) -> None:
+    unmount(path, lazy=True)

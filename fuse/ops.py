@@ -1,0 +1,289 @@
+"""The FUSE operations of tierd: kernel requests translated into namespace calls.
+
+Every rule (names, permissions, link counts, errnos) lives in the namespace; this class only
+maps arguments, keeps the state the kernel protocol needs (directory offsets, lookup counts,
+page-cache versions) and fills the kernel's attribute structures.  Permissions are decided
+by the namespace with the caller's identity -- the mount does not use the kernel's
+``default_permissions`` -- so FUSE and S3 give one identity one answer.
+"""
+
+from __future__ import annotations
+
+import errno
+import stat
+import time
+from collections.abc import Sequence
+
+import pyfuse3
+
+from tierd.acl import R_OK, W_OK, Identity, may_access
+from tierd.errors import FsError
+from tierd.meta import ROOT_INO
+from tierd.namespace import UTIME_NOW
+
+from .attrs import entry_attributes, negative_entry, statvfs
+from .base import fs_errors
+from .files import FileOps
+from .handles import DOT_ID, DOTDOT_ID, DirHandle
+
+#: entries fetched from the namespace per readdir round (a 4 KiB reply holds ~25 entries
+#: with attributes, so one batch rarely needs a second scan)
+READDIR_BATCH = 64
+#: pyfuse3 turns UTIME_NOW into the current time before calling setattr; a time this close to
+#: "now" from a caller that may not set explicit times is treated as UTIME_NOW
+NOW_WINDOW_NS = 200_000_000
+CAPS = b"security.capability"
+
+
+class TierdOps(FileOps):
+    # -- names ---------------------------------------------------------------------------------
+    @fs_errors
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        try:
+            inode = await self.ns.lookup(self.ident(ctx), parent_inode, name)
+        except FsError as e:
+            if (e.errno == errno.ENOENT and self.negative_timeout > 0
+                    and await self.is_searchable(parent_inode)):
+                return negative_entry(self.negative_timeout)
+            raise
+        return self.entry(inode, await self.entry_timeout_in(parent_inode))
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        for ino, n in inode_list:
+            if self.kcache.forget(ino, n):
+                self.searchable.pop(ino, None)
+                self.no_caps.discard(ino)
+
+    @fs_errors
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        attrs = await self.ns.getattr(self.ident(ctx), inode)
+        self.note(attrs)
+        return entry_attributes(attrs, self.entry_timeout, self.attr_timeout)
+
+    @fs_errors
+    async def setattr(
+        self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields,
+        fh: int | None, ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        ident = self.ident(ctx)
+        mode = attr.st_mode & 0o7777 if fields.update_mode else None
+        uid = attr.st_uid if fields.update_uid else None
+        gid = attr.st_gid if fields.update_gid else None
+        size = attr.st_size if fields.update_size else None
+        atime = attr.st_atime_ns if fields.update_atime else None
+        mtime = attr.st_mtime_ns if fields.update_mtime else None
+        if fh is not None and fh not in self.files:
+            fh = None  # ftruncate passes its file handle; anything else is a path call
+        try:
+            new = await self.ns.setattr(ident, inode, mode=mode, uid=uid, gid=gid, size=size,
+                                        atime_ns=atime, mtime_ns=mtime, fh=fh)
+        except FsError as e:
+            # UTIME_NOW needs only write permission, explicit times ownership; pyfuse3 hands
+            # both over as times, so a refusal of "times equal to now" is retried as NOW
+            if e.errno != errno.EPERM or not self._near_now(atime, mtime):
+                raise
+            new = await self.ns.setattr(
+                ident, inode, mode=mode, uid=uid, gid=gid,
+                atime_ns=None if atime is None else UTIME_NOW,
+                mtime_ns=None if mtime is None else UTIME_NOW, fh=fh)
+        if size is not None and new.is_reg:
+            self.kcache.cached(inode, new.version)  # the kernel truncated its pages itself
+        if new.is_dir:
+            was = self.searchable.get(inode, True)
+            self.note(new)
+            if was and not self.searchable[inode]:
+                await self._forget_children(inode)
+        return entry_attributes(new, self.entry_timeout, self.attr_timeout)
+
+    async def _forget_children(self, ino: int) -> None:
+        """The directory stopped being searchable by all: drop the kernel's entries of its
+        children (walked page by page) so every lookup in it is checked again.
+
+        The invalidations are sent right after this reply, not before: the kernel holds the
+        directory's lock during setattr and an entry invalidation needs that lock."""
+        marker = b""
+        while True:
+            page = await self.ns.listdir(Identity.ROOT, ino, start_after=marker, limit=1024)
+            self.invalidator.forget_entries(ino, [name for name, _ in page])
+            if len(page) < 1024:
+                break
+            marker = page[-1][0]
+
+    @staticmethod
+    def _near_now(*times: int | None) -> bool:
+        given = [t for t in times if t is not None]
+        now = time.time_ns()
+        return bool(given) and all(abs(now - t) < NOW_WINDOW_NS for t in given)
+
+    @fs_errors
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        return await self.ns.readlink(self.ident(ctx), inode)
+
+    # -- creating and removing -----------------------------------------------------------------
+    @fs_errors
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        inode = await self.ns.mknod(self.ident(ctx), parent_inode, name, mode, rdev)
+        return self.entry(inode, await self.entry_timeout_in(parent_inode))
+
+    @fs_errors
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        inode = await self.ns.mkdir(self.ident(ctx), parent_inode, name, mode)
+        return self.entry(inode, await self.entry_timeout_in(parent_inode))
+
+    @fs_errors
+    async def symlink(
+        self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        inode = await self.ns.symlink(self.ident(ctx), parent_inode, name, target)
+        return self.entry(inode, await self.entry_timeout_in(parent_inode))
+
+    @fs_errors
+    async def link(
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        ident = self.ident(ctx)
+        if self.protected_hardlinks and not ident.is_root:
+            await self._may_hardlink(ident, inode)
+        linked = await self.ns.link(ident, inode, new_parent_inode, new_name)
+        return self.entry(linked, await self.entry_timeout_in(new_parent_inode))
+
+    async def _may_hardlink(self, ident: Identity, ino: int) -> None:
+        """fs.protected_hardlinks, which the kernel cannot apply without knowing permissions
+        (no default_permissions): only the owner may link a file that is special, setuid,
+        setgid-executable, or not both readable and writable by the caller."""
+        src = await self.ns.getattr(ident, ino)
+        if src.uid == ident.uid:
+            return
+        mode = src.mode
+        safe = (stat.S_ISREG(mode) and not mode & stat.S_ISUID
+                and (mode & (stat.S_ISGID | stat.S_IXGRP)) != (stat.S_ISGID | stat.S_IXGRP)
+                and may_access(ident, src, R_OK | W_OK))
+        if not safe:
+            raise FsError(errno.EPERM, "fs.protected_hardlinks: only the owner may link a "
+                          "file the caller cannot both read and write")
+
+    @fs_errors
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self.ns.unlink(self.ident(ctx), parent_inode, name)
+
+    @fs_errors
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self.ns.rmdir(self.ident(ctx), parent_inode, name)
+
+    @fs_errors
+    async def rename(
+        self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
+        flags: int, ctx: pyfuse3.RequestContext,
+    ) -> None:
+        await self.ns.rename(self.ident(ctx), parent_inode_old, name_old, parent_inode_new,
+                             name_new, flags)
+        # the kernel moves its cached entries, keeping their timeouts: into a directory not
+        # searchable by all they must not stay cached (sent after this reply, in order)
+        if not await self.is_searchable(parent_inode_new):
+            self.invalidator.forget_entries(parent_inode_new, [name_new])
+        if flags & pyfuse3.RENAME_EXCHANGE and not await self.is_searchable(parent_inode_old):
+            self.invalidator.forget_entries(parent_inode_old, [name_old])
+
+    # -- directories ---------------------------------------------------------------------------
+    @fs_errors
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        ident = self.ident(ctx)
+        await self.ns.listdir(ident, inode, limit=0)  # a directory the caller may read
+        attrs = await self.ns.getattr(ident, inode)
+        fh = self._next_dir_fh
+        self._next_dir_fh += 1
+        self.note(attrs)
+        self.dirs[fh] = DirHandle(inode, ident, attrs.parent or ROOT_INO)
+        return fh
+
+    @fs_errors
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        dh = self.dirs.get(fh)
+        if dh is None:
+            raise FsError(errno.EBADF, "directory handle is not open")
+        marker = dh.marker(start_id)
+        if marker is None:
+            raise FsError(errno.EINVAL, f"readdir offset {start_id} was never handed out")
+        if start_id < DOT_ID and not self._dot(token, b".", dh.ino, DOT_ID):
+            return
+        if start_id < DOTDOT_ID and not self._dot(token, b"..", dh.parent, DOTDOT_ID):
+            return
+        timeout = await self.entry_timeout_in(dh.ino)
+        while True:
+            entries = await self.ns.listdir(dh.ident, dh.ino, start_after=marker,
+                                            limit=READDIR_BATCH)
+            for name, inode in entries:
+                attrs = entry_attributes(inode, timeout, self.attr_timeout)
+                if not pyfuse3.readdir_reply(token, name, attrs, dh.offset_after(name)):
+                    return
+                self.note(inode)
+                self.kcache.looked_up(inode.ino)
+                marker = name
+            if len(entries) < READDIR_BATCH:
+                return
+
+    @staticmethod
+    def _dot(token: pyfuse3.ReaddirToken, name: bytes, ino: int, next_id: int) -> bool:
+        """'.' and '..' (the kernel does not link them from readdirplus: no lookup count)."""
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino
+        a.st_mode = stat.S_IFDIR | 0o755
+        a.entry_timeout = a.attr_timeout = 0
+        return pyfuse3.readdir_reply(token, name, a, next_id)
+
+    async def releasedir(self, fh: int) -> None:
+        self.dirs.pop(fh, None)
+
+    @fs_errors
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        # metadata changes reach the OS at commit; an fsync on a directory makes them durable
+        # TODO(namespace): a public sync() instead of the private helper
+        await self.ns._sync_meta()
+
+    # -- file system -----------------------------------------------------------------------------
+    @fs_errors
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        return statvfs(await self.ns.statfs())
+
+    @fs_errors
+    async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
+        await self.ns.access(self.ident(ctx), inode, mode)
+        return True
+
+    # -- extended attributes ---------------------------------------------------------------------
+    @fs_errors
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        # The kernel asks for security.capability before every write (to drop file
+        # capabilities); files without one are remembered, so that costs no transaction.
+        if name == CAPS and inode in self.no_caps:
+            raise FsError(errno.ENODATA, "no security.capability")
+        try:
+            return await self.ns.getxattr(self.ident(ctx), inode, name)
+        except FsError as e:
+            if name == CAPS and e.errno == errno.ENODATA:
+                self.no_caps.add(inode)
+            raise
+
+    @fs_errors
+    async def setxattr(
+        self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext
+    ) -> None:
+        # pyfuse3 checks XATTR_CREATE/XATTR_REPLACE with getxattr before calling this
+        self.no_caps.discard(inode)
+        await self.ns.setxattr(self.ident(ctx), inode, name, value, 0)
+
+    @fs_errors
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
+        return await self.ns.listxattr(self.ident(ctx), inode)
+
+    @fs_errors
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self.ns.removexattr(self.ident(ctx), inode, name)
+

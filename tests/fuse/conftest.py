@@ -1,0 +1,180 @@
+"""Fixtures for the FUSE door: a real ``tierd serve --mount`` process and real programs.
+
+One daemon serves the whole session (mounting is the slow part); every test works in a
+fresh directory of the bucket ``fusetests``.  The daemon is stopped with SIGTERM at the end,
+killed if it does not stop, and its mount is lazily unmounted if it is still there, so a
+failing test never leaves a mount behind.
+
+The mount point lives in a world-traversable temporary directory (not pytest's 0700 tmp
+root) so that permission tests can reach it as other users.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from tierd_fuse.mount import find_mount, unmount
+
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 20.0
+BUCKET = "fusetests"
+ACCESS_KEY = "FUSETESTKEY"
+SECRET_KEY = "fuse-test-secret-key-0123456789"
+
+
+def fuse_usable() -> str | None:
+    """Why FUSE tests cannot run here, or None."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing: no FUSE in this machine or container"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = fuse_usable()
+    if reason is None:
+        return
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
+    env.update(extra)
+    return env
+
+
+def tierd_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tierd.cli", *args]
+
+
+@dataclass
+class Daemon:
+    """One ``tierd serve --mount`` process."""
+
+    proc: subprocess.Popen[bytes]
+    data_dir: Path
+    mnt: Path
+    log_path: Path
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def endpoints(self) -> dict[str, object]:
+        doc: dict[str, object] = json.loads((self.data_dir / "endpoints.json").read_text())
+        return doc
+
+
+def start_daemon(data_dir: Path, mnt: Path, log_path: Path, *extra: str) -> Daemon:
+    """Start ``tierd serve`` with a mount and wait until the mount answers."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_f = open(log_path, "ab")  # noqa: SIM115 - the child writes to it until it exits
+    proc = subprocess.Popen(
+        tierd_cmd("serve", "--data-dir", str(data_dir), "--mount", str(mnt),
+                  "--s3-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", *extra),
+        stdin=subprocess.DEVNULL, stdout=log_f, stderr=log_f,
+        env=clean_env(TIERD_ROOT_ACCESS_KEY=ACCESS_KEY, TIERD_ROOT_SECRET_KEY=SECRET_KEY),
+    )
+    log_f.close()
+    d = Daemon(proc, data_dir, mnt, log_path)
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"tierd exited with {proc.returncode}:\n{d.log}")
+        ep = data_dir / "endpoints.json"
+        with contextlib.suppress(ValueError, OSError):
+            doc = json.loads(ep.read_text())  # a killed daemon's file names another pid
+            if doc.get("pid") == proc.pid and "mount" in doc and find_mount(mnt) is not None:
+                return d
+        time.sleep(0.05)
+    stop_daemon(d)
+    raise RuntimeError(f"tierd did not mount {mnt} within {START_TIMEOUT} s:\n{d.log}")
+
+
+def stop_daemon(d: Daemon, sig: int = signal.SIGTERM) -> int | None:
+    """Stop the daemon (kill it if it hangs) and make sure no mount is left behind."""
+    if d.proc.poll() is None:
+        d.proc.send_signal(sig)
+        try:
+            d.proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            d.proc.kill()
+            d.proc.wait(STOP_TIMEOUT)
+    if find_mount(d.mnt) is not None:
+        with contextlib.suppress(Exception):
+            unmount(d.mnt, lazy=True)
+    return d.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def public_tmp() -> Iterator[Path]:
+    """A temporary directory every user can traverse (for mount points)."""
+    path = Path(tempfile.mkdtemp(prefix="tierd-fuse-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        for p in path.iterdir():
+            if find_mount(p) is not None:
+                with contextlib.suppress(Exception):
+                    unmount(p, lazy=True)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def daemon(public_tmp: Path) -> Iterator[Daemon]:
+    d = start_daemon(public_tmp / "data", public_tmp / "mnt", public_tmp / "tierd.log")
+    try:
+        (d.mnt / BUCKET).mkdir()
+        (d.mnt / BUCKET).chmod(0o777)
+        yield d
+    finally:
+        code = stop_daemon(d)
+        if code not in (0, None):
+            print(f"tierd exited with {code}; log:\n{d.log}", file=sys.stderr)
+
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def work(daemon: Daemon, request: pytest.FixtureRequest) -> Path:
+    """A fresh directory inside the mounted bucket, named after the test."""
+    name = re.sub(r"[^a-zA-Z0-9_.-]", "_", request.node.name)[:80]
+    path = daemon.mnt / BUCKET / f"{name}-{next(_counter)}"
+    path.mkdir()
+    path.chmod(0o777)
+    return path
+
+
+def run(cmd: list[str], cwd: Path | None = None, timeout: float = 120.0,
+        env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a real program; on failure the assertion shows its output."""
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL, env=env)
+    if check:
+        assert r.returncode == 0, f"{cmd} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def need(program: str) -> str:
+    path = shutil.which(program)
+    if path is None:
+        pytest.fail(f"{program} is not installed (dev.sh installs it)")
+    return path

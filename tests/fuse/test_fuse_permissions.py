@@ -1,0 +1,181 @@
+"""Permissions through the mount as non-root users: read, write, exec/search, sticky
+directories, ownership rules and supplementary groups.
+
+Each operation runs in its own process with ``setpriv`` (numeric uids need no passwd
+entry), so the kernel sends the user's uid, gid and pid, and the daemon reads the
+supplementary groups from /proc -- exactly how a training container's user reaches tierd.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root"),
+    pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) missing"),
+]
+
+ALICE = (3000, 3000, [3000])
+BOB = (3001, 3001, [3001])
+CAROL = (3002, 3002, [3002, 3000])  # in alice's group as a supplementary group only
+
+# A tiny interpreter for one operation; prints "ok [value]" or the errno name.
+OP = r"""
+import errno, os, sys
+op, path, arg = sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else ""
+try:
+    if op == "read":
+        print("ok", open(path, "rb").read().decode())
+        sys.exit()
+    elif op == "write":
+        with open(path, "ab") as f: f.write(arg.encode())
+    elif op == "create":
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    elif op == "unlink": os.unlink(path)
+    elif op == "rename": os.rename(path, arg)
+    elif op == "mkdir": os.mkdir(path)
+    elif op == "rmdir": os.rmdir(path)
+    elif op == "list": print("ok", ",".join(sorted(os.listdir(path)))); sys.exit()
+    elif op == "stat": os.stat(path)
+    elif op == "exec":
+        import subprocess
+        r = subprocess.run([path], capture_output=True, text=True)
+        print("ok", r.stdout.strip()); sys.exit()
+    elif op == "chmod": os.chmod(path, int(arg, 8))
+    elif op == "chown": os.chown(path, int(arg), -1)
+    elif op == "chgrp": os.chown(path, -1, int(arg))
+    elif op == "touch": os.utime(path, None)
+    elif op == "utime": os.utime(path, (1, 2))
+    elif op == "truncate": os.truncate(path, int(arg))
+    elif op == "access": print("ok", os.access(path, int(arg))); sys.exit()
+    elif op == "setxattr": os.setxattr(path, "user.k", arg.encode())
+    else: raise SystemExit("unknown op " + op)
+    print("ok")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"""
+
+
+def as_user(user: tuple[int, int, list[int]], op: str, path: Path | str, arg: str = "") -> str:
+    uid, gid, groups = user
+    cmd = ["setpriv", f"--reuid={uid}", f"--regid={gid}",
+           f"--groups={','.join(map(str, groups))}", "--",
+           sys.executable, "-c", OP, op, str(path), arg]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30,
+                       stdin=subprocess.DEVNULL, cwd="/")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+@pytest.fixture
+def home(work: Path) -> Path:
+    """A directory owned by alice (mode 0755) inside the test's work directory."""
+    d = work / "alice"
+    d.mkdir()
+    os.chown(d, 3000, 3000)
+    return d
+
+
+def test_read_write_by_owner_group_other(home: Path) -> None:
+    f = home / "f"
+    f.write_text("secret")
+    os.chown(f, 3000, 3000)
+    f.chmod(0o640)
+    assert as_user(ALICE, "read", f) == "ok secret"
+    assert as_user(CAROL, "read", f) == "ok secret"  # supplementary group grants read
+    assert as_user(BOB, "read", f) == "EACCES"
+    assert as_user(CAROL, "write", f, "x") == "EACCES"  # group has no write bit
+    assert as_user(ALICE, "write", f, "!") == "ok"
+    f.chmod(0o604)
+    assert as_user(CAROL, "read", f) == "EACCES"  # group bits apply, not other's
+    assert as_user(BOB, "read", f) == "ok secret!"
+    f.chmod(0o000)
+    assert as_user(ALICE, "read", f) == "EACCES"
+    assert as_user(ALICE, "access", f, str(os.R_OK)) == "ok False"
+    assert f.read_text() == "secret!"  # root passes read/write checks
+
+
+def test_write_and_create_need_directory_write(home: Path) -> None:
+    assert as_user(ALICE, "create", home / "mine") == "ok"
+    assert (home / "mine").stat().st_uid == 3000
+    assert as_user(BOB, "create", home / "bobs") == "EACCES"
+    assert as_user(BOB, "mkdir", home / "d") == "EACCES"
+    assert as_user(BOB, "unlink", home / "mine") == "EACCES"
+    assert as_user(BOB, "rename", home / "mine", str(home / "other")) == "EACCES"
+    (home / "ro").write_text("r")
+    os.chown(home / "ro", 3000, 3000)
+    (home / "ro").chmod(0o444)
+    assert as_user(ALICE, "write", home / "ro", "x") == "EACCES"
+    assert as_user(ALICE, "truncate", home / "ro", "0") == "EACCES"
+    assert as_user(ALICE, "unlink", home / "ro") == "ok"  # removal needs the directory only
+
+
+def test_exec_and_search(home: Path) -> None:
+    script = home / "hello.sh"
+    script.write_text("#!/bin/sh\necho hi from tierd\n")
+    os.chown(script, 3000, 3000)
+    script.chmod(0o744)
+    assert as_user(ALICE, "exec", script) == "ok hi from tierd"
+    assert as_user(BOB, "exec", script).startswith("EACCES")
+    script.chmod(0o755)
+    assert as_user(BOB, "exec", script) == "ok hi from tierd"
+    private = home / "private"
+    private.mkdir()
+    (private / "inner").write_text("x")
+    os.chown(private, 3000, 3000)
+    private.chmod(0o700)
+    assert as_user(BOB, "stat", private / "inner") == "EACCES"  # no search permission
+    assert as_user(BOB, "list", private) == "EACCES"
+    private.chmod(0o711)  # search without read: names can be used, not listed
+    assert as_user(BOB, "stat", private / "inner") == "ok"
+    assert as_user(BOB, "list", private) == "EACCES"
+    private.chmod(0o744)  # read without search: listing works, lookups inside do not
+    assert as_user(BOB, "stat", private / "inner") == "EACCES"
+    assert as_user(ALICE, "list", private) == "ok inner"
+
+
+def test_sticky_directory(work: Path) -> None:
+    tmp = work / "shared"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    assert as_user(ALICE, "create", tmp / "a") == "ok"
+    assert as_user(BOB, "create", tmp / "b") == "ok"
+    assert as_user(BOB, "unlink", tmp / "a") == "EPERM"
+    assert as_user(BOB, "rename", tmp / "a", str(tmp / "stolen")) == "EPERM"
+    assert as_user(BOB, "write", tmp / "a", "x") == "EACCES"  # 0644: not bob's to write
+    assert as_user(ALICE, "unlink", tmp / "a") == "ok"
+    assert as_user(BOB, "unlink", tmp / "b") == "ok"
+    os.chown(tmp, 3000, 3000)  # the directory's owner may remove anyone's entries
+    assert as_user(BOB, "create", tmp / "c") == "ok"
+    assert as_user(ALICE, "unlink", tmp / "c") == "ok"
+
+
+def test_ownership_rules(home: Path) -> None:
+    f = home / "f"
+    f.write_text("x")
+    os.chown(f, 3000, 3000)
+    f.chmod(0o666)
+    assert as_user(BOB, "chmod", f, "777") == "EPERM"
+    assert as_user(ALICE, "chmod", f, "600") == "ok"
+    assert (f.stat().st_mode & 0o777) == 0o600
+    assert as_user(ALICE, "chown", f, "3001") == "EPERM"  # only root gives files away
+    assert as_user(ALICE, "chgrp", f, "3001") == "EPERM"  # not a group alice is in
+    assert as_user(CAROL, "chgrp", f, "3000") == "EPERM"  # not the owner
+    os.chown(f, 3002, 3002)
+    assert as_user(CAROL, "chgrp", f, "3000") == "ok"  # owner, to a supplementary group
+    assert f.stat().st_gid == 3000
+    f.chmod(0o666)
+    assert as_user(BOB, "touch", f) == "ok"  # times to now: write permission suffices
+    assert as_user(BOB, "utime", f) == "EPERM"  # explicit times: the owner only
+    assert as_user(CAROL, "utime", f) == "ok"
+    assert f.stat().st_mtime_ns == 2_000_000_000
+    assert as_user(BOB, "setxattr", f, "v") == "ok"  # user.* needs write permission
+    f.chmod(0o644)
+    assert as_user(BOB, "setxattr", f, "v") == "EACCES"
