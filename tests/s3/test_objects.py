@@ -332,3 +332,47 @@ def test_presigned_get_and_put(s3: Any, bucket: str) -> None:
     # tampering with the URL breaks the signature
     r = requests.get(get.replace("pre?", "prf?"), timeout=10)
     assert r.status_code == 403 and b"<Code>SignatureDoesNotMatch</Code>" in r.content
+
+
+def _racing_puts(s3: Any, bucket: str, key: str, n: int, header: dict[str, str]) -> list[int]:
+    """``n`` conditional PUTs whose bodies are in flight at the same time: every request
+    passes the gateway's early check before any of them commits, so only the check inside
+    the namespace's commit can keep all but one out.  Their HTTP statuses."""
+    url = s3.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": key},
+                                    ExpiresIn=60)
+    barrier = threading.Barrier(n)
+    statuses: list[int] = []
+
+    def body(i: int) -> Any:
+        yield b"x" * 1000
+        barrier.wait(10)
+        time.sleep(0.3)
+        yield str(i).encode() * 1000
+
+    def put(i: int) -> None:
+        r = requests.put(url, data=body(i), headers=header, timeout=30)
+        statuses.append(r.status_code)
+        if r.status_code != 200:
+            assert b"<Code>PreconditionFailed</Code>" in r.content, r.content
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return sorted(statuses)
+
+
+def test_conditional_puts_are_atomic_with_the_commit(s3: Any, bucket: str) -> None:
+    assert _racing_puts(s3, bucket, "race", 4, {"If-None-Match": "*"}) == [200, 412, 412, 412]
+    etag = s3.head_object(Bucket=bucket, Key="race")["ETag"]
+    assert _racing_puts(s3, bucket, "race", 4, {"If-Match": etag}) == [200, 412, 412, 412]
+    assert s3.head_object(Bucket=bucket, Key="race")["ETag"] != etag
+    # If-Match on a key that does not exist: NoSuchKey, as AWS
+    assert_error("NoSuchKey", 404, s3.put_object, Bucket=bucket, Key="absent", Body=b"x",
+                 IfMatch=etag)
+
+
+def test_delete_objects_in_a_missing_bucket(s3: Any) -> None:
+    assert_error("NoSuchBucket", 404, s3.delete_objects, Bucket="no-such-bucket-d",
+                 Delete={"Objects": [{"Key": "k"}]})

@@ -176,6 +176,7 @@ def test_parse_range() -> None:
         assert e.value.code == "InvalidRange" and e.value.status == 416
     with pytest.raises(S3Error):
         parse_range("bytes=0-", 0)
+    assert parse_range("bytes=-5", 0) is None  # AWS: 200 with the empty object
 
 
 def test_checksums_composite_and_full() -> None:

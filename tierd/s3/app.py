@@ -32,6 +32,11 @@ log = logging.getLogger("tierd.s3")
 
 Handler = Callable[[Ctx], Awaitable[web.StreamResponse]]
 
+#: bytes a connection buffers before it stops reading the socket (aiohttp: 64 KiB).  Large
+#: bodies arrive in 1 MiB pieces (tierd.s3.body): a smaller buffer pauses and resumes the
+#: socket many times per piece, and each pause is an epoll change and a loop iteration.
+READ_BUFSIZE = 1 << 20
+
 #: sub-resources tierd does not implement: answered 501 NotImplemented, never a wrong success
 UNSUPPORTED = frozenset({
     "acl", "accelerate", "analytics", "attributes", "cors", "encryption",
@@ -200,6 +205,6 @@ def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
             raise ConnectionResetError(f"failed after the response started: {e}")
         return error_response(ctx, e)
 
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=1 << 20, handler_args={"read_bufsize": READ_BUFSIZE})
     app.router.add_route("*", "/{tail:.*}", handle)
     return app

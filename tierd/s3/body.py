@@ -13,8 +13,8 @@ as the bytes pass:
 
 A failure raises :class:`S3Error` from the iterator: the namespace then discards its staging
 file, so the previous object stays intact.  Nothing is buffered beyond one read from the
-socket; digests of large pieces run in a thread (hashlib releases the GIL), CRCs inline
-(hardware CRC: microseconds per MiB).
+socket; digests of large pieces run in a thread (hashlib and zlib release the GIL), so the
+event loop only receives.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from tierd.s3.errors import S3Error
 PIECE = 1 << 20  # largest read handed on at once
 PREFETCH = 4  # pieces received ahead of the consumer
 INLINE_HASH = 64 << 10  # hash smaller pieces on the loop, larger ones in a thread
+INLINE_CRC = 256 << 10  # a CRC alone (~6 GB/s) is worth a thread hop only past this
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _MAX_LINE = 4096
 
@@ -151,6 +152,8 @@ class Body:
         if self._consumed:
             raise RuntimeError("a request body can be read only once")
         self._consumed = True
+        if not self.chunked and self.length is not None and self.length <= PIECE:
+            return self._plain()  # one piece: nothing to overlap, no reader task needed
         return _prefetch(self._chunked() if self.chunked else self._plain())
 
     async def read_all(self, limit: int) -> bytes:
@@ -193,16 +196,15 @@ class Body:
         self.size += len(data)
         if self.max_size is not None and self.size > self.max_size:
             raise S3Error("EntityTooLarge", f"the body exceeds {self.max_size} bytes")
-        if self._checksum is not None and self._crc:
-            self._checksum.update(data)
         slow: list[Hasher] = [x for x in (self._sha256, self._md5, extra) if x is not None]
-        if self._checksum is not None and not self._crc:
+        if self._checksum is not None:
             slow.append(self._checksum)
         if not slow:
             return
-        if len(data) <= INLINE_HASH:
+        if len(data) <= INLINE_HASH or (len(slow) == 1 and self._crc
+                                        and len(data) <= INLINE_CRC):
             _update(slow, data)
-        else:
+        else:  # off the loop (hashlib and zlib release the GIL), next to the other digests
             await asyncio.to_thread(_update, slow, data)
 
     async def _plain(self) -> AsyncIterator[bytes]:

@@ -278,8 +278,8 @@ def _304_headers(inode: Inode) -> dict[str, str]:
 
 def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
     """(first, last) inclusive for a ``Range: bytes=`` header, None for the whole object
-    (absent, malformed or multi-range headers are ignored, as AWS does); InvalidRange when
-    it cannot be satisfied."""
+    (absent, malformed or multi-range headers are ignored, as AWS does, and a suffix range
+    of an empty object is the empty object); InvalidRange when it cannot be satisfied."""
     if not value:
         return None
     unit, _, spec = value.strip().partition("=")
@@ -291,8 +291,10 @@ def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
     try:
         if not first_s:
             n = int(last_s)
-            if n <= 0 or size == 0:
+            if n <= 0:
                 raise _unsatisfiable(size)
+            if size == 0:
+                return None  # the last n bytes of nothing: the (empty) object, as AWS
             return max(0, size - n), size - 1
         first = int(first_s)
         last = int(last_s) if last_s else size - 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 from collections.abc import AsyncIterator
 from urllib.parse import quote
 
@@ -38,6 +39,7 @@ from tierd.s3.objects import fs_error, head_source
 from tierd.s3.xmlio import document, el, iso8601
 
 MAX_PARTS = 10000
+_COPY_ATTEMPTS = 3
 
 
 def _upload_error(ctx: Ctx, e: FsError) -> S3Error:
@@ -48,7 +50,7 @@ async def _upload(ctx: Ctx) -> MultipartUpload:
     """The upload named by ``uploadId``; NoSuchUpload unless it is for this bucket/key."""
     upload_id = ctx.query.get("uploadId", "")
     try:
-        up, _, _ = await ctx.ns.list_parts(ctx.ident, upload_id, after=MAX_PARTS, limit=0)
+        up = await ctx.ns.get_upload(ctx.ident, upload_id)
     except FsError as e:
         raise _upload_error(ctx, e) from None
     if (up.bucket, up.key) != (ctx.bucket, ctx.key):
@@ -114,8 +116,7 @@ async def upload_part(ctx: Ctx) -> web.Response:
     part_checksums: dict[str, str] = {}
 
     async def stream() -> AsyncIterator[bytes]:
-        # TODO(namespace): upload_part reads ``checksums`` after the body is consumed;
-        # filled here once the body is verified.
+        # upload_part reads ``checksums`` only after the body is consumed
         async for piece in body:
             yield piece
         part_checksums.update(body.checksums)
@@ -132,20 +133,46 @@ async def upload_part(ctx: Ctx) -> web.Response:
     return web.Response(status=200, headers=h)
 
 
-async def _range_checksum(ctx: Ctx, alg: str, bucket: str, key: str, first: int,
-                          length: int) -> str:
-    """Checksum of a source byte range (UploadPartCopy into an upload with checksums)."""
+def _update_both(a: checksums.Hasher, b: checksums.Hasher, data: bytes) -> None:
+    a.update(data)
+    b.update(data)
+
+
+async def _range_digests(ctx: Ctx, alg: str, bucket: str, key: str, first: int,
+                         length: int) -> tuple[str, str]:
+    """(checksum ``alg`` base64, MD5 hex) of a source byte range."""
     h = checksums.new_hasher(alg)
+    md5 = hashlib.md5()
     reader = await ctx.ns.get_object(ctx.ident, bucket, key)
     try:
         async for chunk in reader.iter(first, length):
-            if len(chunk) > INLINE_HASH and alg not in checksums.CRCS:
-                await asyncio.to_thread(h.update, chunk)
+            if len(chunk) > INLINE_HASH:
+                await asyncio.to_thread(_update_both, h, md5, chunk)
             else:
-                h.update(chunk)
+                _update_both(h, md5, chunk)
     finally:
         await reader.close()
-    return checksums.encode(h.digest())
+    return checksums.encode(h.digest()), md5.hexdigest()
+
+
+async def _copy_part(ctx: Ctx, up: MultipartUpload, number: int, src_bucket: str,
+                     src_key: str, byte_range: tuple[int, int] | None, first: int,
+                     length: int) -> UploadPart:
+    """Copy the part; in an upload with a checksum algorithm, with the checksum of the
+    copied bytes.  That checksum comes from a separate read of the source, so the MD5 of
+    that read must equal the part's ETag (the MD5 of what was copied): if the source
+    changed in between, try again."""
+    alg = up.objmeta.get(META_MPU_ALGORITHM)
+    for _ in range(_COPY_ATTEMPTS):
+        sums: dict[str, str] = {}
+        md5 = ""
+        if alg:
+            sums[alg], md5 = await _range_digests(ctx, alg, src_bucket, src_key, first, length)
+        part = await ctx.ns.upload_part_copy(ctx.ident, up.upload_id, number, src_bucket,
+                                             src_key, byte_range, checksums=sums)
+        if not alg or part.etag == md5:
+            return part
+    raise S3Error("SlowDown", "the copy source kept changing while it was copied; retry")
 
 
 async def upload_part_copy(ctx: Ctx) -> web.Response:
@@ -173,31 +200,16 @@ async def upload_part_copy(ctx: Ctx) -> web.Response:
     if last - first + 1 > MAX_PUT_SIZE:
         raise S3Error("EntityTooLarge", "a copied part may be at most 5 GiB")
     try:
-        part = await ctx.ns.upload_part_copy(ctx.ident, up.upload_id, number, src_bucket,
-                                             src_key, byte_range)
+        part = await _copy_part(ctx, up, number, src_bucket, src_key, byte_range, first,
+                                max(0, last - first + 1))
     except FsError as e:
         if e.errno == errno.ENOENT and not e.reason:
             raise await fs_error(ctx, e, src_bucket, src_key) from None
         raise _upload_error(ctx, e) from None
     fields = el("LastModified", iso8601(part.mtime_ns)) + el("ETag", quoted(part.etag))
-    alg = up.objmeta.get(META_MPU_ALGORITHM)
-    if alg:
-        # TODO(namespace): upload_part_copy takes no checksums; the part's checksum is
-        # computed from the source range and kept in the part record here.
-        value = await _range_checksum(ctx, alg, src_bucket, src_key, first,
-                                      max(0, last - first + 1))
-        part.checksums[alg] = value
-        await _store_part_checksum(ctx, up.upload_id, part)
-        fields += el("Checksum" + alg.upper(), value)
+    for a, v in part.checksums.items():
+        fields += el("Checksum" + a.upper(), v)
     return xml_response(ctx, document("CopyPartResult", fields))
-
-
-async def _store_part_checksum(ctx: Ctx, upload_id: str, part: UploadPart) -> None:
-    # TODO(namespace): no API sets a part's checksums after upload_part_copy; written
-    # directly until the namespace takes ``checksums`` in upload_part_copy.
-    with ctx.ns.meta.write() as tx:
-        if tx.get_upload(upload_id) is not None:
-            tx.put_part(upload_id, part)
 
 
 def _parse_complete(raw: bytes) -> list[tuple[int, str, dict[str, str]]]:
@@ -256,25 +268,10 @@ async def complete(ctx: Ctx) -> web.Response:
                 value = checksums.composite(alg, values)
             extra[checksums.META_PREFIX + alg] = value
             extra[checksums.META_TYPE] = kind
-    # TODO(namespace): complete_multipart takes no final objmeta; the part layout and the
-    # final checksum go into the upload record just before completing, which installs
-    # the upload's objmeta on the object.
-    meta = {k: v for k, v in up.objmeta.items() if k not in (META_MPU_ALGORITHM, META_MPU_TYPE)}
-    meta.update(extra)
-    with ctx.ns.meta.write() as tx:
-        cur = tx.get_upload(up.upload_id)
-        if cur is not None:
-            cur.objmeta = meta
-            tx.put_upload(cur)
     try:
         inode = await ctx.ns.complete_multipart(ctx.ident, up.upload_id,
-                                                [(n, e) for n, e, _ in listed])
+                                                [(n, e) for n, e, _ in listed], objmeta=extra)
     except FsError as e:
-        with ctx.ns.meta.write() as tx:  # put the upload's own metadata back
-            cur = tx.get_upload(up.upload_id)
-            if cur is not None:
-                cur.objmeta = up.objmeta
-                tx.put_upload(cur)
         raise await fs_error(ctx, e) from None
     host = ctx.request.host
     body = (el("Location", f"http://{host}/{ctx.bucket}/{ctx.key}") + el("Bucket", ctx.bucket)
