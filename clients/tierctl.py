@@ -63,6 +63,30 @@ class AdminClient:
             raise AdminError(f"{self.url}{path}: HTTP {status}: {text}")
         return doc
 
+    def send(self, method: str, path: str, doc: dict[str, Any],
+             timeout: float | None = None) -> Any:
+        """``method path`` with a JSON body; the response, still open (for streaming)."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(doc).encode(),
+                                     method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            return urllib.request.urlopen(req, timeout=timeout or self.timeout)
+        except urllib.error.HTTPError as e:
+            try:
+                message = json.loads(e.read()).get("message", "")
+            except ValueError:
+                message = ""
+            raise AdminError(f"{self.url}{path}: HTTP {e.code}: {message}") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise AdminError(f"cannot reach the tierd admin API at {self.url}: "
+                             f"{getattr(e, 'reason', e)}") from None
+
+    def call(self, method: str, path: str, doc: dict[str, Any],
+             timeout: float | None = None) -> dict[str, Any]:
+        with self.send(method, path, doc, timeout) as resp:
+            out: dict[str, Any] = json.loads(resp.read())
+        return out
+
     def health(self) -> tuple[bool, str]:
         status, body = self.get("/healthz")
         return status == 200, body.decode(errors="replace").strip() or f"HTTP {status}"
@@ -158,6 +182,135 @@ def health(client: AdminClient) -> None:
     if not ok:
         _fail(f"unhealthy: {text}")
     click.echo(text)
+
+
+def _run(fn: Any) -> dict[str, Any]:
+    try:
+        out: dict[str, Any] = fn()
+    except AdminError as e:
+        _fail(str(e))
+    return out
+
+
+@cli.command()
+@click.argument("prefix")
+@click.option("--tier", default="hot", show_default=True, help="Tier to warm (hot only yet).")
+@click.pass_obj
+def warmup(client: AdminClient, prefix: str, tier: str) -> None:
+    """Fetch everything under PREFIX (bucket/key-prefix) onto the hot tier."""
+    if tier != "hot":
+        _fail("only --tier hot is supported yet")
+    try:
+        resp = client.send("POST", "/v1/placement/warmup", {"prefix": prefix}, timeout=3600)
+    except AdminError as e:
+        _fail(str(e))
+    with resp, click.progressbar(length=1, label=f"warming {prefix}", show_pos=False,
+                                 item_show_func=lambda s: s) as bar:
+        last = 0
+        for line in resp:
+            doc = json.loads(line)
+            if "error" in doc:
+                _fail(doc.get("message", "warmup failed"))
+            bar.length = max(int(doc.get("total", 0)), 1)
+            bar.update(int(doc["done"]) - last,
+                       f"{human_bytes(doc['done'])} / {human_bytes(doc['total'])} "
+                       f"{human_bytes(doc.get('bytes_per_s', 0))}/s")
+            last = int(doc["done"])
+
+
+@cli.command()
+@click.argument("prefix")
+@click.pass_obj
+def evict(client: AdminClient, prefix: str) -> None:
+    """Drop clean, unpinned blocks under PREFIX from the hot tier."""
+    doc = _run(lambda: client.call("POST", "/v1/placement/evict", {"prefix": prefix}))
+    click.echo(f"evicted {human_bytes(doc['evicted'])}")
+
+
+@cli.command()
+@click.argument("prefix")
+@click.pass_obj
+def pin(client: AdminClient, prefix: str) -> None:
+    """Keep PREFIX's blocks on the hot tier (never evicted)."""
+    _run(lambda: client.call("POST", "/v1/placement/pin", {"prefix": prefix}))
+    click.echo(f"pinned {prefix}")
+
+
+@cli.command()
+@click.argument("prefix")
+@click.pass_obj
+def unpin(client: AdminClient, prefix: str) -> None:
+    """Let PREFIX's blocks be evicted again."""
+    _run(lambda: client.call("POST", "/v1/placement/unpin", {"prefix": prefix}))
+    click.echo(f"unpinned {prefix}")
+
+
+@cli.group()
+def policy() -> None:
+    """Per-prefix placement policies (write-back, write-through, cache-only, pin)."""
+
+
+@policy.command("get")
+@click.pass_obj
+def policy_get(client: AdminClient) -> None:
+    """List the policies."""
+    doc = _run(lambda: client.get_json("/v1/placement/policy"))
+    for p in doc["policies"]:
+        click.echo(f"{p['prefix'] or '(all)'}\t{p['mode']}\tpin={p['pin']}\ttier={p['tier']}")
+
+
+@policy.command("set")
+@click.argument("prefix")
+@click.option("--mode", type=click.Choice(["write-back", "write-through", "cache-only"]))
+@click.option("--pin/--no-pin", default=None)
+@click.pass_obj
+def policy_set(client: AdminClient, prefix: str, mode: str | None, pin: bool | None) -> None:
+    """Set PREFIX's policy."""
+    doc = _run(lambda: client.call("PUT", "/v1/placement/policy",
+                                   {"prefix": prefix, "mode": mode, "pin": pin}))
+    click.echo(json.dumps(doc))
+
+
+@cli.command()
+@click.argument("prefix", default="")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON document.")
+@click.pass_obj
+def du(client: AdminClient, prefix: str, as_json: bool) -> None:
+    """Bytes under PREFIX per tier, and dirty bytes."""
+    from urllib.parse import quote
+
+    doc = _run(lambda: client.get_json("/v1/placement/du?prefix=" + quote(prefix)))
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"{doc['files']} files, {human_bytes(doc['bytes'])}: "
+               f"hot {human_bytes(doc['tiers']['hot'])}, cold {human_bytes(doc['tiers']['cold'])}"
+               f", dirty {human_bytes(doc['dirty'])}")
+
+
+@cli.command()
+@click.argument("prefix", default="")
+@click.option("--wait", is_flag=True, required=True, help="Wait until persisted.")
+@click.option("--wait-timeout", type=float, default=None, help="Give up after this many s.")
+@click.pass_obj
+def persist(client: AdminClient, prefix: str, wait: bool, wait_timeout: float | None) -> None:
+    """Wait until everything under PREFIX is in the cold store."""
+    doc = _run(lambda: client.call("POST", "/v1/placement/persist",
+                                   {"prefix": prefix, "timeout": wait_timeout},
+                                   timeout=(wait_timeout or 86400) + 10))
+    if not doc["persisted"]:
+        _fail(f"{prefix}: not persisted within {wait_timeout}s")
+    click.echo(f"{prefix or '(all)'}: persisted")
+
+
+@cli.command("import")
+@click.argument("prefix")
+@click.pass_obj
+def import_(client: AdminClient, prefix: str) -> None:
+    """Import every object under PREFIX in the cold store into the namespace now."""
+    doc = _run(lambda: client.call("POST", "/v1/placement/import", {"prefix": prefix},
+                                   timeout=3600))
+    click.echo(f"imported {doc['imported']} entries")
 
 
 def main() -> None:

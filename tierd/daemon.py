@@ -5,7 +5,8 @@
 1. take the data directory's lock (``flock`` on ``<data_dir>/tierd.lock``; the file holds the
    PID) -- two daemons on one lmdb environment and one set of tier directories would corrupt
    each other, so the second one refuses, naming the data directory and the holder's PID;
-2. create the directory layout, open the metadata store and the namespace;
+2. create the directory layout, open the metadata store and the namespace, and mount it
+   with FUSE when ``mount`` is set (served by this same loop; see :mod:`tierd_fuse`);
 3. start the S3 and admin listeners (port 0 = any free port), log the bound addresses and
    write them to ``<data_dir>/endpoints.json`` for tests and tools;
 4. wait for SIGTERM or SIGINT, then shut down in reverse order and return, so the process
@@ -28,17 +29,23 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from tierd import __version__
+from tierd.acl.keys import CredentialsError, KeyStore, bootstrap_root_key
 from tierd.admin import make_admin_app
 from tierd.config import Config, HostPort
 from tierd.logs import AccessLogger, get_logger, kv
 from tierd.meta.store import MetaStore
 from tierd.namespace import Namespace
+from tierd.placement import Placement
+from tierd.placement.ops import PlacementOps, placement_from_config
 from tierd.s3 import make_s3_app
+
+if TYPE_CHECKING:
+    from tierd_fuse import FuseDoor
 
 log = get_logger("daemon")
 
@@ -107,10 +114,14 @@ def _url_host(host: str) -> str:
 class Daemon:
     """One tierd process.  ``await Daemon(config).run()`` serves until SIGTERM/SIGINT."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, exit_on_unmount: bool = False) -> None:
         self.config = config
+        #: stop the daemon when its mount is removed from outside (``tierd mount`` sets it)
+        self.exit_on_unmount = exit_on_unmount
+        self.fuse: FuseDoor | None = None
         self.started_monotonic = 0.0
         self.meta: MetaStore | None = None
+        self.placement: Placement | None = None
         self.namespace: Namespace | None = None
         #: door name -> bound (host, port) of its first socket; filled once listening
         self.bound: dict[str, HostPort] = {}
@@ -159,11 +170,6 @@ class Daemon:
         """Everything :meth:`run` starts, stopped in reverse order on the way out."""
         cfg = self.config
         async with contextlib.AsyncExitStack() as stack:
-            if cfg.mount is not None:
-                raise StartupError(
-                    f"mount = {cfg.mount}: the FUSE door is not available in this tierd "
-                    "version yet; leave mount empty"
-                )
             self._make_dirs([cfg.data_dir])
             lock = DataDirLock(cfg.lock_file)
             lock.acquire()
@@ -181,11 +187,18 @@ class Daemon:
                     f"cannot open the metadata store in {cfg.meta_dir}: {type(e).__name__}: {e}"
                 ) from e
             stack.push_async_callback(self._close_meta)
-            self.namespace = await Namespace.load(self.meta, cfg.hot_dir, umask=cfg.umask)
+            self.placement = await placement_from_config(cfg, self.meta)
+            stack.push_async_callback(self.placement.shutdown)
+            self.namespace = await Namespace.load(self.meta, cfg.hot_dir, umask=cfg.umask,
+                                                  placement=self.placement)
             stack.push_async_callback(self._close_namespace)
 
+            if cfg.mount is not None:
+                await self._mount(cfg.mount)
+                stack.push_async_callback(self._unmount)
+
             admin = make_admin_app(self)
-            s3 = make_s3_app()
+            s3 = await self._make_s3(self.meta, self.namespace)
             for door, app, addr, key in (
                 ("s3", s3, cfg.s3_listen, "s3_listen"),
                 ("admin", admin, cfg.admin_listen, "admin_listen"),
@@ -196,6 +209,17 @@ class Daemon:
             await asyncio.to_thread(self._write_endpoints)
             stack.callback(self._remove_endpoints)
             yield
+
+    async def _make_s3(self, meta: MetaStore, ns: Namespace) -> web.Application:
+        """The S3 gateway; the root access key is bootstrapped first (see tierd.acl.keys)."""
+        cfg = self.config
+        try:
+            await asyncio.to_thread(bootstrap_root_key, meta, cfg.data_dir)
+        except CredentialsError as e:
+            raise StartupError(f"S3 root credentials: {e}") from None
+        ns.min_part_size = cfg.s3_min_part_size
+        return make_s3_app(ns, KeyStore(meta), region=cfg.region, domains=cfg.s3_domain,
+                           max_skew=float(cfg.s3_max_clock_skew))
 
     @staticmethod
     def _make_dirs(dirs: list[Path]) -> None:
@@ -240,6 +264,33 @@ class Daemon:
         )
         return runner
 
+    # -- the FUSE door ---------------------------------------------------------------------------
+
+    async def _mount(self, mountpoint: Path) -> None:
+        """Mount the namespace at ``mountpoint``, served by this loop (a stale mount left by
+        a killed daemon is cleared first; a busy mount point is refused)."""
+        # imported here: a daemon without a mount must not need a working FUSE install
+        from tierd_fuse import FuseDoor, MountError
+
+        assert self.namespace is not None
+        door = FuseDoor(self.namespace, mountpoint, on_unmounted=self._on_unmounted)
+        try:
+            await door.start()
+        except MountError as e:
+            raise StartupError(f"{e} (setting mount)") from None
+        self.fuse = door
+
+    async def _unmount(self) -> None:
+        if self.fuse is not None:
+            door, self.fuse = self.fuse, None
+            await door.stop()
+
+    def _on_unmounted(self) -> None:
+        """The mount went away from outside (``tierd umount``)."""
+        if self.exit_on_unmount:
+            log.info("mount removed; stopping as asked (exit on unmount)")
+            self.request_stop()
+
     async def _close_namespace(self) -> None:
         if self.namespace is not None:
             ns, self.namespace = self.namespace, None
@@ -261,6 +312,8 @@ class Daemon:
         doc: dict[str, Any] = {"pid": os.getpid(), "data_dir": str(self.config.data_dir)}
         for door, hp in self.bound.items():
             doc[door] = {"host": hp.host, "port": hp.port, "url": self._url(door)}
+        if self.fuse is not None:
+            doc["mount"] = str(self.fuse.mountpoint)
         return doc
 
     def _write_endpoints(self) -> None:
@@ -274,6 +327,12 @@ class Daemon:
             self.config.endpoints_file.unlink()
 
     # -- AdminBackend ------------------------------------------------------------------------
+
+    def placement_ops(self) -> PlacementOps | None:
+        """Operator actions on placement (admin API), None before start."""
+        if self.placement is None or self.namespace is None:
+            return None
+        return PlacementOps(self.placement)
 
     def status(self) -> dict[str, Any]:
         """The ``/v1/status`` document (see :mod:`tierd.admin.app`)."""
@@ -293,4 +352,5 @@ class Daemon:
             "open_files": counts.get("open_files", 0),
             "meta": meta,
             "listen": {door: str(hp) for door, hp in self.bound.items()},
+            "mount": str(self.fuse.mountpoint) if self.fuse is not None else None,
         }

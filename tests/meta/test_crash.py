@@ -154,7 +154,7 @@ def assert_consistent(tx: MetaTxn) -> int:
     ]
     # nothing else anywhere in the key space
     kinds = {k[:1] for k, _ in tx.kv.scan(b"")}
-    assert kinds <= {b"\x00", b"C", b"D", b"I", b"X"}, kinds
+    assert kinds <= {b"\x00", b"C", b"D", b"I", b"L", b"X"}, kinds
     return n
 
 

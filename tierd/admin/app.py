@@ -84,4 +84,10 @@ def make_admin_app(backend: AdminBackend) -> web.Application:
     app = web.Application(middlewares=[_json_errors])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/status", status)
+    # placement (docs/placement.md): only when the backend has it (the daemon does)
+    placement_ops = getattr(backend, "placement_ops", None)
+    if placement_ops is not None:
+        from tierd.admin.placement import add_placement_routes
+
+        add_placement_routes(app, placement_ops)
     return app

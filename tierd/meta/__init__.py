@@ -11,9 +11,11 @@ from tierd.meta.records import (
     STATE_PERSISTING,
     AccessKey,
     Bucket,
+    ColdRecord,
     Dirent,
     Inode,
     MultipartUpload,
+    PlacementPolicy,
     UploadPart,
 )
 from tierd.meta.store import ROOT_INO, SCHEMA_VERSION, MetaStore, MetaTxn, SchemaError
@@ -27,6 +29,7 @@ __all__ = [
     "STATE_PERSISTING",
     "AccessKey",
     "Bucket",
+    "ColdRecord",
     "Dirent",
     "Inode",
     "KVStore",
@@ -34,6 +37,7 @@ __all__ = [
     "MetaStore",
     "MetaTxn",
     "MultipartUpload",
+    "PlacementPolicy",
     "SchemaError",
     "UploadPart",
 ]

@@ -137,3 +137,28 @@ class UploadPart(Record):
     size: int
     mtime_ns: int
     checksums: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ColdRecord(Record):
+    """What the cold store holds for one inode (``R`` keys): the content ``version`` last
+    uploaded, its ``size``, and every key it was stored under with that key's ETag (a
+    multipart server-side copy gets a different ETag than its source).  Kept after the inode
+    is deleted until the persister has deleted those objects, so nothing leaks in cold."""
+
+    version: int
+    size: int
+    keys: dict[str, str] = field(default_factory=dict)  # "<bucket>/<key>" -> ETag
+    mtime_ns: int = 0
+
+
+@dataclass(slots=True)
+class PlacementPolicy(Record):
+    """Per-prefix placement policy (``Y`` keys): how content under the prefix is persisted
+    (``write-back``, ``write-through``, ``cache-only``), whether its blocks are pinned on
+    the hot tier, and the tier new data lands on."""
+
+    prefix: str
+    mode: str = "write-back"
+    pin: bool = False
+    tier: str = "hot"

@@ -16,6 +16,13 @@ so numeric order is byte order:
 ``M<upload id>``            :class:`MultipartUpload`
 ``P<upload id>\0<part>``    :class:`UploadPart` (part number 4-byte big-endian)
 ``O<ino>``                  orphan: unlinked but still open; removed at release or restart
+``L<ino><parent><name>``    reverse link index: one key per name of an inode (hard links
+                            are several), maintained by ``add_dirent``/``remove_dirent``
+``Q<ino>``                  persist queue: the inode's content or names changed (value: a
+                            token; the persister removes the key only if it is unchanged)
+``R<ino>``                  :class:`ColdRecord`: what cold holds (kept past inode deletion)
+``S<ino>``                  import stamp of a directory: when cold was last listed (ns)
+``Y<prefix>``               :class:`PlacementPolicy`
 ==========================  ===================================================
 """
 
@@ -30,7 +37,16 @@ from types import TracebackType
 import msgpack
 
 from tierd.meta.kv import KVStore, KVTxn, prefix_end
-from tierd.meta.records import AccessKey, Bucket, Dirent, Inode, MultipartUpload, UploadPart
+from tierd.meta.records import (
+    AccessKey,
+    Bucket,
+    ColdRecord,
+    Dirent,
+    Inode,
+    MultipartUpload,
+    PlacementPolicy,
+    UploadPart,
+)
 
 SCHEMA_VERSION = 1
 ROOT_INO = 1
@@ -38,6 +54,7 @@ S_IFDIR = 0o040000
 
 _U64 = struct.Struct(">Q")
 _SCHEMA_KEY = b"\x00schema"
+_LINKS_KEY = b"\x00links"  # present once every dirent has its reverse-index key
 
 
 def _u64(n: int) -> bytes:
@@ -147,10 +164,34 @@ class MetaTxn:
     def add_dirent(self, parent: int, name: bytes, dirent: Dirent) -> None:
         key = b"D" + _u64(parent) + sort_name(name, dirent.kind == S_IFDIR)
         self.kv.put(key, dirent.encode())
+        self.kv.put(b"L" + _u64(dirent.ino) + _u64(parent) + name, b"")
 
     def remove_dirent(self, parent: int, name: bytes) -> bool:
         base = b"D" + _u64(parent) + name
-        return self.kv.delete(base) or self.kv.delete(base + b"/")
+        for key in (base, base + b"/"):
+            raw = self.kv.get(key)
+            if raw is not None:
+                self.kv.delete(key)
+                self.kv.delete(b"L" + _u64(Dirent.decode(raw).ino) + _u64(parent) + name)
+                return True
+        return False
+
+    def links(self, ino: int) -> list[tuple[int, bytes]]:
+        """Every (parent, name) naming ``ino`` (the reverse index: hard links are several)."""
+        prefix = b"L" + _u64(ino)
+        return [(int(_U64.unpack(k[9:17])[0]), k[17:])
+                for k, _ in self.kv.scan(prefix, prefix_end(prefix))]
+
+    def rebuild_links(self) -> int:
+        """Create the reverse index of a store written before it existed; returns entries."""
+        n = 0
+        for key, raw in list(self.kv.scan(b"D", prefix_end(b"D"))):
+            skey = key[9:]
+            name = skey[:-1] if skey.endswith(b"/") else skey
+            self.kv.put(b"L" + _u64(Dirent.decode(raw).ino) + key[1:9] + name, b"")
+            n += 1
+        self.kv.put(_LINKS_KEY, b"")
+        return n
 
     def list_dirents(
         self,
@@ -171,6 +212,9 @@ class MetaTxn:
             skey = key[len(prefix) :]
             name = skey[:-1] if skey.endswith(b"/") else skey
             yield name, skey, Dirent.decode(raw)
+
+    def has_any_dirent(self) -> bool:
+        return any(True for _ in self.kv.scan(b"D", prefix_end(b"D")))
 
     def has_children(self, parent: int) -> bool:
         for _ in self.list_dirents(parent):
@@ -268,6 +312,49 @@ class MetaTxn:
     def list_orphans(self) -> list[int]:
         return [int(_U64.unpack(k[1:])[0]) for k, _ in self.kv.scan(b"O", prefix_end(b"O"))]
 
+    # -- placement: persist queue, cold records, import stamps, policies -------------------
+    def enqueue(self, ino: int, token: bytes) -> None:
+        self.kv.put(b"Q" + _u64(ino), token)
+
+    def queued(self, ino: int) -> bytes | None:
+        return self.kv.get(b"Q" + _u64(ino))
+
+    def dequeue(self, ino: int) -> None:
+        self.kv.delete(b"Q" + _u64(ino))
+
+    def list_queue(self) -> list[int]:
+        return [int(_U64.unpack(k[1:])[0]) for k, _ in self.kv.scan(b"Q", prefix_end(b"Q"))]
+
+    def get_cold(self, ino: int) -> ColdRecord | None:
+        raw = self.kv.get(b"R" + _u64(ino))
+        return None if raw is None else ColdRecord.decode(raw)
+
+    def put_cold(self, ino: int, rec: ColdRecord) -> None:
+        self.kv.put(b"R" + _u64(ino), rec.encode())
+
+    def delete_cold(self, ino: int) -> None:
+        self.kv.delete(b"R" + _u64(ino))
+
+    def get_stamp(self, ino: int) -> int:
+        raw = self.kv.get(b"S" + _u64(ino))
+        return 0 if raw is None else int(_U64.unpack(raw)[0])
+
+    def set_stamp(self, ino: int, ns: int) -> None:
+        self.kv.put(b"S" + _u64(ino), _u64(ns))
+
+    def get_policy(self, prefix: str) -> PlacementPolicy | None:
+        raw = self.kv.get(b"Y" + prefix.encode())
+        return None if raw is None else PlacementPolicy.decode(raw)
+
+    def put_policy(self, policy: PlacementPolicy) -> None:
+        self.kv.put(b"Y" + policy.prefix.encode(), policy.encode())
+
+    def delete_policy(self, prefix: str) -> bool:
+        return self.kv.delete(b"Y" + prefix.encode())
+
+    def list_policies(self) -> list[PlacementPolicy]:
+        return [PlacementPolicy.decode(v) for _, v in self.kv.scan(b"Y", prefix_end(b"Y"))]
+
 
 class MetaStore:
     """The metadata of one tierd namespace, over a pluggable engine."""
@@ -305,6 +392,8 @@ class MetaStore:
                     f"metadata schema version {found} is not supported "
                     f"(this tierd reads version {SCHEMA_VERSION})"
                 )
+            if tx.kv.get(_LINKS_KEY) is None and tx.has_any_dirent():
+                tx.rebuild_links()  # idempotent: also for stores made before the index
 
     def schema_version(self) -> int:
         with self.read() as tx:

@@ -16,6 +16,7 @@ from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
 from tierd.namespace.multipart import MultipartOps
 from tierd.namespace.objects import Listing, ObjectReader
 from tierd.namespace.xattrs import XATTR_CREATE, XATTR_REPLACE, XattrOps
+from tierd.placement import Placement
 from tierd.tiers.hotdir import HotDir
 
 log = logging.getLogger("tierd.namespace")
@@ -40,9 +41,14 @@ class Namespace(MultipartOps, XattrOps):
     """Assembled namespace; build it with :meth:`load` (``open`` opens files)."""
 
     @classmethod
-    async def load(cls, meta: MetaStore, hot_dir: Path, *, umask: int = 0o022) -> Namespace:
-        ns = cls(meta, HotDir(Path(hot_dir)), umask)
+    async def load(cls, meta: MetaStore, hot_dir: Path, *, umask: int = 0o022,
+                   placement: Placement | None = None) -> Namespace:
+        """``placement`` (started by the caller) makes cold the system of record and
+        ``hot_dir`` its block cache; without it, data lives only in ``hot_dir``."""
+        ns = cls(meta, HotDir(Path(hot_dir)), umask, placement)
         ns._recover()
+        if placement is not None:
+            await placement.import_buckets()
         return ns
 
     def _recover(self) -> None:
@@ -58,9 +64,11 @@ class Namespace(MultipartOps, XattrOps):
                     tx.add_counter("next_ino", ROOT_INO)
             orphans = tx.list_orphans()
             for ino in orphans:
+                if self.placement is not None:
+                    self.placement.deleted(tx, ino)
                 tx.delete_inode(ino)
         for ino in orphans:
-            self.hot.remove(ino)
+            self._forget_data(ino)
         staged = self.hot.clear_temp()
         if orphans or staged:
             log.info("recovered: %d orphaned files and %d staged uploads removed",

@@ -17,13 +17,16 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tierd.acl import X_OK, Identity, check_access
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, Inode, MetaStore, MetaTxn
 from tierd.namespace.names import check_name
 from tierd.tiers.hotdir import HotDir
+
+if TYPE_CHECKING:
+    from tierd.placement import Placement
 
 log = logging.getLogger("tierd.namespace")
 
@@ -121,10 +124,15 @@ class StatFs:
 class NamespaceBase:
     """State and helpers every part of the namespace uses."""
 
-    def __init__(self, meta: MetaStore, hot: HotDir, umask: int = 0o022) -> None:
+    def __init__(self, meta: MetaStore, hot: HotDir, umask: int = 0o022,
+                 placement: Placement | None = None) -> None:
         self.meta = meta
         self.hot = hot
         self.umask = umask
+        # with placement, data lives once in cold and hot caches blocks (docs/placement.md)
+        self.placement = placement
+        if placement is not None:
+            placement.busy = self._open_dirty
         self._open: dict[int, OpenFile] = {}
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -248,10 +256,43 @@ class NamespaceBase:
     def _forget_data(self, ino: int) -> None:
         """Drop a file's bytes once nothing names or holds it."""
         self.hot.remove(ino)
+        if self.placement is not None:
+            self.placement.forget(ino)
+
+    # -- placement hooks (no-ops without placement) ----------------------------------------
+    def _open_dirty(self, ino: int) -> bool:
+        """Unflushed writes in the hot file: not uploadable, not evictable."""
+        of = self._open.get(ino)
+        return of is not None and (of.dirty or of.synced_gen != of.gen)
+
+    def _queue(self, tx: MetaTxn, inode: Inode, content: bool = True) -> None:
+        """Inside the txn that changed ``inode``'s content (or names): persist it."""
+        if self.placement is not None:
+            self.placement.enqueue(tx, inode, content)
+
+    def _names_changed(self, tx: MetaTxn, inode: Inode) -> None:
+        if self.placement is not None:
+            self.placement.names_changed(tx, inode)
+
+    async def _ensure(self, ino: int, offset: int, length: int) -> None:
+        """Blocks in the range present on hot (read-through from cold)."""
+        if self.placement is not None:
+            await self.placement.ensure(ino, offset, length)
+
+    async def _prepare_write(self, ino: int, keep: int) -> None:
+        """Before content changes in place: the first ``keep`` bytes must be local (cold
+        stores whole objects, so the persister needs all of them anyway), and no fetch may
+        land after the change."""
+        if self.placement is not None:
+            if keep > 0:
+                await self.placement.ensure(ino, 0, keep, touch=False)
+            await self.placement.quiesce(ino)
 
     def _drop_inode(self, tx: MetaTxn, inode: Inode) -> bool:
         """Called when ``inode`` lost its last name: delete it now, or mark it an orphan if
         a handle still holds it.  Returns True when its data must be removed after commit."""
+        if self.placement is not None and inode.is_reg:
+            self.placement.deleted(tx, inode.ino)
         if inode.ino in self._open:
             tx.put_inode(inode)
             tx.add_orphan(inode.ino)

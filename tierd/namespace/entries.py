@@ -32,6 +32,10 @@ class EntryOps(NamespaceBase):
     async def lookup(self, ident: Identity, parent: int, name: bytes) -> Inode:
         with self.meta.snapshot() as tx:
             child = self._child(tx, ident, self._dir(tx, parent), name)
+        if child is None and self.placement is not None and parent != ROOT_INO:
+            await self.placement.refresh(parent)  # an object put straight into cold?
+            with self.meta.snapshot() as tx:
+                child = self._child(tx, ident, self._dir(tx, parent), name)
         if child is None:
             raise FsError(errno.ENOENT, f"{name.decode(errors='replace')!r} not found")
         return self._live(child)
@@ -61,6 +65,8 @@ class EntryOps(NamespaceBase):
         nor hide others, which is what stable readdir offsets and S3 markers both need.
         """
         out: list[tuple[bytes, Inode]] = []
+        if self.placement is not None and ino != ROOT_INO and not start_after:
+            await self.placement.refresh(ino)  # show what cold has (transparent import)
         with self.meta.snapshot() as tx:
             d = self._dir(tx, ino)
             check_access(ident, d, R_OK, f"directory inode {ino}")
@@ -218,6 +224,7 @@ class EntryOps(NamespaceBase):
                 inode = self._get(tx, ino)
                 inode.mode = drop_privs(inode.mode)
                 tx.put_inode(inode)
+        await self._prepare_write(ino, size)
         of = self._open.get(ino)
         if of is not None:
             os.ftruncate(of.fd, size)
@@ -242,6 +249,7 @@ class EntryOps(NamespaceBase):
             inode.etag = _EMPTY_MD5 if size == 0 else ""
             inode.state = STATE_DIRTY
             tx.put_inode(inode)
+            self._queue(tx, inode)
 
     # -- creating --------------------------------------------------------------------------
     def _creatable(self, tx: MetaTxn, ident: Identity, parent: int, name: bytes) -> Inode:
@@ -279,6 +287,7 @@ class EntryOps(NamespaceBase):
             inode = self._new_inode(tx, ident, d, kind | (mode & 0o7777), rdev=rdev,
                                     etag=_EMPTY_MD5 if kind == stat.S_IFREG else "")
             self._link_new(tx, d, name, inode)
+            self._queue(tx, inode)
         return inode
 
     async def mkdir(self, ident: Identity, parent: int, name: bytes, mode: int) -> Inode:
@@ -322,6 +331,7 @@ class EntryOps(NamespaceBase):
             tx.put_inode(inode)
             tx.add_dirent(new_parent, new_name, Dirent(ino, stat.S_IFMT(inode.mode)))
             self._touch_dir(tx, d)
+            self._names_changed(tx, inode)
         return self._live(inode)
 
     # -- removing --------------------------------------------------------------------------
@@ -355,6 +365,7 @@ class EntryOps(NamespaceBase):
         inode.ctime_ns = now_ns()
         if inode.nlink > 0:
             tx.put_inode(inode)
+            self._names_changed(tx, inode)
             return False
         return self._drop_inode(tx, inode)
 
@@ -500,6 +511,7 @@ class EntryOps(NamespaceBase):
         else:
             self._touch_dir(tx, od)
             self._touch_dir(tx, nd)
+        self._names_changed(tx, src)
 
     def _exchange(
         self, tx: MetaTxn, od: Inode, old_name: bytes, src: Inode,
@@ -522,6 +534,8 @@ class EntryOps(NamespaceBase):
                 od.nlink += 1
         tx.put_inode(src)
         tx.put_inode(dst)
+        self._names_changed(tx, src)
+        self._names_changed(tx, dst)
         if od.ino == nd.ino:
             self._touch_dir(tx, nd)
         else:

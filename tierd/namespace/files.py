@@ -18,6 +18,7 @@ from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Dirent, Inode
 from tierd.namespace.base import OpenFile, drop_privs, has_privs, now_ns
 from tierd.namespace.entries import _EMPTY_MD5, EntryOps
+from tierd.placement.paths import file_keys
 from tierd.tiers import fileio
 
 _INLINE_HASH = 64 << 10  # hash smaller chunks inline; larger ones in a thread (GIL released)
@@ -54,6 +55,7 @@ class FileOps(EntryOps):
             tx.put_inode(inode)
             tx.add_dirent(parent, name, Dirent(inode.ino, stat.S_IFREG))
             self._touch_dir(tx, d)
+            self._queue(tx, inode)  # an empty object is an object too
         fh = self._attach(inode, ident, readable, writable, bool(flags & os.O_APPEND))
         return inode, fh
 
@@ -89,7 +91,12 @@ class FileOps(EntryOps):
         end = min(h.ofile.size, offset + size)
         if end <= offset:
             return b""
-        data = await fileio.pread(h.ofile.fd, end - offset, offset)
+        if self.placement is None:
+            data = await fileio.pread(h.ofile.fd, end - offset, offset)
+        else:
+            with self.placement.hold(h.ino):
+                await self.placement.ensure(h.ino, offset, end - offset)
+                data = await fileio.pread(h.ofile.fd, end - offset, offset)
         if len(data) < end - offset:  # a hole past the data file's end reads as zeros
             data += bytes(end - offset - len(data))
         return data
@@ -106,9 +113,14 @@ class FileOps(EntryOps):
         n = len(data)
         if n == 0:
             return 0
+        if self.placement is not None and not of.dirty:
+            # first write since the last commit: backpressure, and the old content local
+            await self.placement.admit(n)
+            await self._prepare_write(of.ino, of.size)
         if of.privs and not h.ident.is_root:
             self._drop_privs(of)
         # claim the range synchronously so later writes see the new size and hash position
+        old_size = of.size
         of.size = max(of.size, offset + n)
         of.touch()
         hash_this = of.md5 is not None and offset == of.md5_pos
@@ -116,7 +128,14 @@ class FileOps(EntryOps):
             of.md5_pos = offset + n
         elif of.md5 is not None:
             of.md5 = None
-        await fileio.pwrite(of.fd, data, offset)
+        try:
+            await fileio.pwrite(of.fd, data, offset)
+        except OSError:
+            # ENOSPC/EIO: do not leave a size that promises bytes that were never written
+            if of.size == offset + n and old_size < of.size:
+                of.size = max(old_size, os.fstat(of.fd).st_size)
+            of.md5 = None
+            raise
         if hash_this and of.md5 is not None:
             self._hash_behind(of, bytes(data))
             if of.hash_backlog > HASH_BACKLOG and of.hash_tail is not None:
@@ -163,6 +182,17 @@ class FileOps(EntryOps):
             await self._commit_open(of)
         await self._sync_meta()
         of.synced_gen = max(of.synced_gen, gen)
+        await self._write_through(of.ino)
+
+    async def _write_through(self, ino: int) -> None:
+        """Under a write-through policy the durability point waits for cold."""
+        p = self.placement
+        if p is None or not p.policies:
+            return
+        with self.meta.snapshot() as tx:
+            keys = file_keys(tx, ino)
+        if keys and p.policy_for(keys[0]).mode == "write-through":
+            await p.wait_persisted(ino)
 
     def _drop_privs(self, of: OpenFile) -> None:
         """A write by an unprivileged caller clears setuid (and setgid with group exec)."""
@@ -217,6 +247,7 @@ class FileOps(EntryOps):
             inode.etag = etag
             inode.state = STATE_DIRTY
             tx.put_inode(inode)
+            self._queue(tx, inode)
         of.committed_gen = max(of.committed_gen, gen)
 
     async def etag(self, ino: int) -> str:

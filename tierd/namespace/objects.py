@@ -15,7 +15,7 @@ import asyncio
 import errno
 import os
 import stat
-from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 from tierd.acl import R_OK, W_OK, X_OK, Identity, check_access, may_access
@@ -38,10 +38,22 @@ class ObjectReader:
     inode: Inode
     fd: int
     _closed: bool = False
+    # with placement: fetches missing blocks of a range, and releases the eviction hold
+    _ensure: Callable[[int, int], Awaitable[None]] | None = None
+    _release: Callable[[], None] | None = None
 
     @property
     def size(self) -> int:
         return self.inode.size
+
+    async def ensure(self, offset: int = 0, length: int | None = None) -> None:
+        """Make ``[offset, offset+length)`` readable from :attr:`fd` (blocks fetched from
+        cold); a door that reads ``fd`` itself (sendfile) calls this first.  ``iter``
+        does it per chunk.  Raises FsError EIO (reason ServiceUnavailable) when cold is
+        down and the range is not cached."""
+        if self._ensure is not None:
+            n = self.inode.size - offset if length is None else length
+            await self._ensure(offset, n)
 
     async def iter(
         self, offset: int = 0, length: int | None = None, chunk: int = READ_CHUNK
@@ -49,6 +61,7 @@ class ObjectReader:
         end = self.inode.size if length is None else min(self.inode.size, offset + length)
         pos = offset
         while pos < end and self.fd >= 0:
+            await self.ensure(pos, min(chunk, end - pos))
             data = await fileio.pread(self.fd, min(chunk, end - pos), pos)
             if not data:  # shorter than recorded (sparse tail): zeros
                 data = bytes(min(chunk, end - pos))
@@ -61,6 +74,8 @@ class ObjectReader:
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._release is not None:
+                self._release()
             if self.fd >= 0:
                 os.close(self.fd)
 
@@ -174,21 +189,48 @@ class ObjectOps(FileOps):
 
     # -- whole objects ---------------------------------------------------------------------
     async def head_object(self, ident: Identity, bucket: str, key: str) -> Inode:
-        with self.meta.snapshot() as tx:
-            inode = self._live(self._object(tx, ident, bucket, key))
+        try:
+            with self.meta.snapshot() as tx:
+                inode = self._live(self._object(tx, ident, bucket, key))
+        except FsError as e:
+            if e.errno != errno.ENOENT or self.placement is None or not key:
+                raise
+            await self.placement.refresh_key(bucket, key.rstrip("/"))  # put into cold?
+            with self.meta.snapshot() as tx:
+                inode = self._live(self._object(tx, ident, bucket, key))
         if inode.is_reg and not inode.etag:
             inode.etag = await self.etag(inode.ino)
         if inode.is_dir:
             inode.etag, inode.size = _EMPTY_MD5, 0
         return inode
 
-    async def get_object(self, ident: Identity, bucket: str, key: str) -> ObjectReader:
+    async def get_object(
+        self, ident: Identity, bucket: str, key: str, *, ensure: bool = True
+    ) -> ObjectReader:
+        """An open object.  With placement and ``ensure`` (the default) the whole content
+        is on the hot tier when this returns, so ``reader.fd`` can be sent as is; a door
+        serving ranges passes ``ensure=False`` and calls ``await reader.ensure(off, n)``
+        before reading ``fd`` itself (``iter`` ensures per chunk)."""
         inode = await self.head_object(ident, bucket, key)
         if inode.is_dir:
             return ObjectReader(inode, -1)
         if not inode.is_reg:
             raise FsError(errno.ENOENT, f"key {key!r} is not a regular file")
-        return ObjectReader(inode, self.hot.open(inode.ino))
+        p = self.placement
+        if p is None:
+            return ObjectReader(inode, self.hot.open(inode.ino))
+        ino = inode.ino
+        p.acquire(ino)  # no eviction under a reader (a door may sendfile from fd)
+        reader = ObjectReader(inode, self.hot.open(ino, create=True),
+                              _ensure=lambda off, n: p.ensure(ino, off, n),
+                              _release=lambda: p.release(ino))
+        if ensure:
+            try:
+                await reader.ensure()
+            except BaseException:
+                await reader.close()
+                raise
+        return reader
 
     async def put_object(
         self,
@@ -210,6 +252,9 @@ class ObjectOps(FileOps):
         segments, marker = split_key(key)
         with self.meta.snapshot() as tx:  # fail fast, before reading the body
             self._bucket_dir(tx, bucket)
+        if self.placement is not None and self.placement.over_dirty_limit():
+            raise FsError(errno.EAGAIN, "too much data is waiting to be persisted to the cold "
+                          "store; retry later", reason="SlowDown")
         if marker:
             async for chunk in body:
                 if chunk:
@@ -255,6 +300,7 @@ class ObjectOps(FileOps):
         inode.parent = 0
         await asyncio.to_thread(self.hot.fsync_dir, inode.ino)
         await self._sync_meta()
+        await self._write_through(inode.ino)
         return inode
 
     def _commit_put(
@@ -289,6 +335,7 @@ class ObjectOps(FileOps):
             tx.put_inode(inode)
             tx.add_dirent(d.ino, name, Dirent(inode.ino, stat.S_IFREG))
             self._touch_dir(tx, d)
+            self._queue(tx, inode)
         inode.parent = d.ino  # (only in the returned copy) which directory changed
         return inode, dropped
 
@@ -377,6 +424,8 @@ class ObjectOps(FileOps):
         """One page of keys in S3 order, served by range scans of the sorted directory
         entries (never a whole directory in memory).  Empty directories list as markers."""
         out = Listing()
+        if self.placement is not None:  # show what cold has (transparent import)
+            await self.placement.refresh_key(bucket, prefix, recursive=not delimiter)
         p, sa, dl = prefix.encode(), start_after.encode(), delimiter.encode()
         with self.meta.snapshot() as tx:
             root = self._bucket_dir(tx, bucket)

@@ -193,6 +193,11 @@ class LocalTier:
                 del self._fds[ino]
                 os.close(ent.fd)
 
+    def release_fd(self, ino: int) -> None:
+        """Close the cached descriptor of a file someone else unlinked (an open descriptor
+        would keep its blocks allocated: a full tier would never get the space back)."""
+        self._drop(ino)
+
     def _drop(self, ino: int) -> None:
         ent = self._fds.pop(ino, None)
         if ent is not None:

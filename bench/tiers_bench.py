@@ -1,0 +1,184 @@
+"""Placement benchmark against a moto server (one run, JSON out; see BENCHMARKING.md).
+
+* ``cold_read``: first sequential read of an object through tierd (namespace read path,
+  1 MiB reads, readahead, blocks landing on hot) vs boto3 ``download_file`` of the same
+  object; A/B pairs, a fresh hot tier and a fresh import for every tierd run.
+* ``hot_read``: second read of the same file through tierd (all blocks on hot) vs a raw
+  ``pread`` loop over the hot tier file; page cache warm for both (said so in the JSON).
+* ``policy``: hot hit ratio of 2Q vs plain LRU on a working-set-plus-scan block trace.
+
+    .venv/bin/python bench/tiers_bench.py --size-mib 1024 --pairs 3 --out bench/results/tiers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from moto_server import ACCESS_KEY, REGION, SECRET_KEY, running_moto
+
+from tierd.acl import Identity
+from tierd.meta import MetaStore
+from tierd.namespace import Namespace
+from tierd.placement import LRU, Placement, PlacementSettings, TwoQ
+from tierd.tiers import LocalTier, open_object_tier
+
+ROOT = Identity.ROOT
+BUCKET = "bench-cold"
+CHUNK = 1 << 20
+
+
+def cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+
+
+async def tierd_read(url: str, settings: dict[str, Any], base: Path, size: int
+                     ) -> tuple[float, float, Path, int]:
+    meta = MetaStore.open_lmdb(base / "meta")
+    hot = LocalTier(base / "hot", name="hot")
+    p = Placement(meta, open_object_tier(url, **settings), hot,
+                  PlacementSettings(import_ttl=0.0))
+    await p.start()
+    ns = await Namespace.load(meta, base / "hot", placement=p)
+    try:
+        inode = await ns.head_object(ROOT, "data", "big.bin")
+        fh = await ns.open(ROOT, inode.ino, os.O_RDONLY)
+        t0 = time.perf_counter()
+        pos = 0
+        while data := await ns.read(fh, pos, CHUNK):
+            pos += len(data)
+        cold_s = time.perf_counter() - t0
+        assert pos == size, pos
+        t0 = time.perf_counter()
+        pos = 0
+        while data := await ns.read(fh, pos, CHUNK):
+            pos += len(data)
+        hot_s = time.perf_counter() - t0
+        await ns.release(fh)
+        return cold_s, hot_s, Path(hot.path(inode.ino)), inode.ino
+    finally:
+        await ns.close()
+        await p.shutdown()
+        meta.close()
+
+
+def raw_read(path: Path) -> float:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t0 = time.perf_counter()
+        pos = 0
+        while data := os.pread(fd, CHUNK, pos):
+            pos += len(data)
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
+def policy_trace(capacity: int = 1000, seed: int = 7) -> dict[str, Any]:
+    """A working set (40% of capacity, Zipf-ish reuse) interleaved with sequential scans
+    (each 3x the capacity, every key read once)."""
+    rnd = random.Random(seed)
+    trace: list[tuple[int, int]] = []
+    ws = [(1, i) for i in range(int(capacity * 0.4))]
+    for scan_no in range(1, 21):
+        trace.extend(rnd.choice(ws) for _ in range(capacity * 2))
+        trace.extend((100 + scan_no, i) for i in range(capacity * 3))
+    out: dict[str, Any] = {"capacity_blocks": capacity, "accesses": len(trace)}
+    for name, cache in (("2q", TwoQ(capacity)), ("lru", LRU(capacity))):
+        hits = ws_hits = ws_total = 0
+        for key in trace:
+            if key in cache:
+                hits += 1
+                ws_hits += key[0] == 1
+            ws_total += key[0] == 1
+            cache.access(key)
+            while len(cache) > capacity:
+                cache.remove(next(cache.victims()))
+        out[name] = {"hit_ratio": hits / len(trace), "working_set_hit_ratio": ws_hits / ws_total}
+    return out
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    size = args.size_mib << 20
+    work = Path(tempfile.mkdtemp(prefix="tiers-bench-"))
+    runs: list[dict[str, Any]] = []
+    with running_moto() as server:
+        client = server.client()
+        client.create_bucket(Bucket=BUCKET)
+        src = work / "src.bin"
+        with open(src, "wb") as f:
+            for _ in range(args.size_mib):
+                f.write(os.urandom(1 << 20))
+        prefix = uuid.uuid4().hex[:8]
+        client.upload_file(str(src), BUCKET, f"{prefix}/data/big.bin")
+        src.unlink()
+        url = f"s3://{BUCKET}/{prefix}"
+        settings = {"endpoint_url": server.url, "region": REGION, "access_key": ACCESS_KEY,
+                    "secret_key": SECRET_KEY, "addressing": "path"}
+        for i in range(args.pairs):
+            dst = work / "dl.bin"
+            c0, t0 = cpu(), time.perf_counter()
+            await asyncio.to_thread(client.download_file, BUCKET, f"{prefix}/data/big.bin",
+                                    str(dst))
+            boto_s, boto_cpu = time.perf_counter() - t0, cpu() - c0
+            dst.unlink()
+            base = work / f"run{i}"
+            c0 = cpu()
+            cold_s, hot_s, hot_path, _ = await tierd_read(url, settings, base, size)
+            tierd_cpu = cpu() - c0
+            raw_s = raw_read(hot_path)
+            runs.append({"pair": i, "boto3_download_s": boto_s, "boto3_cpu_s": boto_cpu,
+                         "tierd_cold_read_s": cold_s, "tierd_cpu_s": tierd_cpu,
+                         "tierd_hot_read_s": hot_s, "raw_hot_read_s": raw_s})
+            shutil.rmtree(base)
+    gib = size / (1 << 30)
+    cold_ratios = [r["boto3_download_s"] / r["tierd_cold_read_s"] for r in runs]
+    hot_ratios = [r["raw_hot_read_s"] / r["tierd_hot_read_s"] for r in runs]
+    doc = {
+        "benchmark": "tiers_bench", "size_bytes": size, "read_size": CHUNK,
+        "notes": "cold: first read through tierd from moto (s3://, HTTP) vs boto3 download_file;"
+                 " hot: second read, page cache warm for both (no drop_caches)",
+        "nproc": os.cpu_count(),
+        "mem_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        "python": sys.version.split()[0], "runs": runs,
+        "median": {
+            "boto3_GiB_s": gib / statistics.median(r["boto3_download_s"] for r in runs),
+            "tierd_cold_GiB_s": gib / statistics.median(r["tierd_cold_read_s"] for r in runs),
+            "tierd_hot_GiB_s": gib / statistics.median(r["tierd_hot_read_s"] for r in runs),
+            "raw_hot_GiB_s": gib / statistics.median(r["raw_hot_read_s"] for r in runs),
+        },
+        "ratio": {"cold_tierd_vs_boto3": statistics.median(cold_ratios),
+                  "hot_tierd_vs_raw": statistics.median(hot_ratios)},
+        "policy": policy_trace(),
+    }
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

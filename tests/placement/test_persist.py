@@ -1,0 +1,256 @@
+"""Write-back and read-through against real cold stores (file:// and moto over HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+
+import pytest
+
+from tierd.errors import FsError
+from tierd.meta import STATE_CLEAN
+from tierd.placement import HOT
+from tierd.tiers import BLOCK_SIZE
+
+from .conftest import ROOT, Env, MiB, body, read_file, write_file
+
+
+async def test_file_written_through_namespace_is_persisted(env: Env) -> None:
+    ns, p = await env.open()
+    try:
+        b = await ns.create_bucket(ROOT, "data")
+        sub = await ns.mkdir(ROOT, b.ino, b"dir", 0o755)
+        payload = os.urandom(9 * MiB + 123)
+        ino = await write_file(ns, sub.ino, b"f.bin", payload)
+        await ns.put_object(ROOT, "data", "obj/x.txt", body(b"hello"))
+        empty = await write_file(ns, b.ino, b"empty", b"")
+        assert await p.drain(timeout=30)
+        assert env.raw_get("data/dir/f.bin") == payload
+        assert env.raw_get("data/obj/x.txt") == b"hello"
+        assert env.raw_get("data/empty") == b""
+        with p.meta.snapshot() as tx:
+            for i in (ino, empty):
+                inode = tx.get_inode(i)
+                assert inode is not None and inode.state == STATE_CLEAN
+                rec = tx.get_cold(i)
+                assert rec is not None and rec.version == inode.version
+        assert p.dirty_bytes == 0
+    finally:
+        await env.close()
+
+
+async def test_object_put_into_cold_is_listed_and_read_through(env: Env) -> None:
+    ns, p = await env.open()
+    try:
+        await ns.create_bucket(ROOT, "dsx")
+        payload = os.urandom(3 * BLOCK_SIZE + 5)
+        env.raw_put("dsx/train/shard-0", payload)
+        env.raw_put("dsx/train/sub/shard-1", b"one")
+        env.raw_put("dsx/top", b"top")
+        listing = await ns.list_objects(ROOT, "dsx", "train/", delimiter="/")
+        assert [k for k, _ in listing.contents] == ["train/shard-0"]
+        assert listing.prefixes == ["train/sub/"]
+        assert listing.contents[0][1].size == len(payload)
+        full = await ns.list_objects(ROOT, "dsx")
+        assert [k for k, _ in full.contents] == ["top", "train/shard-0", "train/sub/shard-1"]
+        reader = await ns.get_object(ROOT, "dsx", "train/shard-0", ensure=False)
+        try:
+            assert b"".join([c async for c in reader.iter(BLOCK_SIZE + 1, 10)]) == \
+                payload[BLOCK_SIZE + 1 : BLOCK_SIZE + 11]
+        finally:
+            await reader.close()
+        inode = await ns.resolve(ROOT, "dsx/train/shard-0")
+        assert inode.blocks[HOT] == b"\x02"  # only the block that was read
+        assert await read_file(ns, inode.ino, chunk=3 * MiB) == payload
+        inode = await ns.resolve(ROOT, "dsx/train/shard-0")
+        assert inode.blocks[HOT] == b"\x0f"
+        assert p.used >= len(payload)
+        # FUSE path: lookup of a name put into cold after the directory was listed
+        env.raw_put("dsx/train/late", b"late")
+        d = await ns.resolve(ROOT, "dsx/train")
+        late = await ns.lookup(ROOT, d.ino, b"late")
+        assert await read_file(ns, late.ino) == b"late"
+        names = [n for n, _ in await ns.listdir(ROOT, d.ino)]
+        assert names == [b"late", b"shard-0", b"sub"]
+        # S3 path: a key never listed
+        env.raw_put("dsx/deep/a/b/c.txt", b"deep")
+        reader = await ns.get_object(ROOT, "dsx", "deep/a/b/c.txt")
+        try:
+            assert await reader.read_all() == b"deep"
+        finally:
+            await reader.close()
+    finally:
+        await env.close()
+
+
+async def test_bucket_in_cold_appears_at_start(env: Env) -> None:
+    env.raw_put("legacy/x/y", b"xy")
+    ns, _ = await env.open()
+    try:
+        names = [b.name for b in await ns.list_buckets(ROOT)]
+        assert "legacy" in names
+        r = await ns.get_object(ROOT, "legacy", "x/y")
+        try:
+            assert await r.read_all() == b"xy"
+        finally:
+            await r.close()
+    finally:
+        await env.close()
+
+
+async def test_rename_unlink_and_links_follow_in_cold(env: Env) -> None:
+    ns, p = await env.open()
+    try:
+        b = await ns.create_bucket(ROOT, "bkt")
+        d = await ns.mkdir(ROOT, b.ino, b"d", 0o755)
+        ino = await write_file(ns, d.ino, b"a", b"AAA")
+        await write_file(ns, b.ino, b"gone", b"G")
+        assert await p.drain(timeout=30)
+        assert env.raw_exists("bkt/d/a") and env.raw_exists("bkt/gone")
+        await ns.rename(ROOT, d.ino, b"a", b.ino, b"b")
+        await ns.link(ROOT, ino, d.ino, b"hard")
+        await ns.unlink(ROOT, b.ino, b"gone")
+        assert await p.drain(timeout=30)
+        assert not env.raw_exists("bkt/d/a") and not env.raw_exists("bkt/gone")
+        assert env.raw_get("bkt/b") == b"AAA" and env.raw_get("bkt/d/hard") == b"AAA"
+        # a directory rename moves every file below it
+        await ns.rename(ROOT, b.ino, b"d", b.ino, b"e")
+        await ns.unlink(ROOT, b.ino, b"b")
+        assert await p.drain(timeout=30)
+        assert env.raw_get("bkt/e/hard") == b"AAA"
+        assert not env.raw_exists("bkt/d/hard") and not env.raw_exists("bkt/b")
+        # S3 overwrite and delete
+        await ns.put_object(ROOT, "bkt", "k", body(b"v1"))
+        await ns.put_object(ROOT, "bkt", "k", body(b"v2"))
+        assert await p.drain(timeout=30)
+        assert env.raw_get("bkt/k") == b"v2"
+        await ns.delete_object(ROOT, "bkt", "k")
+        assert await p.drain(timeout=30)
+        assert not env.raw_exists("bkt/k")
+        with p.meta.snapshot() as tx:
+            assert tx.list_queue() == []
+    finally:
+        await env.close()
+
+
+async def test_file_changed_while_uploading_ends_newest(env: Env) -> None:
+    ns, p = await env.open()
+    gate = asyncio.Event()
+    started = asyncio.Event()
+    real_put = p.cold.put_file
+
+    async def slow_put(*a: object, **kw: object) -> object:
+        started.set()
+        await gate.wait()
+        return await real_put(*a, **kw)  # type: ignore[arg-type]
+
+    p.cold.put_file = slow_put  # type: ignore[method-assign]
+    try:
+        b = await ns.create_bucket(ROOT, "ckx")
+        v1 = os.urandom(2 * MiB)
+        ino = await write_file(ns, b.ino, b"ckpt", v1)
+        await asyncio.wait_for(started.wait(), 10)
+        v2 = os.urandom(3 * MiB)
+        fh = await ns.open(ROOT, ino, os.O_WRONLY | os.O_TRUNC)
+        await ns.write(fh, 0, v2)
+        await ns.release(fh)
+        gate.set()
+        assert await p.drain(timeout=30)
+        assert env.raw_get("ckx/ckpt") == v2
+        with p.meta.snapshot() as tx:
+            inode = tx.get_inode(ino)
+            rec = tx.get_cold(ino)
+            assert inode is not None and rec is not None
+            assert inode.state == STATE_CLEAN and rec.version == inode.version
+    finally:
+        gate.set()
+        await env.close()
+
+
+async def test_dirty_bound_slows_writers(file_env: Env) -> None:
+    ns, p = await file_env.open(dirty_limit=2 * MiB)
+    gate = asyncio.Event()
+    real_put = p.cold.put_file
+
+    async def blocked_put(*a: object, **kw: object) -> object:
+        await gate.wait()
+        return await real_put(*a, **kw)  # type: ignore[arg-type]
+
+    p.cold.put_file = blocked_put  # type: ignore[method-assign]
+    try:
+        b = await ns.create_bucket(ROOT, "www")
+        await write_file(ns, b.ino, b"big", os.urandom(3 * MiB))
+        assert p.dirty_bytes > p.settings.dirty_limit
+        with pytest.raises(FsError) as ei:
+            await ns.put_object(ROOT, "www", "k", body(b"x"))
+        assert ei.value.errno == errno.EAGAIN and ei.value.reason == "SlowDown"
+        writer = asyncio.create_task(write_file(ns, b.ino, b"next", b"y" * 1000))
+        await asyncio.sleep(0.3)
+        assert not writer.done()  # waits, nothing dropped
+        gate.set()
+        await asyncio.wait_for(writer, 20)
+        assert await p.drain(timeout=30)
+        assert file_env.raw_get("www/next") == b"y" * 1000
+    finally:
+        gate.set()
+        await file_env.close()
+
+
+async def test_write_through_policy_waits_for_cold(file_env: Env) -> None:
+    from tierd.placement.ops import PlacementOps
+
+    ns, p = await file_env.open()
+    try:
+        await ns.create_bucket(ROOT, "wtx")
+        ops = PlacementOps(p)
+        ops.set_policy("wtx/sync/", mode="write-through")
+        ops.set_policy("wtx/tmp/", mode="cache-only")
+        await ns.put_object(ROOT, "wtx", "sync/a", body(b"now"))
+        assert file_env.raw_get("wtx/sync/a") == b"now"  # already there at the ack
+        await ns.put_object(ROOT, "wtx", "tmp/s", body(b"scratch"))
+        assert await p.drain(timeout=10)
+        assert not file_env.raw_exists("wtx/tmp/s")
+    finally:
+        await file_env.close()
+
+
+async def test_restart_resumes_queue(file_env: Env) -> None:
+    ns, p = await file_env.open()
+    b = await ns.create_bucket(ROOT, "rsx")
+    await p.close()  # persister stopped: the queue stays
+    await write_file(ns, b.ino, b"f", b"resume me")
+    await file_env.close()
+    ns, p = await file_env.open()
+    try:
+        assert await p.drain(timeout=20)
+        assert file_env.raw_get("rsx/f") == b"resume me"
+    finally:
+        await file_env.close()
+
+
+async def test_deleted_key_is_not_reimported_before_cold_delete(file_env: Env) -> None:
+    ns, p = await file_env.open()
+    gate = asyncio.Event()
+    real_delete = p.cold.delete
+
+    async def slow_delete(key: str) -> None:
+        await gate.wait()
+        await real_delete(key)
+
+    p.cold.delete = slow_delete  # type: ignore[method-assign]
+    try:
+        await ns.create_bucket(ROOT, "dlx")
+        await ns.put_object(ROOT, "dlx", "d/k", body(b"v"))
+        assert await p.drain(timeout=10)
+        await ns.delete_object(ROOT, "dlx", "d/k")
+        await asyncio.sleep(0.1)  # the persister is waiting on the cold delete
+        assert file_env.raw_exists("dlx/d/k")
+        assert (await ns.list_objects(ROOT, "dlx")).contents == []
+        assert (await ns.list_objects(ROOT, "dlx", delimiter="/")).prefixes == []
+        gate.set()
+        assert await p.drain(timeout=10)
+        assert not file_env.raw_exists("dlx/d/k")
+    finally:
+        gate.set()
+        await file_env.close()

@@ -1,0 +1,113 @@
+"""Admin endpoints of placement (``tierctl warmup/evict/pin/unpin/policy/du/persist/import``).
+
+All take a ``prefix`` (``bucket/key-prefix``); bodies are JSON.  ``warmup`` streams one JSON
+document per line (progress, then ``{"done": total, ...}``) so the CLI can draw a progress bar
+without polling.  The door asks the daemon's :class:`~tierd.placement.ops.PlacementOps`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from tierd.errors import FsError
+from tierd.placement.ops import PlacementOps
+from tierd.tiers import TierError
+
+Ops = Callable[[], PlacementOps | None]
+
+
+def _err(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": code, "message": message}, status=status)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    try:
+        doc = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(reason="the body is not JSON") from None
+    if not isinstance(doc, dict):
+        raise web.HTTPBadRequest(reason="the body must be a JSON object")
+    return doc
+
+
+def add_placement_routes(app: web.Application, get_ops: Ops) -> None:
+    def ops() -> PlacementOps:
+        o = get_ops()
+        if o is None:
+            raise web.HTTPServiceUnavailable(reason="placement is not running")
+        return o
+
+    async def guarded(fn: Callable[[], Any]) -> web.Response:
+        try:
+            return web.json_response(await fn())
+        except ValueError as e:
+            return _err(400, "bad_request", str(e))
+        except (TierError, FsError) as e:
+            return _err(503, "cold_unavailable", str(e))
+
+    async def du(request: web.Request) -> web.Response:
+        o = ops()
+        prefix = request.query.get("prefix", "")
+        return await guarded(lambda: _ready(o.du(prefix)))
+
+    async def evict(request: web.Request) -> web.Response:
+        prefix = str((await _body(request)).get("prefix", ""))
+        return await guarded(lambda: ops().evict(prefix))
+
+    async def pin(request: web.Request) -> web.Response:
+        prefix = str((await _body(request)).get("prefix", ""))
+        on = request.path.endswith("/pin")
+        return await guarded(lambda: _ready(ops().set_policy(prefix, pin=on)))
+
+    async def policy_get(request: web.Request) -> web.Response:
+        return web.json_response({"policies": ops().policies()})
+
+    async def policy_set(request: web.Request) -> web.Response:
+        doc = await _body(request)
+        prefix = str(doc.get("prefix", ""))
+        return await guarded(lambda: _ready(ops().set_policy(
+            prefix, mode=doc.get("mode"), pin=doc.get("pin"), tier=doc.get("tier"))))
+
+    async def persist(request: web.Request) -> web.Response:
+        doc = await _body(request)
+        timeout = doc.get("timeout")
+        return await guarded(lambda: ops().persist_wait(
+            str(doc.get("prefix", "")), float(timeout) if timeout is not None else None))
+
+    async def import_(request: web.Request) -> web.Response:
+        prefix = str((await _body(request)).get("prefix", ""))
+        return await guarded(lambda: ops().import_prefix(prefix))
+
+    async def warmup(request: web.Request) -> web.StreamResponse:
+        prefix = str((await _body(request)).get("prefix", ""))
+        o = ops()
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        try:
+            async for doc in o.warmup(prefix):
+                await resp.write(json.dumps(doc).encode() + b"\n")
+        except (TierError, FsError) as e:
+            await resp.write(json.dumps({"error": "cold_unavailable",
+                                         "message": str(e)}).encode() + b"\n")
+        await resp.write_eof()
+        return resp
+
+    app.router.add_get("/v1/placement/du", du)
+    app.router.add_post("/v1/placement/evict", evict)
+    app.router.add_post("/v1/placement/pin", pin)
+    app.router.add_post("/v1/placement/unpin", pin)
+    app.router.add_get("/v1/placement/policy", policy_get)
+    app.router.add_put("/v1/placement/policy", policy_set)
+    app.router.add_post("/v1/placement/persist", persist)
+    app.router.add_post("/v1/placement/import", import_)
+    app.router.add_post("/v1/placement/warmup", warmup)
+
+
+async def _ready(value: dict[str, Any]) -> dict[str, Any]:
+    return value

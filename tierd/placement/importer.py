@@ -1,0 +1,161 @@
+"""Transparent import: objects in the cold store that tierd does not know appear in the
+namespace without a copy.
+
+A directory is refreshed (cold listed with delimiter ``/`` at its prefix) when its import
+stamp (``S`` key) is older than ``import_ttl``; missing files become CLEAN inodes with the
+object's size, ETag and mtime, no local blocks (an empty ``hot`` bitmap) and a cold record;
+missing common prefixes become implicit directories.  Local entries are never replaced: what
+tierd wrote wins over what it finds.  New entries belong to the bucket's owner.
+"""
+
+from __future__ import annotations
+
+import stat
+import time
+
+from tierd.meta import (
+    ROOT_INO,
+    STATE_CLEAN,
+    Bucket,
+    ColdRecord,
+    Dirent,
+    Inode,
+    MetaStore,
+    MetaTxn,
+)
+from tierd.placement.paths import file_keys
+from tierd.tiers import ObjectInfo, ObjectTier
+
+
+def pending_deletes(tx: MetaTxn) -> set[str]:
+    """Cold keys the persister has yet to delete (names removed or renamed away): an
+    import must not bring those back.  Costs one pass over the persist queue."""
+    out: set[str] = set()
+    for ino in tx.list_queue():
+        rec = tx.get_cold(ino)
+        if rec is not None:
+            out.update(set(rec.keys) - set(file_keys(tx, ino)))
+    return out
+
+IMPLICIT = "tierd.implicit"  # same flag as the namespace's implicit directories
+
+
+class Importer:
+    def __init__(self, meta: MetaStore, cold: ObjectTier, ttl: float, umask: int) -> None:
+        self.meta, self.cold, self.ttl, self.umask = meta, cold, ttl, umask
+
+    async def import_buckets(self) -> int:
+        """Create buckets for top-level prefixes of the cold store (at start)."""
+        n, after = 0, ""
+        while True:
+            page = await self.cold.list("", start_after=after, delimiter="/")
+            with self.meta.write() as tx:
+                for cp in page.common_prefixes:
+                    name = cp.rstrip("/")
+                    if tx.get_bucket(name) is None and tx.lookup(ROOT_INO, name.encode()) is None:
+                        t = time.time_ns()
+                        d = Inode(ino=tx.next_ino(), mode=stat.S_IFDIR | 0o755, uid=0, gid=0,
+                                  nlink=2, atime_ns=t, mtime_ns=t, ctime_ns=t, btime_ns=t,
+                                  parent=ROOT_INO)
+                        tx.put_inode(d)
+                        tx.add_dirent(ROOT_INO, name.encode(), Dirent(d.ino, stat.S_IFDIR))
+                        tx.put_bucket(Bucket(name, d.ino, 0, t))
+                        n += 1
+            if not page.truncated:
+                return n
+            after = page.next_start_after
+
+    def stale(self, dir_ino: int) -> bool:
+        with self.meta.snapshot() as tx:
+            return time.time_ns() - tx.get_stamp(dir_ino) > self.ttl * 1e9
+
+    async def refresh_dir(self, dir_ino: int, path: str) -> int:
+        """List ``path/`` in cold (one level) and add what is missing; returns entries added."""
+        n, after, prefix = 0, "", path + "/"
+        while True:
+            page = await self.cold.list(prefix, start_after=after, delimiter="/")
+            with self.meta.write() as tx:
+                gone = pending_deletes(tx)
+                for info in page.objects:
+                    if info.key not in gone:
+                        n += self._add(tx, info.key, info)
+                for cp in page.common_prefixes:
+                    if not any(k.startswith(cp) for k in gone):
+                        n += self._add(tx, cp.rstrip("/"), None)
+                if not page.truncated:
+                    tx.set_stamp(dir_ino, time.time_ns())
+            if not page.truncated:
+                return n
+            after = page.next_start_after
+
+    async def import_prefix(self, prefix: str) -> int:
+        """Everything under ``bucket/prefix`` (recursive), eagerly."""
+        n, after = 0, ""
+        while True:
+            page = await self.cold.list(prefix, start_after=after)
+            with self.meta.write() as tx:
+                gone = pending_deletes(tx)
+                for info in page.objects:
+                    if info.key not in gone:
+                        n += self._add(tx, info.key, info)
+            if not page.truncated:
+                return n
+            after = page.next_start_after
+
+    async def import_key(self, key: str) -> bool:
+        """One object by key (a lookup miss through S3); True if it now exists."""
+        try:
+            info = await self.cold.head(key)
+        except ValueError:  # InvalidKey: not an object name
+            return False
+        if info is None:
+            return False
+        with self.meta.write() as tx:
+            if key in pending_deletes(tx):
+                return False
+            self._add(tx, key, info)
+        return True
+
+    def _add(self, tx: MetaTxn, key: str, info: ObjectInfo | None) -> int:
+        """Create ``key`` (a file when ``info``, else a directory) and missing parents."""
+        bucket, _, rest = key.partition("/")
+        b = tx.get_bucket(bucket)
+        if b is None or not rest:
+            return 0
+        d = tx.get_inode(b.ino)
+        segs = rest.split("/")
+        added = 0
+        for i, seg in enumerate(segs):
+            if d is None or not d.is_dir:
+                return added
+            name = seg.encode("utf-8", "surrogateescape")
+            ent = tx.lookup(d.ino, name)
+            last = i == len(segs) - 1
+            if ent is not None:
+                d = tx.get_inode(ent.ino)
+                continue
+            t = time.time_ns()
+            if last and info is not None:
+                version = tx.next_version()
+                f = Inode(ino=tx.next_ino(), mode=stat.S_IFREG | (0o666 & ~self.umask),
+                          uid=d.uid, gid=d.gid, size=info.size, atime_ns=info.mtime_ns,
+                          mtime_ns=info.mtime_ns, ctime_ns=info.mtime_ns, btime_ns=t,
+                          version=version, etag=info.etag, state=STATE_CLEAN,
+                          blocks={"hot": b""})
+                tx.put_inode(f)
+                tx.add_dirent(d.ino, name, Dirent(f.ino, stat.S_IFREG))
+                tx.put_cold(f.ino, ColdRecord(version, info.size, {key: info.etag},
+                                              info.mtime_ns))
+                added += 1
+                break
+            sub = Inode(ino=tx.next_ino(), mode=stat.S_IFDIR | (0o777 & ~self.umask),
+                        uid=d.uid, gid=d.gid, nlink=2, atime_ns=t, mtime_ns=t, ctime_ns=t,
+                        btime_ns=t, parent=d.ino, objmeta={IMPLICIT: "1"})
+            tx.put_inode(sub)
+            tx.add_dirent(d.ino, name, Dirent(sub.ino, stat.S_IFDIR))
+            d.nlink += 1
+            d.mtime_ns = d.ctime_ns = t
+            tx.put_inode(d)
+            added += 1
+            d = sub
+        return added
