@@ -9,7 +9,6 @@ transparent layout both ways.  Async tests run on a fresh loop (no pytest-asynci
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer, running_moto
+from moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 
 from tierd.acl import Identity
 from tierd.meta import MetaStore
@@ -30,22 +29,6 @@ COLD_BUCKET = "tierd-cold"
 SMALL = {"multipart_threshold": 6 << 20, "part_size": 5 << 20, "range_size": 1 << 20,
          "concurrency": 4}
 MiB = 1 << 20
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    if inspect.iscoroutinefunction(pyfuncitem.obj):
-        args = {a: pyfuncitem.funcargs[a] for a in pyfuncitem._fixtureinfo.argnames}
-        asyncio.run(asyncio.wait_for(pyfuncitem.obj(**args), 90))
-        return True
-    return None
-
-
-@pytest.fixture(scope="session")
-def moto() -> Iterator[MotoServer]:
-    with running_moto() as server:
-        server.client().create_bucket(Bucket=COLD_BUCKET)
-        yield server
 
 
 def s3_settings(server: MotoServer) -> dict[str, Any]:

@@ -13,7 +13,6 @@ not use pytest-asyncio).  Tiers are loop-independent, so sync fixtures create th
 from __future__ import annotations
 
 import asyncio
-import inspect
 import random
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,7 +22,7 @@ from typing import Any
 
 import fsspec
 import pytest
-from moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer, running_moto
+from moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 
 from tierd.tiers import ObjectTier, open_object_tier
 
@@ -32,22 +31,6 @@ from tierd.tiers import ObjectTier, open_object_tier
 SMALL = {"multipart_threshold": 6 << 20, "part_size": 5 << 20, "range_size": 1 << 20,
          "concurrency": 4}
 COLD_BUCKET = "tierd-cold"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    if inspect.iscoroutinefunction(pyfuncitem.obj):
-        args = {a: pyfuncitem.funcargs[a] for a in pyfuncitem._fixtureinfo.argnames}
-        asyncio.run(asyncio.wait_for(pyfuncitem.obj(**args), 60))
-        return True
-    return None
-
-
-@pytest.fixture(scope="session")
-def moto() -> Iterator[MotoServer]:
-    with running_moto() as server:
-        server.client().create_bucket(Bucket=COLD_BUCKET)
-        yield server
 
 
 def s3_settings(server: MotoServer, **extra: Any) -> dict[str, Any]:
