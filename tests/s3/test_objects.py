@@ -334,10 +334,14 @@ def test_presigned_get_and_put(s3: Any, bucket: str) -> None:
     assert r.status_code == 403 and b"<Code>SignatureDoesNotMatch</Code>" in r.content
 
 
-def _racing_puts(s3: Any, bucket: str, key: str, n: int, header: dict[str, str]) -> list[int]:
+def _racing_puts(
+    s3: Any, bucket: str, key: str, n: int, header: dict[str, str], round_: int
+) -> list[int]:
     """``n`` conditional PUTs whose bodies are in flight at the same time: every request
     passes the gateway's early check before any of them commits, so only the check inside
-    the namespace's commit can keep all but one out.  Their HTTP statuses."""
+    the namespace's commit can keep all but one out.  Their HTTP statuses.  Bodies differ
+    from every other round's, so a winner always changes the ETag (a later If-Match round
+    won by the same body would otherwise leave the ETag matching for a second writer)."""
     url = s3.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": key},
                                     ExpiresIn=60)
     barrier = threading.Barrier(n)
@@ -347,7 +351,7 @@ def _racing_puts(s3: Any, bucket: str, key: str, n: int, header: dict[str, str])
         yield b"x" * 1000
         barrier.wait(10)
         time.sleep(0.3)
-        yield str(i).encode() * 1000
+        yield f"round {round_} writer {i}".encode() * 100
 
     def put(i: int) -> None:
         r = requests.put(url, data=body(i), headers=header, timeout=30)
@@ -364,9 +368,9 @@ def _racing_puts(s3: Any, bucket: str, key: str, n: int, header: dict[str, str])
 
 
 def test_conditional_puts_are_atomic_with_the_commit(s3: Any, bucket: str) -> None:
-    assert _racing_puts(s3, bucket, "race", 4, {"If-None-Match": "*"}) == [200, 412, 412, 412]
+    assert _racing_puts(s3, bucket, "race", 4, {"If-None-Match": "*"}, 1) == [200, 412, 412, 412]
     etag = s3.head_object(Bucket=bucket, Key="race")["ETag"]
-    assert _racing_puts(s3, bucket, "race", 4, {"If-Match": etag}) == [200, 412, 412, 412]
+    assert _racing_puts(s3, bucket, "race", 4, {"If-Match": etag}, 2) == [200, 412, 412, 412]
     assert s3.head_object(Bucket=bucket, Key="race")["ETag"] != etag
     # If-Match on a key that does not exist: NoSuchKey, as AWS
     assert_error("NoSuchKey", 404, s3.put_object, Bucket=bucket, Key="absent", Body=b"x",
