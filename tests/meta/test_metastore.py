@@ -299,7 +299,6 @@ uploads = st.builds(
     gid=u32,
     initiated_ns=i64,
     objmeta=st.dictionaries(text, text, max_size=3),
-    parts=st.dictionaries(st.integers(1, 10_000), st.tuples(text, u64, text).map(list), max_size=4),
 )
 upload_parts = st.builds(
     UploadPart,
@@ -673,7 +672,7 @@ def _upload(name: str, n: int) -> MultipartUpload:
         uid=1,
         gid=1,
         initiated_ns=n,
-        parts={1: ["etag", n, "p"]},
+        objmeta={"content-type": f"t{n}"},
     )
 
 

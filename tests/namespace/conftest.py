@@ -34,19 +34,6 @@ CAROL = Identity(1002, 1002, frozenset({1000}))
 DAVE = Identity(1003, 1000)
 
 
-async def open_namespace(store: MetaStore, hot: Path, umask: int = 0o022) -> Namespace:
-    """Open a namespace on ``store`` and the hot directory ``hot``.
-
-    The brief names the constructor ``Namespace.open``; the implementation calls it
-    ``Namespace.load`` because ``open`` is the file-open call.  Accept either."""
-    load = getattr(Namespace, "load", None)
-    if load is not None:
-        ns: Namespace = await load(store, hot, umask=umask)
-    else:
-        ns = await Namespace.open(store, hot, umask=umask)  # type: ignore[call-arg,arg-type]
-    return ns
-
-
 def errname(code: int | None) -> str:
     return errno.errorcode.get(code or 0, str(code))
 
@@ -74,7 +61,7 @@ class NsEnv:
             self.store = MetaStore.open_lmdb(self.base / "meta")
         else:
             self.store = MetaStore.open_memory()
-        return self.run(open_namespace(self.store, self.base / "hot"))
+        return self.run(Namespace.load(self.store, self.base / "hot", umask=0o022))
 
     def reopen(self) -> Namespace:
         """Close the namespace (and its store) and open it again on the same directory."""

@@ -147,19 +147,6 @@ HANDLE_KINDS = ("write", "read", "close", "ftruncate")
 assert os.XATTR_CREATE == XATTR_CREATE and os.XATTR_REPLACE == XATTR_REPLACE
 
 
-async def open_namespace(store: MetaStore, hot: Path, umask: int = 0o022) -> Namespace:
-    """Open a namespace on ``store`` and the hot directory ``hot``.
-
-    The brief names the constructor ``Namespace.open``; the implementation calls it
-    ``Namespace.load`` because ``open`` is the file-open call.  Accept either."""
-    load = getattr(Namespace, "load", None)
-    if load is not None:
-        ns: Namespace = await load(store, hot, umask=umask)
-    else:
-        ns = await Namespace.open(store, hot, umask=umask)  # type: ignore[call-arg,arg-type]
-    return ns
-
-
 # -- generation ------------------------------------------------------------------------------
 class Picker(Protocol):
     def choice(self, options: Sequence[T]) -> T: ...
@@ -859,7 +846,7 @@ async def run_ops(base: Path, ops: Sequence[tuple[Any, ...]], stats: Stats | Non
     # durable=False: commits are not fdatasynced one by one (durability is not what this test
     # compares, and the suite must stay fast); the engine and its semantics are the same
     store = MetaStore.open_lmdb(base / "meta", durable=False)
-    ns = await open_namespace(store, base / "hot")
+    ns = await Namespace.load(store, base / "hot", umask=0o022)
     real = base / "real"
     differ = Differ(ns, store, real)
     try:

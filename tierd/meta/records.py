@@ -127,7 +127,7 @@ class AccessKey(Record):
 
 @dataclass(slots=True)
 class MultipartUpload(Record):
-    """An in-progress multipart upload (placeholder until the S3 issue)."""
+    """An in-progress multipart upload; its parts are :class:`UploadPart` records."""
 
     upload_id: str
     bucket: str
@@ -136,7 +136,6 @@ class MultipartUpload(Record):
     gid: int
     initiated_ns: int
     objmeta: dict[str, str] = field(default_factory=dict)
-    parts: dict[int, list[Any]] = field(default_factory=dict)  # number -> [etag, size, path]
 
 
 @dataclass(slots=True)
