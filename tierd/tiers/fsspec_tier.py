@@ -41,15 +41,10 @@ from tierd.tiers.object_tier import (
     check_range,
     read_exact,
     split_ranges,
+    write_dest,
 )
 
 _WRITE_CHUNK = 8 << 20
-
-
-class _DstError(Exception):
-    def __init__(self, error: OSError) -> None:
-        super().__init__(error)
-        self.error = error
 
 
 def _mtime_ns(info: dict[str, Any]) -> int:
@@ -145,26 +140,12 @@ class FsspecObjectTier(ObjectTier):
         check_range(offset, length)
         info = await self._run(self._checked, key, if_match)
         n = max(0, min(length, info.size - offset))
-        dst = os.dup(fd)
-
-        def job(start: int, ln: int, stop: threading.Event) -> int:
+        def fetch(dst: int, start: int, ln: int, stop: threading.Event) -> int:
             data = self._cat(key, start, start + ln)
-            view, pos = memoryview(data), fd_offset + (start - offset)
-            try:
-                while view:
-                    w = os.pwrite(dst, view, pos)
-                    view, pos = view[w:], pos + w
-            except OSError as e:
-                raise _DstError(e) from None
+            write_dest(dst, data, fd_offset + (start - offset))
             return len(data)
 
-        try:
-            ranges = split_ranges(offset, n, self.transfer.range_size)
-            return sum(await self._parallel([functools.partial(job, o, ln) for o, ln in ranges]))
-        except _DstError as e:
-            raise e.error from None
-        finally:
-            os.close(dst)
+        return await self._fill(fd, offset, n, fetch)
 
     async def put_file(self, key: str, source: Source, size: int, *,
                        md5_hex: str | None = None) -> ObjectInfo:

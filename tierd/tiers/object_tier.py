@@ -220,6 +220,26 @@ def list_lower_bound(prefix: str, start_after: str, delimiter: str) -> str:
     return start_after
 
 
+class DestinationError(Exception):
+    """An ``OSError`` writing the caller's descriptor (e.g. ENOSPC on the hot tier): passed
+    through as is by :meth:`ObjectTier._fill`, never turned into a cold-store fault."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def write_dest(dst: int, data: bytes, pos: int) -> None:
+    """Write all of ``data`` at ``pos`` of the caller's descriptor (blocking)."""
+    view = memoryview(data)
+    try:
+        while view:
+            w = os.pwrite(dst, view, pos)
+            view, pos = view[w:], pos + w
+    except OSError as e:
+        raise DestinationError(e) from None
+
+
 def split_ranges(offset: int, length: int, chunk: int) -> list[tuple[int, int]]:
     """``[offset, offset+length)`` as ``(offset, length)`` pieces of at most ``chunk`` bytes."""
     return [(o, min(chunk, offset + length - o)) for o in range(offset, offset + length, chunk)]
@@ -368,6 +388,25 @@ class ObjectTier(abc.ABC):
         if self._closed:
             raise TierUnavailable(f"cold store {self.url} is closed")
         return await asyncio.wrap_future(self._pool.submit(fn, *args))
+
+    async def _fill(
+        self, fd: int, offset: int, n: int,
+        fetch: Callable[[int, int, int, threading.Event], int],
+    ) -> int:
+        """The body of every engine's ``read_into``: ``fetch(dst, start, length, stop)``
+        writes object bytes ``[start, start+length)`` into ``dst`` (with :func:`write_dest`)
+        for each ``range_size`` piece of ``[offset, offset+n)``, in parallel on the pool;
+        returns the bytes written.  The caller's descriptor is duplicated for the duration,
+        and an error writing it reaches the caller as the plain ``OSError`` it is."""
+        dst = os.dup(fd)
+        try:
+            ranges = split_ranges(offset, n, self.transfer.range_size)
+            jobs = [functools.partial(fetch, dst, o, ln) for o, ln in ranges]
+            return sum(await self._parallel(jobs))
+        except DestinationError as e:
+            raise e.error from None
+        finally:
+            os.close(dst)
 
     async def _parallel(
         self, jobs: Sequence[Callable[[threading.Event], T]]

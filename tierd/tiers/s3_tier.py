@@ -58,6 +58,7 @@ from tierd.tiers.object_tier import (
     part_size_for,
     read_exact,
     split_ranges,
+    write_dest,
 )
 
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
@@ -69,14 +70,6 @@ _UNAVAILABLE = {
 }
 _PIECE = 1 << 20
 _MAX_SINGLE_COPY = 5 << 30
-
-
-class _DstError(Exception):
-    """An ``OSError`` writing the caller's descriptor: re-raised as is, not as a cold fault."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__(error)
-        self.error = error
 
 
 def _ns(when: dt.datetime | None) -> int:
@@ -326,27 +319,13 @@ class S3ObjectTier(ObjectTier):
                 raise ObjectNotFound(f"no object {key!r} in {self._where}", key=key)
             return 0
         n, etag = await self._plan(key, offset, length, if_match)
-        dst = os.dup(fd)
-
-        def job(o: int, ln: int, stop: threading.Event) -> int:
+        def fetch(dst: int, o: int, ln: int, stop: threading.Event) -> int:
             def sink(rel: int, data: bytes) -> None:
-                view, pos = memoryview(data), fd_offset + (o - offset) + rel
-                try:
-                    while view:
-                        w = os.pwrite(dst, view, pos)
-                        view, pos = view[w:], pos + w
-                except OSError as e:
-                    raise _DstError(e) from None
+                write_dest(dst, data, fd_offset + (o - offset) + rel)
 
             return self._get(key, o, ln, etag, sink, stop)
 
-        try:
-            ranges = split_ranges(offset, n, self.transfer.range_size)
-            return sum(await self._parallel([functools.partial(job, o, ln) for o, ln in ranges]))
-        except _DstError as e:
-            raise e.error from None
-        finally:
-            os.close(dst)
+        return await self._fill(fd, offset, n, fetch)
 
     # -- writes ------------------------------------------------------------------------------
 
