@@ -180,7 +180,7 @@ class Daemon:
             # lmdb open/close touch the disk: keep them off the loop.
             try:
                 self.meta = await asyncio.to_thread(
-                    MetaStore.open_lmdb, cfg.meta_dir, durable=cfg.meta_sync == "commit"
+                    MetaStore.open_lmdb, cfg.meta_dir, sync=cfg.meta_sync
                 )
             except Exception as e:  # lmdb errors, SchemaError: nothing to serve without it
                 raise StartupError(

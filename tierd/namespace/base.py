@@ -304,4 +304,6 @@ class NamespaceBase:
         raise NotImplementedError  # files.FileOps
 
     async def _sync_meta(self) -> None:
-        await asyncio.to_thread(self.meta.sync)
+        """A durability point: every metadata change so far is on stable storage after this
+        (with group commit, concurrent callers share one flush)."""
+        await self.meta.flush()
