@@ -198,7 +198,8 @@ class NamespaceBase:
         tx.put_inode(directory)
 
     def _new_inode(
-        self, tx: MetaTxn, ident: Identity, pdir: Inode, mode: int, **kw: Any
+        self, tx: MetaTxn, ident: Identity, pdir: Inode, mode: int, *, ino: int = 0,
+        **kw: Any,
     ) -> Inode:
         """A new inode owned by the caller; a setgid parent passes on its group (and, to
         directories, the setgid bit) as on Linux."""
@@ -216,7 +217,7 @@ class NamespaceBase:
         ):
             mode &= ~stat.S_ISGID
         inode = Inode(
-            ino=tx.next_ino(),
+            ino=ino or tx.next_ino(),
             mode=mode,
             uid=ident.uid,
             gid=gid,

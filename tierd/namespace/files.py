@@ -187,7 +187,7 @@ class FileOps(EntryOps):
     async def _write_through(self, ino: int) -> None:
         """Under a write-through policy the durability point waits for cold."""
         p = self.placement
-        if p is None or not p.policies:
+        if p is None or not any(q.mode == "write-through" for q in p.policies.values()):
             return
         with self.meta.snapshot() as tx:
             keys = file_keys(tx, ino)

@@ -8,6 +8,7 @@ is received.  Nothing is buffered beyond two batches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 from collections.abc import AsyncIterable
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterable
 from tierd.tiers.hotdir import HotDir
 
 BATCH = 1 << 20
+INLINE = 64 << 10  # a whole body this small is hashed on the loop (~100 µs at most)
 
 
 def _write_batch(fd: int, chunks: list[bytes], offset: int) -> None:
@@ -31,10 +33,25 @@ def _hash_batch(md5: hashlib._Hash, chunks: list[bytes]) -> None:
         md5.update(c)
 
 
-async def stage_body(hot: HotDir, body: AsyncIterable[bytes]) -> tuple[str, int, str]:
+def _finish(hot: HotDir, fd: int, chunks: list[bytes], offset: int, path: str,
+            install_as: int) -> None:
+    """The last thread hop of a staged upload: write, sync, and maybe install."""
+    _write_batch(fd, chunks, offset)
+    os.fdatasync(fd)
+    if install_as:
+        hot.install_durable(path, install_as)
+
+
+async def stage_body(
+    hot: HotDir, body: AsyncIterable[bytes], install_as: int = 0
+) -> tuple[str, int, str]:
     """Write ``body`` to a new fsynced staging file: (path, size, MD5 hex).  On any error
     (including the body iterator raising: a bad checksum, a client gone) the file is
-    removed and the error propagates."""
+    removed and the error propagates.
+
+    With ``install_as`` (a fresh inode number) the file is then renamed to that inode's
+    data file and the rename made durable, in the same thread hop as the last write and
+    the fdatasync; the returned path is then the data file's."""
     path, fd = hot.new_temp()
     md5 = hashlib.md5()
     size = 0
@@ -65,16 +82,25 @@ async def stage_body(hot: HotDir, body: AsyncIterable[bytes]) -> tuple[str, int,
             pending_len += len(chunk)
             if pending_len >= BATCH:
                 await flush_batch()
-        await flush_batch()
-        if inflight is not None:
-            await inflight
-            inflight = None
-        await asyncio.to_thread(os.fsync, fd)
+        if size == 0 and pending_len <= INLINE:
+            # a small object (most of them): hashed here, one thread hop for the rest
+            _hash_batch(md5, pending)
+        else:
+            await flush_batch()
+            if inflight is not None:
+                await inflight
+                inflight = None
+        last, offset = pending, size
+        size += pending_len
+        await asyncio.to_thread(_finish, hot, fd, last, offset, path, install_as)
     except BaseException:
         if inflight is not None:
             await asyncio.gather(inflight, return_exceptions=True)
         os.close(fd)
-        os.unlink(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        if install_as:
+            hot.remove(install_as)
         raise
     os.close(fd)
-    return path, size, md5.hexdigest()
+    return (hot.path(install_as) if install_as else path), size, md5.hexdigest()

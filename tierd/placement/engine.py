@@ -58,6 +58,7 @@ class PlacementCore:
                  settings: PlacementSettings | None = None) -> None:
         self.meta, self.cold, self.hot = meta, cold, hot
         self.settings = settings or PlacementSettings()
+        self.hints: set[int] = set()
         self.importer = Importer(meta, cold, self.settings.import_ttl, self.settings.umask)
         self.capacity = hot.capacity()
         self.cache = TwoQ(max(1, self.capacity // BLOCK_SIZE))
@@ -145,6 +146,7 @@ class PlacementCore:
         if not inode.is_reg:
             return
         tx.enqueue(inode.ino, time.time_ns().to_bytes(8, "big") + os.urandom(4))
+        self.hints.add(inode.ino)  # the persister rescans the whole queue only now and then
         if content:
             inode.blocks.pop(HOT, None)
             tx.put_inode(inode)
@@ -180,6 +182,7 @@ class PlacementCore:
         """An inode lost its last name: its cold objects go (if it has any)."""
         if tx.get_cold(ino) is not None or tx.queued(ino) is not None:
             tx.enqueue(ino, time.time_ns().to_bytes(8, "big") + os.urandom(4))
+            self.hints.add(ino)
             self.wake()
 
     async def admit(self, nbytes: int) -> None:

@@ -56,6 +56,11 @@ class HotDir:
         os.makedirs(os.path.dirname(p), exist_ok=True)
         os.replace(temp_path, p)
 
+    def install_durable(self, temp_path: str, ino: int) -> None:
+        """:meth:`install` and make the new name survive a crash (blocking: a thread)."""
+        self.install(temp_path, ino)
+        self.fsync_dir(ino)
+
     def clear_temp(self) -> int:
         """Remove staging files left by a crash; returns how many."""
         n = 0
