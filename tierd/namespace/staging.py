@@ -42,6 +42,18 @@ def _finish(hot: HotDir, fd: int, chunks: list[bytes], offset: int, path: str,
         hot.install_durable(path, install_as)
 
 
+def _write_small(hot: HotDir, chunks: list[bytes], ino: int) -> None:
+    """A small body straight into a fresh inode's data file (no staging file, no rename:
+    the number is new, so nothing can see the file before the metadata names it)."""
+    fd = hot.open_new(ino)
+    try:
+        _write_batch(fd, chunks, 0)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    hot.fsync_dir(ino)
+
+
 async def stage_body(
     hot: HotDir, body: AsyncIterable[bytes], install_as: int = 0
 ) -> tuple[str, int, str]:
@@ -49,10 +61,10 @@ async def stage_body(
     (including the body iterator raising: a bad checksum, a client gone) the file is
     removed and the error propagates.
 
-    With ``install_as`` (a fresh inode number) the file is then renamed to that inode's
-    data file and the rename made durable, in the same thread hop as the last write and
-    the fdatasync; the returned path is then the data file's."""
-    path, fd = hot.new_temp()
+    With ``install_as`` (a fresh inode number) the data ends up durably as that inode's
+    data file instead, and the returned path is that file's: a small body is written there
+    directly, a large one staged and renamed in the same thread hop as its last write."""
+    path, fd = "", -1
     md5 = hashlib.md5()
     size = 0
     pending: list[bytes] = []
@@ -60,12 +72,14 @@ async def stage_body(
     inflight: asyncio.Future[tuple[None, None]] | None = None
 
     async def flush_batch() -> None:
-        nonlocal pending, pending_len, inflight, size
+        nonlocal pending, pending_len, inflight, size, path, fd
         if inflight is not None:
             await inflight
             inflight = None
         if not pending:
             return
+        if fd < 0:
+            path, fd = hot.new_temp()
         chunks, offset = pending, size
         size += pending_len
         pending, pending_len = [], 0
@@ -82,23 +96,30 @@ async def stage_body(
             pending_len += len(chunk)
             if pending_len >= BATCH:
                 await flush_batch()
-        if size == 0 and pending_len <= INLINE:
+        if fd < 0 and pending_len <= INLINE:
             # a small object (most of them): hashed here, one thread hop for the rest
             _hash_batch(md5, pending)
+            size = pending_len
+            if install_as:
+                await asyncio.to_thread(_write_small, hot, pending, install_as)
+                return hot.path(install_as), size, md5.hexdigest()
+            path, fd = hot.new_temp()
+            await asyncio.to_thread(_finish, hot, fd, pending, 0, path, 0)
         else:
             await flush_batch()
             if inflight is not None:
                 await inflight
                 inflight = None
-        last, offset = pending, size
-        size += pending_len
-        await asyncio.to_thread(_finish, hot, fd, last, offset, path, install_as)
+            if fd < 0:
+                path, fd = hot.new_temp()
+            await asyncio.to_thread(_finish, hot, fd, [], size, path, install_as)
     except BaseException:
         if inflight is not None:
             await asyncio.gather(inflight, return_exceptions=True)
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        if fd >= 0:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         if install_as:
             hot.remove(install_as)
         raise

@@ -38,6 +38,17 @@ class HotDir:
             os.makedirs(os.path.dirname(p), exist_ok=True)
             return os.open(p, flags | os.O_CREAT, 0o600)
 
+    def open_new(self, ino: int) -> int:
+        """A write descriptor on a new inode's data file, emptied (a crash may have left a
+        file under a number the metadata never committed)."""
+        p = self.path(ino)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        try:
+            return os.open(p, flags, 0o600)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            return os.open(p, flags, 0o600)
+
     def create_empty(self, ino: int) -> None:
         os.close(self.open(ino, create=True))
 
