@@ -288,6 +288,7 @@ class GroupCommitStore(KVStore):
     def _publish(self, changes: SortedDict) -> None:
         with self._lock:
             seq = self._seq + 1
+            idle = not self._queued  # the flusher sleeps until there is work
             for k, v in dict.items(changes):  # unsorted: a SortedDict's own items() is slow
                 versions = self._versions.get(k)
                 if versions is None:
@@ -297,7 +298,8 @@ class GroupCommitStore(KVStore):
                 versions.values.append(v)
                 self._queued[k] = v
             self._seq = self._queued_seq = seq
-            self._wake.notify()
+            if idle:  # (waking it for every commit costs a thread switch each)
+                self._wake.notify()
 
     def _drain(self) -> None:
         """Forget ended transactions and drop what nobody can read any more (lock held).

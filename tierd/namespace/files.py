@@ -161,7 +161,7 @@ class FileOps(EntryOps):
             of.refs -= 1
             if of.refs == 0 and self._open.get(of.ino) is of:
                 del self._open[of.ino]
-                os.close(of.fd)
+                of.close_fd()
                 self._reap_if_orphan(of.ino)
 
     def _reap_if_orphan(self, ino: int) -> None:
@@ -177,7 +177,8 @@ class FileOps(EntryOps):
         if of.synced_gen == of.gen:
             return
         gen = of.gen
-        await asyncio.to_thread(os.fdatasync, of.fd)
+        if of.opened:  # else nothing was written through it
+            await asyncio.to_thread(os.fdatasync, of.fd)
         if of.committed_gen < gen:
             await self._commit_open(of)
         await self._sync_meta()

@@ -29,8 +29,7 @@ class HotDir:
         p = self.path(ino)
         flags = os.O_RDWR | os.O_CLOEXEC
         if create:
-            os.makedirs(os.path.dirname(p), exist_ok=True)
-            flags |= os.O_CREAT
+            flags |= os.O_CREAT  # (the shard directory is made below if it is missing)
         try:
             return os.open(p, flags, 0o600)
         except FileNotFoundError:
