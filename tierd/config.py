@@ -354,6 +354,12 @@ class Config:
         metadata=setting(parse=parse_int(0, 86400), metavar="SECONDS",
                          help="How long a directory's listing of cold stays fresh for import."),
     )
+    io_threads: int = field(
+        default=32,
+        metadata=setting(parse=parse_int(1, 1024), metavar="N",
+                         help="Threads for blocking file calls (writes of large requests, "
+                         "fsync, cold-disk reads): they wait on the disk, not the CPU."),
+    )
     persist_parallel: int = field(
         default=4,
         metadata=setting(parse=parse_int(1, 256), metavar="N",
