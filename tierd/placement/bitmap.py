@@ -56,3 +56,8 @@ def runs(blocks: Iterable[int]) -> list[tuple[int, int]]:
         else:
             out.append((b, 1))
     return out
+
+
+def count(bm: bytes) -> int:
+    """Number of blocks present."""
+    return int.from_bytes(bm, "little").bit_count()

@@ -87,6 +87,8 @@ class Reading(Evicting):
         missing = [b for b in range(first, last + 1) if not bitmap.has(v.hot, b)]
         ahead = [b for b in ra or () if b > last and not bitmap.has(v.hot, b)]
         self._count(missing)
+        if not missing and bitmap.count(v.hot) == bitmap.nblocks(v.size):
+            self._whole.add(ino)  # every block arrived: later reads skip the metadata
         await self._fetch(v, self.hotc, missing, ahead)
 
     async def read(self, ino: int, fd: int, offset: int, length: int) -> bytes:
@@ -121,6 +123,8 @@ class Reading(Evicting):
                 else:
                     to_hot.append(b)
             self._count(to_hot + on_warm)
+            if not to_hot and not on_warm and bitmap.count(v.hot) == bitmap.nblocks(v.size):
+                self._whole.add(ino)  # every block arrived: later reads skip the metadata
             ahead = [b for b in ra or () if b > last
                      and not bitmap.has(v.hot, b) and not bitmap.has(v.warm, b)]
             target = self.warmc if v.tier == WARM and self.warmc is not None else self.hotc
