@@ -28,7 +28,7 @@ def test_tierctl_placement_commands(tmp_path: Path) -> None:
             [sys.executable, "-m", "tierd.cli", "serve", "--data-dir", str(data),
              "--s3-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            env=_env(TIERD_COLD_URL=f"file://{cold}"))
+            env=_env(TIERD_COLD_URL=f"file://{cold}", TIERD_WARM_ENABLED="true"))
     try:
         ep = data / "endpoints.json"
         deadline = time.monotonic() + 30
@@ -53,6 +53,17 @@ def test_tierctl_placement_commands(tmp_path: Path) -> None:
         ctl("unpin", "opsx/ds/")
         assert "evicted 8.0 MiB" in ctl("evict", "opsx/")
         assert json.loads(ctl("du", "opsx/", "--json"))["tiers"]["hot"] == 0
+        ctl("warmup", "opsx/ds/", "--tier", "warm")
+        du = json.loads(ctl("du", "opsx/", "--json"))
+        assert du["tiers"]["warm"] == len(payload) and du["tiers"]["hot"] == 0
+        assert "warm 8.0 MiB" in ctl("du", "opsx/")
+        ctl("warmup", "opsx/ds/")  # hot again: copied up from warm
+        assert "evicted 8.0 MiB" in ctl("evict", "opsx/", "--tier", "hot")  # warm has it
+        assert "evicted 8.0 MiB" in ctl("evict", "opsx/", "--tier", "warm")
+        du = json.loads(ctl("du", "opsx/", "--json"))
+        assert du["tiers"]["warm"] == du["tiers"]["hot"] == 0
+        assert "tier=warm" in ctl("policy", "set", "opsx/ds/", "--tier", "warm").replace(
+            '"tier": "warm"', "tier=warm")
         ctl("policy", "set", "opsx/tmp/", "--mode", "cache-only")
         assert "persisted" in ctl("persist", "--wait", "opsx/")
     finally:
