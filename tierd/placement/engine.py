@@ -176,7 +176,8 @@ class PlacementCore:
             inode.blocks.pop(HOT, None)
             if inode.blocks.pop(WARM, None) is not None:
                 # the warm copy is of the old content: removed once this txn committed
-                asyncio.get_running_loop().call_soon(self._reap_warm, inode.ino)
+                with contextlib.suppress(RuntimeError):  # no loop: the file stays, unused
+                    asyncio.get_running_loop().call_soon(self._reap_warm, inode.ino)
             tx.put_inode(inode)
             self.hotc.set_resident(inode.ino, inode.size)
             for b in range(bitmap.nblocks(inode.size)):

@@ -177,8 +177,9 @@ class Reading(Evicting):
                 keys = file_keys(tx, ino)
                 if keys and self.policy_for(keys[0]).tier == WARM:
                     tier = WARM
-        return View(ino, inode.version, inode.size, hot, inode.blocks.get(WARM, b""), rec,
-                    tier)
+        # warm bits of a warm tier that is no longer configured are ignored
+        warm = inode.blocks.get(WARM, b"") if self.warmc is not None else b""
+        return View(ino, inode.version, inode.size, hot, warm, rec, tier)
 
     def _refs(self, ino: int, offset: int, end: int) -> range:
         """Blocks this read references: one sequential stream's several reads of a block
@@ -323,7 +324,14 @@ class Reading(Evicting):
             off = run[0] * BLOCK_SIZE
             n = min(v.size, (run[-1] + 1) * BLOCK_SIZE) - off
             await self.make_room(dst, n)
-            await self._copy_in(v, dst, off, n, src, stream)
+            try:
+                await self._copy_in(v, dst, off, n, src, stream)
+            except BaseException:
+                # give back what a failed fill wrote (no bit records it; a full tier needs
+                # the space): the run's blocks are this task's alone
+                with contextlib.suppress(OSError):
+                    await dst.tier.punch(ino, off, n)
+                raise
             with self.meta.write() as tx:
                 inode = tx.get_inode(ino)
                 if inode is None or inode.version != v.version:
@@ -360,7 +368,10 @@ class Reading(Evicting):
                 if src != "cold":
                     await dst.tier.copy_from(self.cache_of(src).tier, v.ino, off, n)
                     return
-                rs = max(self.cold.transfer.range_size, n // 4) if stream else None
+                # a stream's runs in a few large ranges (fewer requests), at most
+                # readahead_max / 4 each so a large run still goes in parallel
+                rs = max(self.cold.transfer.range_size,
+                         min(n // 4, self.settings.readahead_max // 4)) if stream else None
                 async with dst.tier.fd(v.ino, create=True) as fd:
                     await self.cold.read_into(key, off, n, fd, off, if_match=etag,
                                               range_size=rs)
