@@ -185,8 +185,9 @@ async def main() -> None:
         "benchmark": "tiers_bench", "size_bytes": size, "read_size": CHUNK,
         "notes": "cold: first read through tierd from moto (s3://, HTTP) vs boto3 download_file;"
                  " hot: later reads through the same handle vs a raw pread loop over the hot"
-                 f" file, {HOT_ROUNDS} alternating rounds of >= 1 GiB per pair, page cache warm for both"
-                 " (no drop_caches); tierd_cpu_s covers the cold read and the hot rounds",
+                 f" file, {HOT_ROUNDS} alternating rounds of >= 1 GiB per pair, page cache"
+                 " warm for both (no drop_caches); tierd_cpu_s covers the cold read and the"
+                 " hot rounds",
         "nproc": os.cpu_count(),
         "mem_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         "python": sys.version.split()[0], "runs": runs,
