@@ -136,8 +136,11 @@ class Evicting(PlacementCore):
         self._evicting[(tc.name, ino)] = done
         try:
             if tc is self.hotc and demote and self.warmc is not None:
-                await self._demote(ino, [b for b in blocks if not bitmap.has(warm_bm, b)],
-                                   inode.version, inode.size)
+                try:
+                    await self._demote(ino, [b for b in blocks if not bitmap.has(warm_bm, b)],
+                                       inode.version, inode.size)
+                except Exception as e:  # demotion is an optimisation: cold has the blocks
+                    log.warning("demoting inode %d failed (%s): dropped instead", ino, e)
             await tc.tier.evict_blocks(ino, blocks)
         finally:
             done.set_result(None)
@@ -164,15 +167,10 @@ class Evicting(PlacementCore):
         if not self.warmc.fits(n):
             self.stats["demote_skipped_bytes"] += n
             return
-        try:
-            for start, count in bitmap.runs(blocks):
-                off = start * BLOCK_SIZE
-                await self.warm.copy_from(self.hot, ino, off,
-                                          min(size, off + count * BLOCK_SIZE) - off)
-        except OSError as e:
-            log.warning("demoting inode %d to the warm tier failed (%s): dropped instead",
-                        ino, e)
-            return
+        for start, count in bitmap.runs(blocks):
+            off = start * BLOCK_SIZE
+            await self.warm.copy_from(self.hot, ino, off,
+                                      min(size, off + count * BLOCK_SIZE) - off)
         with self.meta.write() as tx:
             inode = tx.get_inode(ino)
             if inode is None or inode.version != version:

@@ -247,7 +247,11 @@ class Reading(Evicting):
             while stop < end and ((stop // BLOCK_SIZE) in on_warm) == warm:
                 stop = min(end, (stop // BLOCK_SIZE + 1) * BLOCK_SIZE)
             if warm:
-                parts.append(await self.warm.read(ino, pos, stop - pos))
+                try:
+                    parts.append(await self.warm.read(ino, pos, stop - pos))
+                except OSError as e:
+                    log.warning("reading inode %d from the warm tier failed: %s", ino, e)
+                    raise FsError(errno.EIO, f"warm tier: {e}") from e
                 self.stats["warm_read_bytes"] += stop - pos
             else:
                 parts.append(await fileio.pread(fd, stop - pos, pos))
