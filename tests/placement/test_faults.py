@@ -266,3 +266,17 @@ def test_sigkill_during_persistence_to_s3_then_restart(
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(20)
+
+
+def test_placement_errors_map_to_s3_status_codes() -> None:
+    """What the S3 door answers for placement's failures: cold down 503, a full local tier
+    507, an object deleted from cold 404."""
+    from tierd.s3.errors import from_fs_error
+
+    cases = [(FsError(errno.EIO, "cold down", reason="ServiceUnavailable"), 503,
+              "ServiceUnavailable"),
+             (FsError(errno.ENOSPC, "hot tier full"), 507, "InsufficientStorage"),
+             (FsError(errno.ENOENT, "gone", reason="NoSuchKey"), 404, "NoSuchKey")]
+    for err, status, code in cases:
+        s3 = from_fs_error(err)
+        assert (s3.code, s3.status) == (code, status)
