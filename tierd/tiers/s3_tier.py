@@ -275,17 +275,21 @@ class S3ObjectTier(ObjectTier):
         return done
 
     async def _plan(self, key: str, offset: int, length: int, if_match: str | None,
-                    range_size: int | None = None) -> tuple[int, str | None]:
+                    range_size: int | None = None, *,
+                    clamp: bool = True) -> tuple[int, str | None]:
         """Length to fetch and the ETag pinning the ranges.  One range needs no HEAD, and
-        neither do several when ``if_match`` already pins the version (past the end a
-        range is short or empty); otherwise a HEAD clamps the ranges and pins them."""
+        neither do several when ``if_match`` already pins the version and the length need
+        not be ``clamp``ed to the size (``read_into``: a range past the end is just short or
+        empty); otherwise a HEAD clamps the ranges and pins them."""
         if length <= (range_size or self.transfer.range_size):
             return length, if_match
-        if if_match is not None:
+        if if_match is not None and not clamp:
             return length, if_match
         info = await self.head(key)
         if info is None:
             raise ObjectNotFound(f"no object {key!r} in {self._where}", key=key)
+        if if_match is not None and info.etag != if_match:
+            raise ObjectChanged(f"{key!r} changed in {self._where}", key=key)
         return max(0, min(length, info.size - offset)), info.etag
 
     async def get_range(self, key: str, offset: int, length: int, *,
@@ -319,7 +323,7 @@ class S3ObjectTier(ObjectTier):
             if await self.head(key) is None:
                 raise ObjectNotFound(f"no object {key!r} in {self._where}", key=key)
             return 0
-        n, etag = await self._plan(key, offset, length, if_match, range_size)
+        n, etag = await self._plan(key, offset, length, if_match, range_size, clamp=False)
         def fetch(dst: int, o: int, ln: int, stop: threading.Event) -> int:
             def sink(rel: int, data: bytes) -> None:
                 write_dest(dst, data, fd_offset + (o - offset) + rel)
