@@ -11,6 +11,7 @@ import os
 import pytest
 
 from tierd.errors import FsError
+from tierd.placement.ops import PlacementOps
 
 from .conftest import ROOT, Env, MiB, read_file, until, write_file
 
@@ -94,3 +95,25 @@ async def test_dirty_file_whose_object_vanished_is_kept_and_repersisted(file_env
     finally:
         await asyncio.sleep(0)
         await file_env.close()
+
+
+async def test_recursive_import_drops_what_vanished_under_the_prefix(env: Env) -> None:
+    for k in ("ipx/d/a", "ipx/d/e/b", "ipx/other"):
+        env.raw_put(k, b"data")
+    ns, p = await env.open()
+    ops = PlacementOps(p)
+    try:
+        assert (await ops.import_prefix("ipx/"))["imported"] >= 3
+        env.raw_delete("ipx/d/e/b")
+        env.raw_delete("ipx/other")
+        await ops.import_prefix("ipx/d/")  # only the prefix's subtree is compared
+        with pytest.raises(FsError):
+            await ns.resolve(ROOT, "ipx/d/e/b")
+        assert (await ns.resolve(ROOT, "ipx/d/a")).size == 4
+        assert (await ns.resolve(ROOT, "ipx/other")).size == 4  # outside: not looked at
+        assert p.stats["vanished"] == 1
+        objs = await ns.list_objects(ROOT, "ipx")  # S3 listing without delimiter
+        assert p.stats["vanished"] == 2
+        assert [k for k, _ in objs.contents] == ["d/a"]
+    finally:
+        await env.close()

@@ -256,7 +256,8 @@ class PlacementCore:
         try:
             if recursive:
                 if self._prefix_imports.due(bucket + "/" + key):
-                    await self.importer.import_prefix(bucket + "/" + key)
+                    await self.importer.import_prefix(bucket + "/" + key, self.busy)
+                    self.forget_dropped()
                 return
             with self.meta.snapshot() as tx:
                 b = tx.get_bucket(bucket)
@@ -296,9 +297,9 @@ class PlacementCore:
             await asyncio.shield(task)
         except TierError as e:
             log.warning("listing cold for import failed: %s", e)
-        self._forget_dropped()
+        self.forget_dropped()
 
-    def _forget_dropped(self) -> None:
+    def forget_dropped(self) -> None:
         """Files a listing found deleted from cold: their local copies go too."""
         while self.importer.dropped:
             ino = self.importer.dropped.pop()

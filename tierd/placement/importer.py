@@ -24,7 +24,7 @@ from tierd.meta import (
     MetaStore,
     MetaTxn,
 )
-from tierd.placement.paths import file_keys
+from tierd.placement.paths import file_keys, files_under
 from tierd.tiers import ObjectInfo, ObjectTier
 
 
@@ -140,16 +140,27 @@ class Importer:
             if drop_vanished(tx, ino, key, busy=busy(ino), listed_after=started):
                 self.dropped.append(ino)
 
-    async def import_prefix(self, prefix: str) -> int:
-        """Everything under ``bucket/prefix`` (recursive), eagerly."""
+    async def import_prefix(self, prefix: str,
+                            busy: Callable[[int], bool] = lambda ino: True) -> int:
+        """Everything under ``bucket/prefix`` (recursive), eagerly; clean files under the
+        prefix that the listing no longer has are dropped (see :meth:`refresh_dir`)."""
         n, after = 0, ""
+        started = time.time_ns()
+        listed: set[str] = set()
         while True:
             page = await self.cold.list(prefix, start_after=after)
             with self.meta.write() as tx:
                 gone = pending_deletes(tx)
                 for info in page.objects:
+                    listed.add(info.key)
                     if info.key not in gone:
                         n += self._add(tx, info.key, info)
+                if not page.truncated and "/" in prefix:  # a bucket's subtree, walked only
+                    for f in list(files_under(tx, prefix)):
+                        keys = file_keys(tx, f.ino)
+                        if (len(keys) == 1 and keys[0] not in listed and drop_vanished(
+                                tx, f.ino, keys[0], busy=busy(f.ino), listed_after=started)):
+                            self.dropped.append(f.ino)
             if not page.truncated:
                 return n
             after = page.next_start_after

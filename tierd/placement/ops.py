@@ -146,5 +146,6 @@ class PlacementOps:
         return {"prefix": prefix, "persisted": ok}
 
     async def import_prefix(self, prefix: str) -> dict[str, Any]:
-        n = await self.p.importer.import_prefix(prefix)
+        n = await self.p.importer.import_prefix(prefix, self.p.busy)
+        self.p.forget_dropped()
         return {"prefix": prefix, "imported": n}
