@@ -55,18 +55,45 @@ def drop_vanished(tx: MetaTxn, ino: int, key: str, *, busy: bool,
     if listed_after is not None and rec.mtime_ns >= listed_after:
         return False
     t = time.time_ns()
+    parents = []
     for parent, name in tx.links(ino):
         tx.remove_dirent(parent, name)
         d = tx.get_inode(parent)
         if d is not None:
             d.mtime_ns = d.ctime_ns = t
             tx.put_inode(d)
+            parents.append(parent)
     tx.delete_cold(ino)
     inode.nlink = 0
     inode.ctime_ns = t
     tx.put_inode(inode)
     tx.add_orphan(ino)
+    for parent in parents:
+        _prune_implicit(tx, parent, t)
     return True
+
+
+def _prune_implicit(tx: MetaTxn, ino: int, t: int) -> None:
+    """Implicit directories (created only to hold keys) emptied by a drop go too, bottom
+    up, as when the namespace deletes their last key: S3 clients never see a prefix marker
+    that nobody made."""
+    while True:
+        d = tx.get_inode(ino)
+        if d is None or not d.is_dir or not d.objmeta.get(IMPLICIT) or tx.has_children(ino):
+            return
+        links = tx.links(ino)
+        if not links or links[0][0] == ROOT_INO:
+            return
+        parent, name = links[0]
+        tx.remove_dirent(parent, name)
+        tx.delete_inode(ino)
+        p = tx.get_inode(parent)
+        if p is None:
+            return
+        p.nlink -= 1
+        p.mtime_ns = p.ctime_ns = t
+        tx.put_inode(p)
+        ino = parent
 
 
 IMPLICIT = "tierd.implicit"  # same flag as the namespace's implicit directories
