@@ -343,6 +343,22 @@ class Config:
             metavar="SIZE",
         ),
     )
+    warm_enabled: bool = field(
+        default=False,
+        metadata=setting(parse=parse_bool, metavar="BOOL",
+                         help="Use warm_dir as a warm (SSD) tier below hot: hot evicts by "
+                              "demoting blocks there. Off: no warm tier."),
+    )
+    warm_high_watermark: int = field(
+        default=90,
+        metadata=setting(parse=parse_int(1, 100), metavar="PERCENT",
+                         help="Eviction from the warm tier starts when it is fuller than this."),
+    )
+    warm_low_watermark: int = field(
+        default=80,
+        metadata=setting(parse=parse_int(0, 100), metavar="PERCENT",
+                         help="Eviction frees the warm tier down to this."),
+    )
     dirty_limit: int = field(
         default=1 << 30,
         metadata=setting(parse=parse_size, metavar="SIZE",

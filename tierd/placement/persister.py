@@ -17,8 +17,9 @@ import logging
 import time
 
 from tierd.meta import STATE_CLEAN, ColdRecord, MetaTxn
-from tierd.placement.engine import PlacementCore
-from tierd.placement.paths import file_keys, resolve
+from tierd.placement.engine import WARM
+from tierd.placement.paths import file_keys, files_under, resolve
+from tierd.placement.reads import Reading
 from tierd.tiers import KeyConflict, ObjectNotFound, TierError, TierUnavailable
 
 log = logging.getLogger("tierd.placement")
@@ -27,7 +28,7 @@ FULL_SCAN_INTERVAL = 5.0  # seconds; in between, only newly queued inodes are lo
 DEFERRED_POLL = 0.05  # seconds between looks at files left queued because they were busy
 
 
-class Placement(PlacementCore):
+class Placement(Reading):
     """The placement engine with its persister; ``start()``/``close()`` run the task."""
 
     _task: asyncio.Task[None] | None = None
@@ -160,7 +161,8 @@ class Placement(PlacementCore):
             rec = tx.get_cold(ino)
             live = inode is not None and inode.is_reg and inode.nlink > 0
             targets = file_keys(tx, ino) if live else []
-        if targets and self.policy_for(targets[0]).mode == "cache-only":
+        policy = self.policy_for(targets[0]) if targets else None
+        if policy is not None and policy.mode == "cache-only":
             targets = []
         old = dict(rec.keys) if rec is not None else {}
         new: dict[str, str] = {}
@@ -197,6 +199,10 @@ class Placement(PlacementCore):
             self._mark_clean(tx, ino, version, bool(new))
         self._set_dirty(ino, 0)
         self.stats["persisted"] += 1
+        if new and policy is not None and policy.tier == WARM and self.warmc is not None:
+            # the prefix's data belongs on warm: writes land on hot (the namespace's open
+            # files, staging and S3 sendfile use the hot file) and move down once clean
+            await self.demote_file(ino)
         return True
 
     @staticmethod
@@ -243,9 +249,11 @@ class Placement(PlacementCore):
         async def quiet() -> None:
             while True:
                 with self.meta.snapshot() as tx:
-                    busy = [ino for ino in tx.list_queue()
-                            if not prefix or any(k.startswith(prefix) for k in
-                                                 file_keys(tx, ino) or [""])]
+                    if prefix:  # the prefix's subtree, not the whole queue
+                        busy = [f.ino for f in files_under(tx, prefix)
+                                if tx.queued(f.ino) is not None]
+                    else:
+                        busy = tx.list_queue()
                 if not busy:
                     return
                 ev = self._progress
