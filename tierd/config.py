@@ -43,6 +43,7 @@ from tierd.config_parsers import (
     parse_choice,
     parse_cold_url,
     parse_domains,
+    parse_float,
     parse_host_port,
     parse_http_url,
     parse_int,
@@ -375,6 +376,15 @@ class Config:
         metadata=setting(parse=parse_int(1, 1024), metavar="N",
                          help="Threads for blocking file calls (writes of large requests, "
                          "fsync, cold-disk reads): they wait on the disk, not the CPU."),
+    )
+    persist_delay: float = field(
+        default=5.0,
+        metadata=setting(parse=parse_float(0, 3600), metavar="SECONDS",
+                         help="How long a written file waits before write-back uploads it "
+                         "(from when it was first changed, like the kernel's dirty expiry): "
+                         "files removed or rewritten within it never reach the cold store. "
+                         "0: at once. No wait for write-through, persist --wait, or when "
+                         "dirty data passes half of dirty_limit."),
     )
     persist_parallel: int = field(
         default=4,

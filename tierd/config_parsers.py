@@ -219,6 +219,27 @@ def parse_int(lo: int, hi: int | None = None) -> Parser[int]:
     return parse
 
 
+def parse_float(lo: float, hi: float) -> Parser[float]:
+    """A number in ``[lo, hi]`` (decimal strings accepted from env and CLI)."""
+
+    def parse(value: object, ctx: ParseContext) -> float:
+        if isinstance(value, bool):
+            raise ValueError("expected a number, got boolean")
+        if isinstance(value, (int, float)):
+            x = float(value)
+        else:
+            s = _need_str(value, "a number").strip()
+            try:
+                x = float(s)
+            except ValueError:
+                raise ValueError(f"{s!r} is not a number") from None
+        if not lo <= x <= hi:  # (also rejects nan)
+            raise ValueError(f"{x:g} is out of range {lo:g}-{hi:g}")
+        return x
+
+    return parse
+
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 

@@ -54,7 +54,15 @@ class PlacementSettings:
     warm_low: float = 0.80
     readahead_max: int = 64 << 20  # largest readahead window of a sequential stream
     retry_delay: float = 1.0  # first back-off after a failed upload (doubles up to 30 s)
+    persist_delay: float = 0.0  # seconds a queued file waits before upload (daemon: config)
     umask: int = 0o022
+
+
+def _token(old: bytes | None) -> bytes:
+    """A new queue token: unique (the persister's change check) but keeping the time the
+    file was first queued (the persist delay counts from then)."""
+    stamp = old[:8] if old is not None else time.time_ns().to_bytes(8, "big")
+    return stamp + os.urandom(4)
 
 
 class PlacementCore:
@@ -172,7 +180,7 @@ class PlacementCore:
         New content was written locally, so the whole file is present on hot."""
         if not inode.is_reg:
             return
-        tx.enqueue(inode.ino, time.time_ns().to_bytes(8, "big") + os.urandom(4))
+        tx.enqueue(inode.ino, _token(tx.queued(inode.ino)))
         self.hints.add(inode.ino)  # the persister rescans the whole queue only now and then
         if content:
             inode.blocks.pop(HOT, None)
@@ -220,7 +228,7 @@ class PlacementCore:
     def deleted(self, tx: MetaTxn, ino: int) -> None:
         """An inode lost its last name: its cold objects go (if it has any)."""
         if tx.get_cold(ino) is not None or tx.queued(ino) is not None:
-            tx.enqueue(ino, time.time_ns().to_bytes(8, "big") + os.urandom(4))
+            tx.enqueue(ino, _token(tx.queued(ino)))
             self.hints.add(ino)
             self.wake()
 

@@ -35,7 +35,8 @@ async def placement_from_config(cfg: Config, meta: MetaStore) -> Placement:
         hot_low=min(cfg.hot_low_watermark, cfg.hot_high_watermark) / 100,
         warm_high=cfg.warm_high_watermark / 100,
         warm_low=min(cfg.warm_low_watermark, cfg.warm_high_watermark) / 100,
-        umask=cfg.umask), warm=warm if cfg.warm_enabled else None)
+        umask=cfg.umask, persist_delay=cfg.persist_delay),
+        warm=warm if cfg.warm_enabled else None)
     await p.start()
     return p
 

@@ -41,6 +41,8 @@ class Placement(Reading):
         self._not_before: dict[int, float] = {}
         self._failures: dict[int, int] = {}
         self._deferred: set[int] = set()  # still queued after a round (open for writing)
+        self._later: dict[int, float] = {}  # ino -> when its persist delay is over
+        self._hurry = 0  # waiters for persistence (drain, write-through): no delay meanwhile
         self._sem = asyncio.Semaphore(self.settings.persist_parallel)
         self.cold_down = False
         self._task = asyncio.create_task(self._loop(), name="tierd-persister")
@@ -100,12 +102,17 @@ class Placement(Reading):
                     if ino not in live and ino not in self._active:
                         self._set_dirty(ino, 0)
                 full_at = now + FULL_SCAN_INTERVAL
-            else:  # queued since, waited out a back-off, or no longer being written
+                self._later.clear()
+            else:  # queued since, waited out a back-off or its delay, no longer written
                 idle = {i for i in self._deferred if not self.busy(i)}
                 self._deferred -= idle
-                queue = sorted(self.hints | idle | {i for i, t in self._not_before.items()
-                                                    if t <= now})
+                due = {i for i, t in self._later.items() if t <= now or self._hurrying()}
+                for i in due:
+                    del self._later[i]
+                queue = sorted(self.hints | idle | due | {
+                    i for i, t in self._not_before.items() if t <= now})
                 self.hints.clear()
+            queue = self._past_delay(queue, now)
             for ino in queue:
                 if ino in self._active:
                     self.hints.add(ino)  # queued again while being persisted: once more after
@@ -114,11 +121,42 @@ class Placement(Reading):
                     continue
                 self._active[ino] = asyncio.create_task(self._one(ino))
             waits = [t - now for t in self._not_before.values() if t > now]
+            if self._later:
+                waits.append(min(self._later.values()) - now)
             if self._deferred:  # a writer's close does not always queue the file again
                 waits.append(DEFERRED_POLL)
             timeout = min([*waits, 5.0])
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake_ev.wait(), timeout=max(timeout, 0.01))
+
+    def _hurrying(self) -> bool:
+        return bool(self._hurry) or self.dirty_bytes > self.settings.dirty_limit // 2
+
+    def _past_delay(self, queue: list[int], now: float) -> list[int]:
+        """The queued inodes whose persist delay is over (the rest wait in ``_later``).
+
+        The delay runs from when a file was first queued (the queue token starts with that
+        time and keeps it while the file changes again), like the kernel's dirty expiry:
+        a file created and removed or rewritten within it (temporary files, write-then-
+        rename) never costs the cold store anything, and a file written without pause is
+        still persisted.  No delay while someone waits for persistence or dirty data
+        passes half its limit."""
+        delay = self.settings.persist_delay
+        if delay <= 0 or not queue or self._hurrying():
+            return queue
+        wall = time.time_ns()
+        ready: list[int] = []
+        with self.meta.snapshot() as tx:
+            for ino in queue:
+                token = tx.queued(ino)
+                if token is None:
+                    continue
+                left = delay - (wall - int.from_bytes(token[:8], "big")) / 1e9
+                if left > 0:
+                    self._later[ino] = now + left
+                else:
+                    ready.append(ino)
+        return ready
 
     async def _one(self, ino: int) -> None:
         try:
@@ -236,13 +274,17 @@ class Placement(Reading):
 
     async def wait_persisted(self, ino: int) -> None:
         """Until cold holds the inode's current content and names (write-through)."""
-        while True:
-            with self.meta.snapshot() as tx:
-                if tx.queued(ino) is None:
-                    return
-            ev = self._progress
-            self.wake()
-            await ev.wait()
+        self._hurry += 1
+        try:
+            while True:
+                with self.meta.snapshot() as tx:
+                    if tx.queued(ino) is None:
+                        return
+                ev = self._progress
+                self.wake()
+                await ev.wait()
+        finally:
+            self._hurry -= 1
 
     async def drain(self, prefix: str = "", timeout: float | None = None) -> bool:
         """Wait until no queued inode has a key under ``prefix`` (``persist --wait``)."""
@@ -261,8 +303,11 @@ class Placement(Reading):
                 with_timeout = asyncio.wait_for(ev.wait(), 1.0)
                 with contextlib.suppress(TimeoutError):
                     await with_timeout
+        self._hurry += 1
         try:
             await asyncio.wait_for(quiet(), timeout)
             return True
         except TimeoutError:
             return False
+        finally:
+            self._hurry -= 1

@@ -1,0 +1,79 @@
+"""The persist delay: write-back waits ``persist_delay`` from a file's first change, so
+files removed or rewritten within it never reach cold, and anyone waiting for persistence
+(drain, write-through) or a dirty budget past half skips the wait."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from tierd.acl import Identity
+
+from .conftest import Env, write_file
+
+ROOT = Identity.ROOT
+
+
+async def test_files_wait_out_the_delay_and_short_lived_ones_never_upload(
+    file_env: Env,
+) -> None:
+    ns, p = await file_env.open(persist_delay=1.5)
+    try:
+        b = await ns.create_bucket(ROOT, "dly")
+        kept = os.urandom(100_000)
+        await write_file(ns, b.ino, b"kept", kept)
+        await write_file(ns, b.ino, b"temp", os.urandom(50_000))
+        await asyncio.sleep(0.5)
+        assert not file_env.raw_exists("dly/kept")  # still inside the delay
+        await ns.unlink(ROOT, b.ino, b"temp")  # created and removed within it
+        deadline = time.monotonic() + 10
+        while not file_env.raw_exists("dly/kept"):
+            assert time.monotonic() < deadline, "never persisted after the delay"
+            await asyncio.sleep(0.1)
+        assert file_env.raw_get("dly/kept") == kept
+        assert p.stats["uploaded_bytes"] == len(kept)  # the temporary file never went up
+        assert not file_env.raw_exists("dly/temp")
+    finally:
+        await file_env.close()
+
+
+async def test_a_rewrite_keeps_the_first_change_time(file_env: Env) -> None:
+    """A file rewritten again and again inside the delay is still persisted once the delay
+    from its first change is over (the kernel's dirty expiry, not a debounce)."""
+    ns, p = await file_env.open(persist_delay=1.0)
+    try:
+        b = await ns.create_bucket(ROOT, "dly")
+        t0 = time.monotonic()
+        data = b""
+        while not file_env.raw_exists("dly/busy"):
+            assert time.monotonic() - t0 < 10, "a busy file was never persisted"
+            data = os.urandom(10_000)
+            await write_file(ns, b.ino, b"busy", data)  # rewritten every 0.2 s
+            await asyncio.sleep(0.2)
+        assert time.monotonic() - t0 >= 0.9
+        assert await p.drain(timeout=30)
+        assert file_env.raw_get("dly/busy") == data
+    finally:
+        await file_env.close()
+
+
+async def test_drain_and_dirty_pressure_skip_the_delay(file_env: Env) -> None:
+    ns, p = await file_env.open(persist_delay=3600, dirty_limit=1 << 20)
+    try:
+        b = await ns.create_bucket(ROOT, "dly")
+        small = os.urandom(1000)
+        await write_file(ns, b.ino, b"small", small)
+        t0 = time.monotonic()
+        assert await p.drain(timeout=30)  # persist --wait does not wait out an hour
+        assert time.monotonic() - t0 < 30
+        assert file_env.raw_get("dly/small") == small
+        big = os.urandom(600_000)  # more than half the dirty budget
+        await write_file(ns, b.ino, b"big", big)
+        deadline = time.monotonic() + 20
+        while not file_env.raw_exists("dly/big"):
+            assert time.monotonic() < deadline, "dirty pressure did not lift the delay"
+            await asyncio.sleep(0.1)
+        assert file_env.raw_get("dly/big") == big
+    finally:
+        await file_env.close()
