@@ -39,10 +39,16 @@ class Placement(Reading):
         self._failures: dict[int, int] = {}
         self._sem = asyncio.Semaphore(self.settings.persist_parallel)
         self.cold_down = False
+        self._closing = False
         self._task = asyncio.create_task(self._loop(), name="tierd-persister")
 
     async def close(self) -> None:
         if self._task is not None:
+            # the flag, not only the cancel: Python 3.11's wait_for loses a cancellation
+            # that arrives as its inner wait completes (an upload's last wake() does that),
+            # and the loop would then run on forever
+            self._closing = True
+            self.wake()
             self._task.cancel()
             for t in list(self._active.values()):
                 t.cancel()
@@ -70,7 +76,7 @@ class Placement(Reading):
     async def _loop(self) -> None:
         assert self._wake_ev is not None
         delay = self.settings.retry_delay
-        while True:
+        while not self._closing:
             self._wake_ev.clear()
             if self.cold_down:
                 try:

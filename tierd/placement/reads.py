@@ -120,6 +120,8 @@ class Reading(Evicting):
                     on_warm.append(b)
                 elif v.tier == WARM and not bitmap.has(v.warm, b):
                     on_warm.append(b)  # lands on warm, its target tier
+                    if b in refs:
+                        self._promote(ino, b)  # this miss is its first reference
                 else:
                     to_hot.append(b)
             self._count(to_hot + on_warm)
