@@ -230,24 +230,23 @@ class Placement(Reading):
             await ev.wait()
 
     async def drain(self, prefix: str = "", timeout: float | None = None) -> bool:
-        """Wait until no queued inode has a key under ``prefix`` (``persist --wait``)."""
-        async def quiet() -> None:
-            while True:
-                with self.meta.snapshot() as tx:
-                    if prefix:  # the prefix's subtree, not the whole queue
-                        busy = [f.ino for f in files_under(tx, prefix)
-                                if tx.queued(f.ino) is not None]
-                    else:
-                        busy = tx.list_queue()
-                if not busy:
-                    return
-                ev = self._progress
-                self.wake()
-                with_timeout = asyncio.wait_for(ev.wait(), 1.0)
-                with contextlib.suppress(TimeoutError):
-                    await with_timeout
-        try:
-            await asyncio.wait_for(quiet(), timeout)
-            return True
-        except TimeoutError:
-            return False
+        """Wait until no queued inode has a key under ``prefix`` (``persist --wait``); False
+        after ``timeout`` seconds.  The deadline is checked in the loop rather than by an
+        outer ``wait_for``, whose cancellation of the inner wait 3.11 can lose."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            with self.meta.snapshot() as tx:
+                if prefix:  # the prefix's subtree, not the whole queue
+                    busy = any(tx.queued(f.ino) is not None for f in files_under(tx, prefix))
+                else:
+                    busy = bool(tx.list_queue())
+            if not busy:
+                return True
+            left = 1.0 if deadline is None else min(1.0, deadline - loop.time())
+            if left <= 0:
+                return False
+            ev = self._progress
+            self.wake()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ev.wait(), left)
