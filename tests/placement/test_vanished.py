@@ -56,6 +56,7 @@ async def test_relisting_drops_clean_entries_but_never_unpersisted_data(env: Env
         assert names == {b"cached", b"gone"}
         cached = await ns.resolve(ROOT, "rlx/d/cached")
         await read_file(ns, cached.ino)  # on hot now: still not served once cold lost it
+        reader = await ns.open(ROOT, cached.ino, os.O_RDONLY)  # held across the drop
         mine = os.urandom(MiB)
         ino = await write_file(ns, d.ino, b"mine", mine)
         assert await p.drain("rlx/", timeout=30)
@@ -66,6 +67,10 @@ async def test_relisting_drops_clean_entries_but_never_unpersisted_data(env: Env
         names = {n for n, _ in await ns.listdir(ROOT, d.ino)}
         assert names == {b"mine"}  # ...is kept; the clean ones went
         assert p.stats["vanished"] == 2
+        with pytest.raises(FsError) as ei:  # an open handle gets ENOENT, not punched zeros
+            await ns.read(reader, 0, 100)
+        assert ei.value.errno == errno.ENOENT
+        await ns.release(reader)
         await ns.release(fh)  # and its content reaches cold again
         assert await p.drain("rlx/", timeout=30)
         await until(lambda: env.raw_exists("rlx/d/mine"))

@@ -165,3 +165,23 @@ async def test_warm_state_survives_restart_and_deletes_clean_up(file_env: Env) -
         assert p.warmc.used == 0 and not os.path.exists(p.warm.path(ino))
     finally:
         await file_env.close()
+
+
+async def test_reads_under_a_warm_policy_land_on_warm(env: Env) -> None:
+    payload = os.urandom(3 * BLOCK_SIZE + 9)
+    env.raw_put("rdw/ds/big", payload)
+    ns, p = await env.open(warm=64 * BLOCK_SIZE)
+    try:
+        PlacementOps(p).set_policy("rdw/ds/", tier="warm")
+        await ns.list_objects(ROOT, "rdw")
+        ino = (await ns.resolve(ROOT, "rdw/ds/big")).ino
+        assert await read_file(ns, ino) == payload  # a stream: readahead lands on warm too
+        blocks = await _blocks(env, "rdw/ds/big")
+        assert _on(blocks, WARM, 4) and not any(blocks.get(HOT, b""))
+        assert p.stats["filled_warm_from_cold"] == len(payload)
+        assert p.stats["fetched_bytes"] == len(payload)
+        assert await read_file(ns, ino) == payload  # the second reference promotes
+        assert _on(await _blocks(env, "rdw/ds/big"), HOT, 4)
+        assert p.stats["fetched_bytes"] == len(payload)  # cold was read once
+    finally:
+        await env.close()

@@ -268,7 +268,7 @@ class PlacementCore:
             if recursive:
                 if self._prefix_imports.due(bucket + "/" + key):
                     await self.importer.import_prefix(bucket + "/" + key, self.busy)
-                    self.forget_dropped()
+                    await self.forget_dropped()
                 return
             with self.meta.snapshot() as tx:
                 b = tx.get_bucket(bucket)
@@ -308,18 +308,26 @@ class PlacementCore:
             await asyncio.shield(task)
         except TierError as e:
             log.warning("listing cold for import failed: %s", e)
-        self.forget_dropped()
+        await self.forget_dropped()
 
-    def forget_dropped(self) -> None:
+    async def forget_dropped(self) -> None:
         """Files a listing found deleted from cold: their local copies go too."""
         while self.importer.dropped:
             ino = self.importer.dropped.pop()
             log.warning("inode %d was deleted from the cold store outside tierd: dropped "
                         "from the namespace", ino)
-            self.stats["vanished"] += 1
-            self.hotc.forget(ino)
-            self._whole.discard(ino)
-            self._drop_warm_copy(ino)
+            await self.free_vanished(ino)
+
+    async def free_vanished(self, ino: int) -> None:
+        """A file dropped because its cold object vanished: free its local blocks now (the
+        orphaned inode itself goes at its last release, or at the next start)."""
+        self.stats["vanished"] += 1
+        self.hotc.forget(ino)
+        self._whole.discard(ino)
+        self._streams.pop(ino, None)
+        self._drop_warm_copy(ino)
+        with contextlib.suppress(OSError):
+            await self.hot.punch(ino, 0, 1 << 62)
 
 
 class PrefixImports:

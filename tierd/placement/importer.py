@@ -66,7 +66,8 @@ def drop_vanished(tx: MetaTxn, ino: int, key: str, *, busy: bool,
     tx.delete_cold(ino)
     inode.nlink = 0
     inode.ctime_ns = t
-    tx.put_inode(inode)
+    inode.blocks = {"hot": b""}  # its local blocks are freed: a reader still holding it
+    tx.put_inode(inode)          # gets ENOENT, never the zeros of a punched hole
     tx.add_orphan(ino)
     for parent in parents:
         _prune_implicit(tx, parent, t)

@@ -148,5 +148,5 @@ class PlacementOps:
 
     async def import_prefix(self, prefix: str) -> dict[str, Any]:
         n = await self.p.importer.import_prefix(prefix, self.p.busy)
-        self.p.forget_dropped()
+        await self.p.forget_dropped()
         return {"prefix": prefix, "imported": n}

@@ -45,10 +45,16 @@ class Placement(Reading):
         self._hurry = 0  # waiters for persistence (drain, write-through): no delay meanwhile
         self._sem = asyncio.Semaphore(self.settings.persist_parallel)
         self.cold_down = False
+        self._closing = False
         self._task = asyncio.create_task(self._loop(), name="tierd-persister")
 
     async def close(self) -> None:
         if self._task is not None:
+            # the flag, not only the cancel: Python 3.11's wait_for loses a cancellation
+            # that arrives as its inner wait completes (an upload's last wake() does that),
+            # and the loop would then run on forever
+            self._closing = True
+            self.wake()
             self._task.cancel()
             for t in list(self._active.values()):
                 t.cancel()
@@ -77,7 +83,7 @@ class Placement(Reading):
         assert self._wake_ev is not None
         delay = self.settings.retry_delay
         full_at = 0.0  # the next full scan of the queue
-        while True:
+        while not self._closing:
             self._wake_ev.clear()
             if self.cold_down:
                 try:
@@ -287,27 +293,27 @@ class Placement(Reading):
             self._hurry -= 1
 
     async def drain(self, prefix: str = "", timeout: float | None = None) -> bool:
-        """Wait until no queued inode has a key under ``prefix`` (``persist --wait``)."""
-        async def quiet() -> None:
+        """Wait until no queued inode has a key under ``prefix`` (``persist --wait``); False
+        after ``timeout`` seconds.  The deadline is checked in the loop rather than by an
+        outer ``wait_for``, whose cancellation of the inner wait 3.11 can lose."""
+        self._hurry += 1  # no persist delay while someone waits
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = None if timeout is None else loop.time() + timeout
             while True:
                 with self.meta.snapshot() as tx:
                     if prefix:  # the prefix's subtree, not the whole queue
-                        busy = [f.ino for f in files_under(tx, prefix)
-                                if tx.queued(f.ino) is not None]
+                        busy = any(tx.queued(f.ino) is not None for f in files_under(tx, prefix))
                     else:
-                        busy = tx.list_queue()
+                        busy = bool(tx.list_queue())
                 if not busy:
-                    return
+                    return True
+                left = 1.0 if deadline is None else min(1.0, deadline - loop.time())
+                if left <= 0:
+                    return False
                 ev = self._progress
                 self.wake()
-                with_timeout = asyncio.wait_for(ev.wait(), 1.0)
                 with contextlib.suppress(TimeoutError):
-                    await with_timeout
-        self._hurry += 1
-        try:
-            await asyncio.wait_for(quiet(), timeout)
-            return True
-        except TimeoutError:
-            return False
+                    await asyncio.wait_for(ev.wait(), left)
         finally:
             self._hurry -= 1

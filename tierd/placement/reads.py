@@ -59,6 +59,7 @@ class View:
     warm: bytes
     rec: ColdRecord | None
     tier: str  # where its blocks land from cold (policy ``tier``)
+    unlinked: bool = False  # no names left (deleted, or dropped as vanished from cold)
 
 
 class Reading(Evicting):
@@ -120,6 +121,8 @@ class Reading(Evicting):
                     on_warm.append(b)
                 elif v.tier == WARM and not bitmap.has(v.warm, b):
                     on_warm.append(b)  # lands on warm, its target tier
+                    if b in refs:
+                        self._promote(ino, b)  # this miss is its first reference
                 else:
                     to_hot.append(b)
             self._count(to_hot + on_warm)
@@ -179,7 +182,7 @@ class Reading(Evicting):
                     tier = WARM
         # warm bits of a warm tier that is no longer configured are ignored
         warm = inode.blocks.get(WARM, b"") if self.warmc is not None else b""
-        return View(ino, inode.version, inode.size, hot, warm, rec, tier)
+        return View(ino, inode.version, inode.size, hot, warm, rec, tier, inode.nlink == 0)
 
     def _refs(self, ino: int, offset: int, end: int) -> range:
         """Blocks this read references: one sequential stream's several reads of a block
@@ -364,6 +367,8 @@ class Reading(Evicting):
         cold (ENOSPC on the local tier: evict and retry once, then ENOSPC)."""
         rec = v.rec
         if src == "cold" and (rec is None or not rec.keys):
+            if v.unlinked:
+                raise FsError(errno.ENOENT, f"inode {v.ino} was deleted", reason="NoSuchKey")
             raise FsError(errno.EIO, f"inode {v.ino}: bytes at {off} are on no local tier "
                           "and the cold store has no copy", reason="ServiceUnavailable")
         key, etag = next(iter(rec.keys.items())) if rec is not None and rec.keys else ("", "")
@@ -414,12 +419,7 @@ class Reading(Evicting):
             return
         log.warning("%s was deleted from the cold store outside tierd: dropped inode %d "
                     "from the namespace", key, v.ino)
-        self.stats["vanished"] += 1
-        self.hotc.forget(v.ino)
-        self._whole.discard(v.ino)
-        self._drop_warm_copy(v.ino)
-        with contextlib.suppress(OSError):
-            await self.hot.punch(v.ino, 0, max(v.size, 1))
+        await self.free_vanished(v.ino)
 
 
 def _split(run: list[int], source: Callable[[int], str]) -> list[tuple[str, list[int]]]:
