@@ -284,12 +284,14 @@ class ObjectOps(FileOps):
     async def _install_put(
         self, ident: Identity, bucket: str, key: str, segments: list[bytes], path: str,
         size: int, etag: str, objmeta: dict[str, str], *, if_match: str | None = None,
-        if_none_match: str | None = None,
+        if_none_match: str | None = None, in_txn: Callable[[MetaTxn], None] | None = None,
     ) -> Inode:
-        """Swap a fsynced staging file in as ``bucket/key`` (the tail of every PUT)."""
+        """Swap a fsynced staging file in as ``bucket/key`` (the tail of every PUT).
+        ``in_txn`` runs first inside the commit transaction (multipart completion deletes
+        its upload there, so the object and the upload never both exist); raising aborts."""
         try:
             inode, dropped = self._commit_put(ident, bucket, key, segments, path, size, etag,
-                                              objmeta, if_match, if_none_match)
+                                              objmeta, if_match, if_none_match, in_txn)
         except BaseException:
             if os.path.exists(path):
                 os.unlink(path)
@@ -306,10 +308,12 @@ class ObjectOps(FileOps):
     def _commit_put(
         self, ident: Identity, bucket: str, key: str, segments: list[bytes], path: str,
         size: int, etag: str, objmeta: dict[str, str], if_match: str | None = None,
-        if_none_match: str | None = None,
+        if_none_match: str | None = None, in_txn: Callable[[MetaTxn], None] | None = None,
     ) -> tuple[Inode, int | None]:
         dropped: int | None = None
         with self.meta.write() as tx:
+            if in_txn is not None:
+                in_txn(tx)
             d = self._parent_dirs(tx, ident, bucket, segments[:-1], create=True)
             name = segments[-1]
             old = self._child(tx, ident, d, name)
