@@ -274,3 +274,23 @@ def test_restart_keeps_parts_and_the_slot_size(env: NsEnv) -> None:
     before = data_ino(env, uid)
     ino = complete(env, uid, [(1, e1), (2, e2), (3, e3)])
     assert hot_ino(env, ino) == before and env.get(ROOT, "bkt", "k") == b"".join(p)
+
+
+def test_concurrent_completes(env: NsEnv) -> None:
+    """Two Completes of one upload (even with different part lists): one wins, the other is
+    NoSuchUpload, and the object holds exactly the winner's parts."""
+    p = [os.urandom(S), os.urandom(S), os.urandom(9)]
+    uid = start(env)
+    e = [put_part(env, uid, n, p[n - 1], sized=n < 3) for n in (1, 2, 3)]
+
+    async def both() -> list[object]:
+        return await asyncio.gather(
+            env.ns.complete_multipart(ROOT, uid, [(1, e[0]), (2, e[1])]),
+            env.ns.complete_multipart(ROOT, uid, [(1, e[0]), (2, e[1]), (3, e[2])]),
+            return_exceptions=True)
+
+    first, second = env.run(both())
+    assert isinstance(second, FsError) and second.reason == "NoSuchUpload"
+    assert not isinstance(first, BaseException)
+    assert env.get(ROOT, "bkt", "k") == p[0] + p[1]
+    assert os.stat(env.ns.hot.path(first.ino)).st_size == 2 * S  # type: ignore[attr-defined]

@@ -83,6 +83,9 @@ class UploadState:
     active: int = 0  # thread jobs writing ``data`` now
     completing: int = 0  # Complete calls past validation
     gone: bool = False  # completed or aborted: writers must stop
+    #: one Complete at a time: two with different part lists could otherwise both write
+    #: into ``data`` (a short last part copied into its slot) after the other linked it
+    complete_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     _resumed: asyncio.Event = field(default_factory=asyncio.Event)
 

@@ -363,26 +363,29 @@ class MultipartOps(ObjectOps):
         segments, _ = split_key(up.key)
         self._check_put_allowed(ident, up.bucket, segments)
         st = self._state(upload_id)
-        st.pause()
-        try:
-            await st.idle()
-            chosen, every = self._chosen(upload_id, parts)  # frozen from here on
-            path, size = await self._assemble(upload_id, st, chosen, every)
-            digest = hashlib.md5(b"".join(bytes.fromhex(p.etag) for p in chosen)).hexdigest()
-            merged = dict(up.objmeta)
-            merged.update(objmeta or {})
+        async with st.complete_lock:
+            if st.gone:  # another Complete (or an Abort) finished first
+                raise no_such_upload(upload_id)
+            st.pause()
+            try:
+                await st.idle()
+                chosen, every = self._chosen(upload_id, parts)  # frozen from here on
+                path, size = await self._assemble(upload_id, st, chosen, every)
+                digest = hashlib.md5(b"".join(bytes.fromhex(p.etag) for p in chosen))
 
-            def finish(tx: MetaTxn) -> None:  # in the transaction that installs the object
-                if tx.get_upload(upload_id) is None:
-                    raise no_such_upload(upload_id, "was aborted")
-                tx.delete_upload(upload_id)
-                tx.delete_parts(upload_id)
+                def finish(tx: MetaTxn) -> None:  # in the transaction installing the object
+                    if tx.get_upload(upload_id) is None:
+                        raise no_such_upload(upload_id, "was aborted")
+                    tx.delete_upload(upload_id)
+                    tx.delete_parts(upload_id)
 
-            inode = await self._install_put(ident, up.bucket, up.key, segments, path, size,
-                                            f"{digest}-{len(chosen)}", merged, in_txn=finish)
-            self._parts.forget(upload_id)  # paused writers wake up and fail
-        finally:
-            st.resume()
+                inode = await self._install_put(
+                    ident, up.bucket, up.key, segments, path, size,
+                    f"{digest.hexdigest()}-{len(chosen)}", {**up.objmeta, **(objmeta or {})},
+                    in_txn=finish)
+                self._parts.forget(upload_id)  # paused writers wake up and fail
+            finally:
+                st.resume()
         await self._parts.remove(upload_id)
         return inode
 
