@@ -7,7 +7,9 @@ from pair to pair), reporting every run, the medians and the median of the pair-
 * ``large_put`` — one object of ``--large-mib`` MiB with ``upload_file`` (boto3's transfer
   manager: 8 MiB parts, 10 threads, CRC32 checksums on by default).  Baselines: moto, and
   ``disk``: the same bytes copied into the hot tier's file system and fsynced, no HTTP (the
-  physical limit; this machine's disk varies several-fold from minute to minute).
+  physical limit; this machine's disk varies several-fold from minute to minute).  Also
+  how long each server stays busy after the upload and its CPU then (``drain_s``,
+  ``drain_server_cpu_s_per_GiB``: tierd's write-back to the cold tier).
 * ``large_get`` — the same object with ``download_fileobj`` (ranged GETs, 10 threads) into
   /dev/null.  Baselines: the aiohttp static-file server of the same bytes, and moto.
 * ``large_get_stream`` — one ``get_object`` read as a stream (one connection).  Baseline:
