@@ -49,7 +49,7 @@ from tierd.s3.checksums import Hasher
 from tierd.s3.errors import S3Error
 
 PIECE = 1 << 20  # largest read handed on at once
-PREFETCH = 4  # pieces received ahead of the consumer
+PREFETCH = 16  # pieces (at most one socket read each, <= 256 KiB) received ahead
 INLINE_HASH = 64 << 10  # hash smaller pieces on the loop, larger ones in a thread
 INLINE_CRC = 256 << 10  # a CRC alone (~6 GB/s) is worth a thread hop only past this
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
