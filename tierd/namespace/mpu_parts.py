@@ -370,8 +370,12 @@ class PartStore:
             return 0
         for entry in os.scandir(self.root):
             parts = uploads.get(entry.name)
-            if parts is None:
-                shutil.rmtree(entry.path, ignore_errors=True)
+            if parts is None or not entry.is_dir(follow_symlinks=False):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
                 removed += 1
                 continue
             keep = {DATA} | {p.file or str(p.number) for p in parts if not p.slot_size}
