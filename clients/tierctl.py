@@ -194,14 +194,14 @@ def _run(fn: Any) -> dict[str, Any]:
 
 @cli.command()
 @click.argument("prefix")
-@click.option("--tier", default="hot", show_default=True, help="Tier to warm (hot only yet).")
+@click.option("--tier", type=click.Choice(["hot", "warm"]), default=None,
+              help="Tier to warm (default: each file's policy tier, hot unless set).")
 @click.pass_obj
-def warmup(client: AdminClient, prefix: str, tier: str) -> None:
-    """Fetch everything under PREFIX (bucket/key-prefix) onto the hot tier."""
-    if tier != "hot":
-        _fail("only --tier hot is supported yet")
+def warmup(client: AdminClient, prefix: str, tier: str | None) -> None:
+    """Fetch everything under PREFIX (bucket/key-prefix) onto a local tier."""
     try:
-        resp = client.send("POST", "/v1/placement/warmup", {"prefix": prefix}, timeout=3600)
+        resp = client.send("POST", "/v1/placement/warmup", {"prefix": prefix, "tier": tier},
+                           timeout=3600)
     except AdminError as e:
         _fail(str(e))
     with resp, click.progressbar(length=1, label=f"warming {prefix}", show_pos=False,
@@ -220,10 +220,14 @@ def warmup(client: AdminClient, prefix: str, tier: str) -> None:
 
 @cli.command()
 @click.argument("prefix")
+@click.option("--tier", type=click.Choice(["all", "hot", "warm"]), default="all",
+              show_default=True,
+              help="hot: demote to warm (if any); warm: drop warm copies; all: drop both.")
 @click.pass_obj
-def evict(client: AdminClient, prefix: str) -> None:
-    """Drop clean, unpinned blocks under PREFIX from the hot tier."""
-    doc = _run(lambda: client.call("POST", "/v1/placement/evict", {"prefix": prefix}))
+def evict(client: AdminClient, prefix: str, tier: str) -> None:
+    """Evict clean, unpinned blocks under PREFIX from the local tiers (cold keeps them)."""
+    doc = _run(lambda: client.call("POST", "/v1/placement/evict",
+                                   {"prefix": prefix, "tier": tier}))
     click.echo(f"evicted {human_bytes(doc['evicted'])}")
 
 
@@ -231,7 +235,7 @@ def evict(client: AdminClient, prefix: str) -> None:
 @click.argument("prefix")
 @click.pass_obj
 def pin(client: AdminClient, prefix: str) -> None:
-    """Keep PREFIX's blocks on the hot tier (never evicted)."""
+    """Keep PREFIX's blocks on their tier (never evicted)."""
     _run(lambda: client.call("POST", "/v1/placement/pin", {"prefix": prefix}))
     click.echo(f"pinned {prefix}")
 
@@ -247,7 +251,7 @@ def unpin(client: AdminClient, prefix: str) -> None:
 
 @cli.group()
 def policy() -> None:
-    """Per-prefix placement policies (write-back, write-through, cache-only, pin)."""
+    """Per-prefix placement policies (write-back, write-through, cache-only, pin, tier)."""
 
 
 @policy.command("get")
@@ -263,11 +267,14 @@ def policy_get(client: AdminClient) -> None:
 @click.argument("prefix")
 @click.option("--mode", type=click.Choice(["write-back", "write-through", "cache-only"]))
 @click.option("--pin/--no-pin", default=None)
+@click.option("--tier", type=click.Choice(["hot", "warm"]), default=None,
+              help="Where the prefix's data lives locally (warm needs warm_enabled).")
 @click.pass_obj
-def policy_set(client: AdminClient, prefix: str, mode: str | None, pin: bool | None) -> None:
+def policy_set(client: AdminClient, prefix: str, mode: str | None, pin: bool | None,
+               tier: str | None) -> None:
     """Set PREFIX's policy."""
     doc = _run(lambda: client.call("PUT", "/v1/placement/policy",
-                                   {"prefix": prefix, "mode": mode, "pin": pin}))
+                                   {"prefix": prefix, "mode": mode, "pin": pin, "tier": tier}))
     click.echo(json.dumps(doc))
 
 
@@ -283,9 +290,10 @@ def du(client: AdminClient, prefix: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
+    t = doc["tiers"]
     click.echo(f"{doc['files']} files, {human_bytes(doc['bytes'])}: "
-               f"hot {human_bytes(doc['tiers']['hot'])}, cold {human_bytes(doc['tiers']['cold'])}"
-               f", dirty {human_bytes(doc['dirty'])}")
+               f"hot {human_bytes(t['hot'])}, warm {human_bytes(t.get('warm', 0))}, "
+               f"cold {human_bytes(t['cold'])}, dirty {human_bytes(doc['dirty'])}")
 
 
 @cli.command()

@@ -19,6 +19,7 @@ with a message for the operator; the CLI turns it into a non-zero exit.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import errno
 import fcntl
@@ -134,6 +135,10 @@ class Daemon:
         """Start, serve until asked to stop, stop.  Raises :class:`StartupError`."""
         self.started_monotonic = time.monotonic()
         loop = asyncio.get_running_loop()
+        # Blocking file calls (fdatasync above all) wait on the disk, not the CPU: asyncio's
+        # default of cores + 4 threads made concurrent PUTs queue behind each other's syncs.
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.config.io_threads, thread_name_prefix="tierd-io"))
         # Handlers first: a signal arriving during start-up must stop us cleanly afterwards,
         # not kill the process half-way through opening the store.  (Outside the main thread,
         # e.g. embedded in a test, there are no signal handlers: use request_stop().)
@@ -180,7 +185,7 @@ class Daemon:
             # lmdb open/close touch the disk: keep them off the loop.
             try:
                 self.meta = await asyncio.to_thread(
-                    MetaStore.open_lmdb, cfg.meta_dir, durable=cfg.meta_sync == "commit"
+                    MetaStore.open_lmdb, cfg.meta_dir, sync=cfg.meta_sync
                 )
             except Exception as e:  # lmdb errors, SchemaError: nothing to serve without it
                 raise StartupError(

@@ -173,7 +173,7 @@ def test_serves_health_and_status(spawn: Spawn, data_dir: Path) -> None:
     for key in ("inodes", "bytes", "buckets", "open_files"):
         assert isinstance(st[key], int) and st[key] >= 0, key
     assert st["buckets"] == 0 and st["open_files"] == 0
-    assert st["meta"]["engine"] == "lmdb" and st["meta"]["entries"] > 0
+    assert st["meta"]["engine"] == "group-lmdb" and st["meta"]["entries"] > 0
     assert st["listen"] == {
         "s3": f"127.0.0.1:{ep['s3']['port']}",
         "admin": f"127.0.0.1:{ep['admin']['port']}",

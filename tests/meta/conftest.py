@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tierd.meta.group_engine import GroupCommitStore
 from tierd.meta.kv import KVStore
 from tierd.meta.lmdb_engine import LmdbStore
 from tierd.meta.memory_engine import MemoryStore
@@ -36,6 +37,10 @@ class EngineSpec:
 ENGINES: dict[str, EngineSpec] = {
     "lmdb": EngineSpec(open=lambda path: LmdbStore(path), persistent=True),
     "memory": EngineSpec(open=lambda path: MemoryStore(), persistent=False),
+    # the daemon's default: lmdb behind group commit
+    "group-lmdb": EngineSpec(
+        open=lambda path: GroupCommitStore(LmdbStore(path, metasync=True)), persistent=True
+    ),
 }
 
 

@@ -32,8 +32,10 @@ COMMIT_LOOP = """
 import sys
 from tierd.meta import Dirent, Inode, MetaStore
 
-path, nfiles = sys.argv[1], int(sys.argv[2])
-store = MetaStore.open_lmdb(path)
+path, nfiles, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+# commit: every commit is durable, so each one is reported; group: only what a sync
+# covered is promised, so a report follows each sync
+store = MetaStore.open_lmdb(path, sync=mode)
 with store.read() as tx:
     n = tx.counter("seq")
 while True:
@@ -48,9 +50,10 @@ while True:
         tx.add_dirent(1, b"f%08d" % n, Dirent(n, 0o100000))
         if n > 3:
             assert tx.remove_dirent(1, b"f%08d" % (n - 3))
-    if n % 64 == 0:
+    if n % 64 == 0 or mode == "group" and n % 8 == 0:
         store.sync()  # a kill can land inside a sync too
-    print(n, flush=True)
+    if mode == "commit" or n % 8 == 0:
+        print(n, flush=True)
 """
 
 # Commits a baseline, then holds a read transaction and an open write transaction full of
@@ -59,7 +62,7 @@ HOLD_OPEN_WRITE = """
 import sys, time
 from tierd.meta import Dirent, Inode, MetaStore
 
-store = MetaStore.open_lmdb(sys.argv[1])
+store = MetaStore.open_lmdb(sys.argv[1], sync="commit")  # a real lmdb write txn held open
 with store.write() as tx:
     tx.add_counter("seq", 1)
     tx.put_inode(Inode(ino=100, mode=0o100644, uid=0, gid=0, size=1, version=1))
@@ -158,10 +161,10 @@ def assert_consistent(tx: MetaTxn) -> int:
     return n
 
 
-def run_and_kill(path: Path, at_least: int, delay: float) -> int:
+def run_and_kill(path: Path, at_least: int, delay: float, mode: str = "commit") -> int:
     """Run COMMIT_LOOP until it has reported ``at_least`` commits, wait ``delay`` seconds,
     SIGKILL it; return the last commit number it reported."""
-    proc = spawn(COMMIT_LOOP, str(path), str(NFILES))
+    proc = spawn(COMMIT_LOOP, str(path), str(NFILES), mode)
     last = 0
     for _ in range(at_least):
         last = int(read_line(proc))
@@ -193,6 +196,24 @@ def test_killed_writer_leaves_last_committed_state(tmp_path: Path) -> None:
         assert n in (last, last + 1), (n, last)
         done = n
     assert done >= 1100
+
+
+def test_group_commit_kill_keeps_every_synced_commit(tmp_path: Path) -> None:
+    """Group commit: a kill may lose commits nobody synced, never one a sync covered, and
+    always leaves exactly the state after some transaction (never a mix of groups)."""
+    path = tmp_path / "meta"
+    done = 0
+    for at_least, delay in [(30, 0.0), (31, 0.0005), (33, 0.003), (29, 0.0001)]:
+        last = run_and_kill(path, at_least, delay, mode="group")
+        assert last >= done + 8 * at_least
+        store = MetaStore.open_lmdb(path)
+        try:
+            with store.read() as tx:
+                n = assert_consistent(tx)
+        finally:
+            store.close()
+        assert n >= last, (n, last)
+        done = n
 
 
 def test_killed_open_write_txn_leaves_no_trace(tmp_path: Path) -> None:
@@ -252,7 +273,7 @@ def test_committed_state_survives_kill_without_sync(tmp_path: Path) -> None:
     script = """
 import sys, time
 from tierd.meta import Inode, MetaStore
-store = MetaStore.open_lmdb(sys.argv[1])
+store = MetaStore.open_lmdb(sys.argv[1], sync="durability-points")
 for n in range(1, 51):
     with store.write() as tx:
         tx.put_inode(Inode(ino=n, mode=0o100644, uid=0, gid=0, size=n))

@@ -845,7 +845,7 @@ async def run_ops(base: Path, ops: Sequence[tuple[Any, ...]], stats: Stats | Non
     previous ones left."""
     # durable=False: commits are not fdatasynced one by one (durability is not what this test
     # compares, and the suite must stay fast); the engine and its semantics are the same
-    store = MetaStore.open_lmdb(base / "meta", durable=False)
+    store = MetaStore.open_lmdb(base / "meta", sync="durability-points")
     ns = await Namespace.load(store, base / "hot", umask=0o022)
     real = base / "real"
     differ = Differ(ns, store, real)

@@ -85,11 +85,24 @@ class Env:
         self.server.client().put_object(Bucket=COLD_BUCKET, Key=f"{self.prefix}/{key}",
                                         Body=data)
 
-    async def open(self, capacity: int = 0, **kw: Any) -> tuple[Namespace, Placement]:
+    def raw_delete(self, key: str) -> None:
+        """Delete an object behind tierd's back (another S3 client, an operator)."""
+        if self.kind == "file":
+            (self.cold_root / key).unlink()
+            return
+        assert self.server is not None
+        self.server.client().delete_object(Bucket=COLD_BUCKET, Key=f"{self.prefix}/{key}")
+
+    async def open(self, capacity: int = 0, warm: int | None = None,
+                   **kw: Any) -> tuple[Namespace, Placement]:
+        """``capacity``: hot bytes (0: its file system); ``warm``: a warm tier of that many
+        bytes (None: no warm tier)."""
         meta = MetaStore.open_lmdb(self.meta_dir)
         hot = LocalTier(self.hot_dir, name="hot", capacity=capacity)
+        warm_tier = (LocalTier(self.base / "warm", name="warm", capacity=warm)
+                     if warm is not None else None)
         settings = PlacementSettings(**{"import_ttl": 0.0, "retry_delay": 0.2, **kw})
-        p = Placement(meta, self.cold_tier(), hot, settings)
+        p = Placement(meta, self.cold_tier(), hot, settings, warm=warm_tier)
         await p.start()
         ns = await Namespace.load(meta, self.hot_dir, placement=p)
         self.ns, self.p = ns, p

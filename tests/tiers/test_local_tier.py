@@ -176,3 +176,43 @@ async def test_fill_hot_blocks_from_every_cold_engine(cold: Cold, tmp_path: Path
     async with hot.fd(77) as fd:
         await cold.tier.put_file("bkt/dataset/copy", fd, B)
     assert await cold.tier.get_range("bkt/dataset/copy", 0, B) == data[:B]
+
+
+async def test_copy_between_local_tiers(tmp_path: Path) -> None:
+    """Demotion and promotion copy a range of one inode's file to the same range of the
+    other tier's file; holes stay zeros, the source is untouched."""
+    hot = LocalTier(tmp_path / "hot", name="hot")
+    warm = LocalTier(tmp_path / "warm", name="warm")
+    a = pattern(2 * B + 5, 3)
+    await hot.write(9, 0, a)
+    assert await warm.copy_from(hot, 9, B, B + 5) == B + 5
+    assert await warm.read(9, B, B + 5) == a[B:]
+    assert await warm.read(9, 0, 10) == bytes(10)  # not copied: a hole
+    assert await warm.present_blocks(9) == [1, 2]
+    assert await hot.copy_from(warm, 9, 2 * B, 100) == 5  # short at the source's end
+    assert await hot.read(9, 0, 2 * B + 5) == a
+    await hot.evict_blocks(9, [0])
+    assert await warm.copy_from(hot, 9, 0, B) == B
+    assert await warm.read(9, 0, B) == bytes(B)
+
+
+async def test_pread_is_one_copy_and_handles_ends(tmp_path: Path) -> None:
+    """fileio.pread: the inline path returns exactly the bytes (short at the end, empty past
+    it), and an uncached range still reads (via a thread)."""
+    from tierd.tiers import fileio
+
+    p = tmp_path / "f"
+    data = pattern(3 * B // 2, 8)
+    p.write_bytes(data)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert await fileio.pread(fd, B, 0) == data[:B]
+        assert await fileio.pread(fd, B, B) == data[B:]
+        assert await fileio.pread(fd, 10, len(data) + 5) == b""
+        assert await fileio.pread(fd, 0, 0) == b""
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # likely not cached now
+        assert await fileio.pread(fd, 1000, 12345) == data[12345:13345]
+        out = await fileio.pread(fd, 7, 3)
+        assert type(out) is bytes and out == data[3:10] and hash(out) == hash(data[3:10])
+    finally:
+        os.close(fd)

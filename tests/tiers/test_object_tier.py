@@ -424,3 +424,24 @@ async def test_probe_and_close(cold: Cold) -> None:
 def test_transfer_settings_reach_the_engine(cold: Cold) -> None:
     assert cold.tier.transfer.multipart_threshold == SMALL["multipart_threshold"]
     assert cold.tier.transfer.concurrency == SMALL["concurrency"]
+
+
+async def test_read_into_with_a_range_size_and_if_match(cold: Cold, tmp_path: Path) -> None:
+    """Placement's stream fills: a per-call range size, the version pinned by ``if_match``
+    (no HEAD needed); past the end only what exists is written; a stale ETag is refused."""
+    data = pattern(5 * MIB + 3, seed=13)
+    info = await put_bytes(cold.tier, tmp_path, "bkt/rs", data)
+    fd = os.open(tmp_path / "dst", os.O_RDWR | os.O_CREAT)
+    try:
+        n = await cold.tier.read_into("bkt/rs", 0, 8 * MIB, fd, 0, if_match=info.etag,
+                                      range_size=2 * MIB)
+        assert n == len(data)
+        assert await cold.tier.read_into("bkt/rs", MIB, 3 * MIB, fd, MIB,
+                                         range_size=MIB + 1) == 3 * MIB
+        await put_bytes(cold.tier, tmp_path, "bkt/rs", data[::-1])
+        with pytest.raises(ObjectChanged):
+            await cold.tier.read_into("bkt/rs", 0, 4 * MIB, fd, 0, if_match=info.etag,
+                                      range_size=MIB)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "dst").read_bytes()[: len(data)] == data

@@ -57,8 +57,9 @@ def add_placement_routes(app: web.Application, get_ops: Ops) -> None:
         return await guarded(lambda: _ready(o.du(prefix)))
 
     async def evict(request: web.Request) -> web.Response:
-        prefix = str((await _body(request)).get("prefix", ""))
-        return await guarded(lambda: ops().evict(prefix))
+        doc = await _body(request)
+        prefix, tier = str(doc.get("prefix", "")), str(doc.get("tier") or "all")
+        return await guarded(lambda: ops().evict(prefix, tier))
 
     async def pin(request: web.Request) -> web.Response:
         prefix = str((await _body(request)).get("prefix", ""))
@@ -85,12 +86,19 @@ def add_placement_routes(app: web.Application, get_ops: Ops) -> None:
         return await guarded(lambda: ops().import_prefix(prefix))
 
     async def warmup(request: web.Request) -> web.StreamResponse:
-        prefix = str((await _body(request)).get("prefix", ""))
+        body = await _body(request)
+        prefix = str(body.get("prefix", ""))
+        tier = str(body["tier"]) if body.get("tier") else None
         o = ops()
+        if tier is not None:
+            try:
+                o.p.cache_of(tier)
+            except ValueError as e:
+                return _err(400, "bad_request", str(e))
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
         try:
-            async for doc in o.warmup(prefix):
+            async for doc in o.warmup(prefix, tier):
                 await resp.write(json.dumps(doc).encode() + b"\n")
         except (TierError, FsError) as e:
             await resp.write(json.dumps({"error": "cold_unavailable",

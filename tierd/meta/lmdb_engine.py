@@ -94,7 +94,12 @@ class LmdbStore(KVStore):
     name = "lmdb"
 
     def __init__(
-        self, path: Path | str, map_size: int = DEFAULT_MAP_SIZE, *, durable: bool = True
+        self,
+        path: Path | str,
+        map_size: int = DEFAULT_MAP_SIZE,
+        *,
+        durable: bool = True,
+        metasync: bool = False,
     ) -> None:
         self.durable = durable
         path = Path(path)
@@ -105,7 +110,7 @@ class LmdbStore(KVStore):
             map_size=map_size,
             subdir=True,
             sync=durable,
-            metasync=False,
+            metasync=metasync,
             max_dbs=0,
             lock=True,
             readahead=False,

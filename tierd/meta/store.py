@@ -28,6 +28,7 @@ so numeric order is byte order:
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +48,8 @@ from tierd.meta.records import (
     PlacementPolicy,
     UploadPart,
 )
+
+SYNC_MODES = ("group", "commit", "durability-points")
 
 SCHEMA_VERSION = 1
 ROOT_INO = 1
@@ -364,10 +367,19 @@ class MetaStore:
         self._check_schema()
 
     @classmethod
-    def open_lmdb(cls, path: Path | str, *, durable: bool = True) -> MetaStore:
+    def open_lmdb(cls, path: Path | str, *, sync: str = "group") -> MetaStore:
+        """The daemon's store.  ``sync`` is the ``meta_sync`` setting: ``group`` (group
+        commit, durable at the durability points: see :mod:`tierd.meta.group_engine`),
+        ``commit`` (every transaction fdatasynced before it returns) or
+        ``durability-points`` (lmdb without sync: scratch only)."""
+        from tierd.meta.group_engine import GroupCommitStore
         from tierd.meta.lmdb_engine import LmdbStore
 
-        engine = LmdbStore(path, durable=durable)
+        if sync not in SYNC_MODES:
+            raise ValueError(f"meta_sync must be one of {', '.join(SYNC_MODES)}, not {sync!r}")
+        lmdb_store = LmdbStore(path, durable=sync != "durability-points",
+                               metasync=sync == "group")
+        engine: KVStore = GroupCommitStore(lmdb_store) if sync == "group" else lmdb_store
         try:
             return cls(engine)
         except BaseException:  # SchemaError: do not leave the environment open
@@ -418,6 +430,14 @@ class MetaStore:
     def sync(self) -> None:
         """Make every committed transaction survive a machine crash (blocking)."""
         self.engine.sync()
+
+    async def flush(self) -> None:
+        """:meth:`sync` for the event loop: the durability point of every door."""
+        sync_async = getattr(self.engine, "sync_async", None)
+        if sync_async is not None:
+            await sync_async()
+        else:
+            await asyncio.to_thread(self.engine.sync)
 
     def close(self) -> None:
         self.engine.close()

@@ -37,6 +37,10 @@ __all__ = [
 ]
 
 
+# Far more numbers than one group-commit interval can hand out (see _recover).
+COUNTER_SKIP = 1 << 20
+
+
 class Namespace(MultipartOps, XattrOps):
     """Assembled namespace; build it with :meth:`load` (``open`` opens files)."""
 
@@ -47,6 +51,7 @@ class Namespace(MultipartOps, XattrOps):
         ``hot_dir`` its block cache; without it, data lives only in ``hot_dir``."""
         ns = cls(meta, HotDir(Path(hot_dir)), umask, placement)
         ns._recover()
+        await ns._sync_meta()
         if placement is not None:
             await placement.import_buckets()
         return ns
@@ -62,6 +67,17 @@ class Namespace(MultipartOps, XattrOps):
                                    parent=ROOT_INO))
                 if tx.counter("next_ino") < ROOT_INO:
                     tx.add_counter("next_ino", ROOT_INO)
+            if tx.counter("running"):
+                # The last daemon did not close the store: changes of its last moments that
+                # nobody waited for may be lost (group commit), including counter increments.
+                # Numbers handed out then must never be handed out again (a data file of a
+                # lost inode may still exist), so skip well past them.
+                tx.add_counter("next_ino", COUNTER_SKIP)
+                tx.add_counter("next_version", COUNTER_SKIP)
+                log.warning("the metadata store was not closed cleanly: inode and version "
+                            "numbers skip ahead by %d", COUNTER_SKIP)
+            else:
+                tx.add_counter("running", 1)
             orphans = tx.list_orphans()
             for ino in orphans:
                 if self.placement is not None:
@@ -85,6 +101,8 @@ class Namespace(MultipartOps, XattrOps):
                 await self.release(fh)
             except OSError:
                 log.exception("releasing handle %d at shutdown", fh)
+        with self.meta.write() as tx:
+            tx.add_counter("running", -1)
         await self._sync_meta()
 
     def stats(self) -> dict[str, int]:

@@ -93,10 +93,8 @@ class FileOps(EntryOps):
             return b""
         if self.placement is None:
             data = await fileio.pread(h.ofile.fd, end - offset, offset)
-        else:
-            with self.placement.hold(h.ino):
-                await self.placement.ensure(h.ino, offset, end - offset)
-                data = await fileio.pread(h.ofile.fd, end - offset, offset)
+        else:  # from hot, or from warm for blocks only warm holds (docs/placement.md)
+            data = await self.placement.read(h.ino, h.ofile.fd, offset, end - offset)
         if len(data) < end - offset:  # a hole past the data file's end reads as zeros
             data += bytes(end - offset - len(data))
         return data
@@ -161,7 +159,7 @@ class FileOps(EntryOps):
             of.refs -= 1
             if of.refs == 0 and self._open.get(of.ino) is of:
                 del self._open[of.ino]
-                os.close(of.fd)
+                of.close_fd()
                 self._reap_if_orphan(of.ino)
 
     def _reap_if_orphan(self, ino: int) -> None:
@@ -177,7 +175,8 @@ class FileOps(EntryOps):
         if of.synced_gen == of.gen:
             return
         gen = of.gen
-        await asyncio.to_thread(os.fdatasync, of.fd)
+        if of.opened:  # else nothing was written through it
+            await asyncio.to_thread(os.fdatasync, of.fd)
         if of.committed_gen < gen:
             await self._commit_open(of)
         await self._sync_meta()
@@ -187,7 +186,7 @@ class FileOps(EntryOps):
     async def _write_through(self, ino: int) -> None:
         """Under a write-through policy the durability point waits for cold."""
         p = self.placement
-        if p is None or not p.policies:
+        if p is None or not any(q.mode == "write-through" for q in p.policies.values()):
             return
         with self.meta.snapshot() as tx:
             keys = file_keys(tx, ino)

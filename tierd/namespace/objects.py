@@ -12,6 +12,7 @@ markers while empty.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import stat
@@ -266,12 +267,21 @@ class ObjectOps(FileOps):
                     tx.put_inode(d)
             await self._sync_meta()
             return d
-        path, size, md5hex = await stage_body(self.hot, body)
-        if if_match is not None or if_none_match is not None:
-            await self._precondition_etag(ident, bucket, key)
-        return await self._install_put(ident, bucket, key, segments, path, size, md5hex,
+        ino = self._alloc_ino()
+        _, size, md5hex = await stage_body(self.hot, body, install_as=ino)
+        try:
+            if if_match is not None or if_none_match is not None:
+                await self._precondition_etag(ident, bucket, key)
+        except BaseException:
+            self.hot.remove(ino)
+            raise
+        return await self._publish_put(ident, bucket, key, segments, ino, size, md5hex,
                                        objmeta if objmeta is not None else {},
                                        if_match=if_match, if_none_match=if_none_match)
+
+    def _alloc_ino(self) -> int:
+        with self.meta.write() as tx:
+            return tx.next_ino()
 
     async def _precondition_etag(self, ident: Identity, bucket: str, key: str) -> None:
         """Make sure the current object's ETag is known before a conditional commit."""
@@ -287,26 +297,45 @@ class ObjectOps(FileOps):
         if_none_match: str | None = None, in_txn: Callable[[MetaTxn], None] | None = None,
     ) -> Inode:
         """Swap a fsynced staging file in as ``bucket/key`` (the tail of every PUT).
+
+        The data file takes its final name (a fresh inode number's) and that rename is made
+        durable *before* the metadata commit: with group commit the metadata may reach disk
+        at any moment after it, and it must never name a data file a crash could lose.
         ``in_txn`` runs first inside the commit transaction (multipart completion deletes
         its upload there, so the object and the upload never both exist); raising aborts."""
+        ino = self._alloc_ino()
         try:
-            inode, dropped = self._commit_put(ident, bucket, key, segments, path, size, etag,
+            await asyncio.to_thread(self.hot.install_durable, path, ino)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
+        return await self._publish_put(ident, bucket, key, segments, ino, size, etag, objmeta,
+                                       if_match=if_match, if_none_match=if_none_match,
+                                       in_txn=in_txn)
+
+    async def _publish_put(
+        self, ident: Identity, bucket: str, key: str, segments: list[bytes], ino: int,
+        size: int, etag: str, objmeta: dict[str, str], *, if_match: str | None = None,
+        if_none_match: str | None = None, in_txn: Callable[[MetaTxn], None] | None = None,
+    ) -> Inode:
+        """Commit an installed data file (inode ``ino``'s, durable) as ``bucket/key``."""
+        try:
+            inode, dropped = self._commit_put(ident, bucket, key, segments, ino, size, etag,
                                               objmeta, if_match, if_none_match, in_txn)
         except BaseException:
-            if os.path.exists(path):
-                os.unlink(path)
+            self.hot.remove(ino)
             raise
         if dropped is not None:
             self._forget_data(dropped)
         self._notify(Change(ino=dropped, parent=inode.parent, name=segments[-1]))
         inode.parent = 0
-        await asyncio.to_thread(self.hot.fsync_dir, inode.ino)
         await self._sync_meta()
         await self._write_through(inode.ino)
         return inode
 
     def _commit_put(
-        self, ident: Identity, bucket: str, key: str, segments: list[bytes], path: str,
+        self, ident: Identity, bucket: str, key: str, segments: list[bytes], ino: int,
         size: int, etag: str, objmeta: dict[str, str], if_match: str | None = None,
         if_none_match: str | None = None, in_txn: Callable[[MetaTxn], None] | None = None,
     ) -> tuple[Inode, int | None]:
@@ -326,7 +355,7 @@ class ObjectOps(FileOps):
             else:
                 check_access(ident, d, W_OK | X_OK, "the key's parent directory")
             inode = self._new_inode(tx, ident, d, stat.S_IFREG | (0o666 & ~self.umask),
-                                    size=size, etag=etag, objmeta=dict(objmeta),
+                                    ino=ino, size=size, etag=etag, objmeta=dict(objmeta),
                                     state=STATE_DIRTY)
             inode.version = tx.next_version()
             if old is not None:
@@ -335,7 +364,6 @@ class ObjectOps(FileOps):
                 tx.remove_dirent(d.ino, name)
                 if self._unref(tx, old):
                     dropped = old.ino
-            self.hot.install(path, inode.ino)
             tx.put_inode(inode)
             tx.add_dirent(d.ino, name, Dirent(inode.ino, stat.S_IFREG))
             self._touch_dir(tx, d)

@@ -8,6 +8,7 @@ is received.  Nothing is buffered beyond two batches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 from collections.abc import AsyncIterable
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterable
 from tierd.tiers.hotdir import HotDir
 
 BATCH = 1 << 20
+INLINE = 64 << 10  # a whole body this small is hashed on the loop (~100 µs at most)
 
 
 def _write_batch(fd: int, chunks: list[bytes], offset: int) -> None:
@@ -31,11 +33,38 @@ def _hash_batch(md5: hashlib._Hash, chunks: list[bytes]) -> None:
         md5.update(c)
 
 
-async def stage_body(hot: HotDir, body: AsyncIterable[bytes]) -> tuple[str, int, str]:
+def _finish(hot: HotDir, fd: int, chunks: list[bytes], offset: int, path: str,
+            install_as: int) -> None:
+    """The last thread hop of a staged upload: write, sync, and maybe install."""
+    _write_batch(fd, chunks, offset)
+    os.fdatasync(fd)
+    if install_as:
+        hot.install_durable(path, install_as)
+
+
+def _write_small(hot: HotDir, chunks: list[bytes], ino: int) -> None:
+    """A small body straight into a fresh inode's data file (no staging file, no rename:
+    the number is new, so nothing can see the file before the metadata names it)."""
+    fd = hot.open_new(ino)
+    try:
+        _write_batch(fd, chunks, 0)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    hot.fsync_dir(ino)
+
+
+async def stage_body(
+    hot: HotDir, body: AsyncIterable[bytes], install_as: int = 0
+) -> tuple[str, int, str]:
     """Write ``body`` to a new fsynced staging file: (path, size, MD5 hex).  On any error
     (including the body iterator raising: a bad checksum, a client gone) the file is
-    removed and the error propagates."""
-    path, fd = hot.new_temp()
+    removed and the error propagates.
+
+    With ``install_as`` (a fresh inode number) the data ends up durably as that inode's
+    data file instead, and the returned path is that file's: a small body is written there
+    directly, a large one staged and renamed in the same thread hop as its last write."""
+    path, fd = "", -1
     md5 = hashlib.md5()
     size = 0
     pending: list[bytes] = []
@@ -43,12 +72,14 @@ async def stage_body(hot: HotDir, body: AsyncIterable[bytes]) -> tuple[str, int,
     inflight: asyncio.Future[tuple[None, None]] | None = None
 
     async def flush_batch() -> None:
-        nonlocal pending, pending_len, inflight, size
+        nonlocal pending, pending_len, inflight, size, path, fd
         if inflight is not None:
             await inflight
             inflight = None
         if not pending:
             return
+        if fd < 0:
+            path, fd = hot.new_temp()
         chunks, offset = pending, size
         size += pending_len
         pending, pending_len = [], 0
@@ -65,16 +96,32 @@ async def stage_body(hot: HotDir, body: AsyncIterable[bytes]) -> tuple[str, int,
             pending_len += len(chunk)
             if pending_len >= BATCH:
                 await flush_batch()
-        await flush_batch()
-        if inflight is not None:
-            await inflight
-            inflight = None
-        await asyncio.to_thread(os.fsync, fd)
+        if fd < 0 and pending_len <= INLINE:
+            # a small object (most of them): hashed here, one thread hop for the rest
+            _hash_batch(md5, pending)
+            size = pending_len
+            if install_as:
+                await asyncio.to_thread(_write_small, hot, pending, install_as)
+                return hot.path(install_as), size, md5.hexdigest()
+            path, fd = hot.new_temp()
+            await asyncio.to_thread(_finish, hot, fd, pending, 0, path, 0)
+        else:
+            await flush_batch()
+            if inflight is not None:
+                await inflight
+                inflight = None
+            if fd < 0:
+                path, fd = hot.new_temp()
+            await asyncio.to_thread(_finish, hot, fd, [], size, path, install_as)
     except BaseException:
         if inflight is not None:
             await asyncio.gather(inflight, return_exceptions=True)
-        os.close(fd)
-        os.unlink(path)
+        if fd >= 0:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if install_as:
+            hot.remove(install_as)
         raise
     os.close(fd)
-    return path, size, md5.hexdigest()
+    return (hot.path(install_as) if install_as else path), size, md5.hexdigest()

@@ -45,3 +45,19 @@ def present(bm: bytes | None, size: int) -> list[int]:
 def block_bytes(size: int, i: int) -> int:
     """Bytes of block ``i`` inside a ``size``-byte file (the last block may be short)."""
     return max(0, min(BLOCK_SIZE, size - i * BLOCK_SIZE))
+
+
+def runs(blocks: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted distinct block indexes as ``(first, count)`` runs of consecutive blocks."""
+    out: list[tuple[int, int]] = []
+    for b in sorted(set(blocks)):
+        if out and out[-1][0] + out[-1][1] == b:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((b, 1))
+    return out
+
+
+def count(bm: bytes) -> int:
+    """Number of blocks present."""
+    return int.from_bytes(bm, "little").bit_count()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import stat
 import time
+from collections.abc import Callable
 
 from tierd.meta import (
     ROOT_INO,
@@ -23,7 +24,7 @@ from tierd.meta import (
     MetaStore,
     MetaTxn,
 )
-from tierd.placement.paths import file_keys
+from tierd.placement.paths import file_keys, files_under
 from tierd.tiers import ObjectInfo, ObjectTier
 
 
@@ -37,12 +38,71 @@ def pending_deletes(tx: MetaTxn) -> set[str]:
             out.update(set(rec.keys) - set(file_keys(tx, ino)))
     return out
 
+def drop_vanished(tx: MetaTxn, ino: int, key: str, *, busy: bool,
+                  listed_after: int | None = None) -> bool:
+    """Remove file ``ino`` from the namespace because its cold object ``key`` is gone --
+    only when that loses nothing: a regular file, CLEAN, not queued, not open with unflushed
+    writes (``busy``), whose cold record is its current version under that one key (and,
+    for a listing that missed it, recorded before the listing began: ``listed_after``).
+    Its names go and it becomes an orphan (nlink 0): an open handle keeps it until release
+    (the namespace reaps orphans then, or at the next start).  True if dropped."""
+    inode = tx.get_inode(ino)
+    rec = tx.get_cold(ino)
+    if (inode is None or not inode.is_reg or inode.nlink == 0 or busy
+            or inode.state != STATE_CLEAN or tx.queued(ino) is not None or rec is None
+            or rec.version != inode.version or list(rec.keys) != [key]):
+        return False
+    if listed_after is not None and rec.mtime_ns >= listed_after:
+        return False
+    t = time.time_ns()
+    parents = []
+    for parent, name in tx.links(ino):
+        tx.remove_dirent(parent, name)
+        d = tx.get_inode(parent)
+        if d is not None:
+            d.mtime_ns = d.ctime_ns = t
+            tx.put_inode(d)
+            parents.append(parent)
+    tx.delete_cold(ino)
+    inode.nlink = 0
+    inode.ctime_ns = t
+    tx.put_inode(inode)
+    tx.add_orphan(ino)
+    for parent in parents:
+        _prune_implicit(tx, parent, t)
+    return True
+
+
+def _prune_implicit(tx: MetaTxn, ino: int, t: int) -> None:
+    """Implicit directories (created only to hold keys) emptied by a drop go too, bottom
+    up, as when the namespace deletes their last key: S3 clients never see a prefix marker
+    that nobody made."""
+    while True:
+        d = tx.get_inode(ino)
+        if d is None or not d.is_dir or not d.objmeta.get(IMPLICIT) or tx.has_children(ino):
+            return
+        links = tx.links(ino)
+        if not links or links[0][0] == ROOT_INO:
+            return
+        parent, name = links[0]
+        tx.remove_dirent(parent, name)
+        tx.delete_inode(ino)
+        p = tx.get_inode(parent)
+        if p is None:
+            return
+        p.nlink -= 1
+        p.mtime_ns = p.ctime_ns = t
+        tx.put_inode(p)
+        ino = parent
+
+
 IMPLICIT = "tierd.implicit"  # same flag as the namespace's implicit directories
 
 
 class Importer:
     def __init__(self, meta: MetaStore, cold: ObjectTier, ttl: float, umask: int) -> None:
         self.meta, self.cold, self.ttl, self.umask = meta, cold, ttl, umask
+        self.dropped: list[int] = []  # inodes dropped as vanished, for placement to forget
 
     async def import_buckets(self) -> int:
         """Create buckets for top-level prefixes of the cold store (at start)."""
@@ -69,35 +129,65 @@ class Importer:
         with self.meta.snapshot() as tx:
             return time.time_ns() - tx.get_stamp(dir_ino) > self.ttl * 1e9
 
-    async def refresh_dir(self, dir_ino: int, path: str) -> int:
-        """List ``path/`` in cold (one level) and add what is missing; returns entries added."""
+    async def refresh_dir(self, dir_ino: int, path: str,
+                          busy: Callable[[int], bool] = lambda ino: True) -> int:
+        """List ``path/`` in cold (one level) and add what is missing; clean files the
+        listing no longer has were deleted from cold by someone else and are dropped
+        (:func:`drop_vanished`; ``busy`` tells which inodes have unflushed writes).
+        Returns entries added."""
         n, after, prefix = 0, "", path + "/"
+        started = time.time_ns()
+        listed: set[bytes] = set()
         while True:
             page = await self.cold.list(prefix, start_after=after, delimiter="/")
             with self.meta.write() as tx:
                 gone = pending_deletes(tx)
                 for info in page.objects:
+                    listed.add(info.key[len(prefix):].encode("utf-8", "surrogateescape"))
                     if info.key not in gone:
                         n += self._add(tx, info.key, info)
                 for cp in page.common_prefixes:
                     if not any(k.startswith(cp) for k in gone):
                         n += self._add(tx, cp.rstrip("/"), None)
                 if not page.truncated:
+                    self._drop_unlisted(tx, dir_ino, prefix, listed, started, busy)
                     tx.set_stamp(dir_ino, time.time_ns())
             if not page.truncated:
                 return n
             after = page.next_start_after
 
-    async def import_prefix(self, prefix: str) -> int:
-        """Everything under ``bucket/prefix`` (recursive), eagerly."""
+    def _drop_unlisted(self, tx: MetaTxn, dir_ino: int, prefix: str, listed: set[bytes],
+                       started: int, busy: Callable[[int], bool]) -> None:
+        gone = []
+        for name, _, ent in tx.list_dirents(dir_ino):
+            if stat.S_ISREG(ent.kind) and name not in listed:
+                gone.append((name, ent.ino))
+        for name, ino in gone:
+            key = prefix + name.decode("utf-8", "surrogateescape")
+            if drop_vanished(tx, ino, key, busy=busy(ino), listed_after=started):
+                self.dropped.append(ino)
+
+    async def import_prefix(self, prefix: str,
+                            busy: Callable[[int], bool] = lambda ino: True) -> int:
+        """Everything under ``bucket/prefix`` (recursive), eagerly; clean files under the
+        prefix that the listing no longer has are dropped (see :meth:`refresh_dir`)."""
         n, after = 0, ""
+        started = time.time_ns()
+        listed: set[str] = set()
         while True:
             page = await self.cold.list(prefix, start_after=after)
             with self.meta.write() as tx:
                 gone = pending_deletes(tx)
                 for info in page.objects:
+                    listed.add(info.key)
                     if info.key not in gone:
                         n += self._add(tx, info.key, info)
+                if not page.truncated and "/" in prefix:  # a bucket's subtree, walked only
+                    for f in list(files_under(tx, prefix)):
+                        keys = file_keys(tx, f.ino)
+                        if (len(keys) == 1 and keys[0] not in listed and drop_vanished(
+                                tx, f.ino, keys[0], busy=busy(f.ino), listed_after=started)):
+                            self.dropped.append(f.ino)
             if not page.truncated:
                 return n
             after = page.next_start_after

@@ -1,8 +1,8 @@
 """Operator actions on placement (admin API, ``tierctl``) and construction from settings.
 
-Prefixes are ``bucket/key-prefix`` strings, matched against files' cold keys.  Walks visit
-every inode (``iter_inodes``): fine for operator commands on namespaces of millions of files;
-a directory-scoped walk is the obvious refinement.
+Prefixes are ``bucket/key-prefix`` strings, matched against files' cold keys.  Every command
+walks only the prefix's subtree (:func:`~tierd.placement.paths.files_under`: lookups down
+to the last segment, a range scan of its directory, a walk of what matches).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from tierd.meta import STATE_CLEAN, MetaStore, PlacementPolicy
 from tierd.placement import bitmap
-from tierd.placement.engine import HOT, MODES, PlacementSettings
-from tierd.placement.paths import file_keys
+from tierd.placement.engine import HOT, MODES, TIERS, WARM, PlacementSettings
+from tierd.placement.paths import file_keys, files_under
 from tierd.placement.persister import Placement
 
 if TYPE_CHECKING:
@@ -23,21 +23,25 @@ if TYPE_CHECKING:
 
 async def placement_from_config(cfg: Config, meta: MetaStore) -> Placement:
     """The daemon's placement: cold from ``cold_url`` (default ``file://DATA_DIR/cold``),
-    hot from ``hot_dir``; started (persister running, cold buckets imported)."""
+    hot from ``hot_dir``, warm from ``warm_dir`` when ``warm_enabled``; started (persister
+    running, cold buckets imported)."""
     from tierd.tiers import local_tiers_from_config, object_tier_from_config
 
     cold = object_tier_from_config(cfg)
-    hot, _warm = local_tiers_from_config(cfg)
+    hot, warm = local_tiers_from_config(cfg)
     p = Placement(meta, cold, hot, PlacementSettings(
         dirty_limit=cfg.dirty_limit, import_ttl=float(cfg.import_ttl),
         persist_parallel=cfg.persist_parallel, hot_high=cfg.hot_high_watermark / 100,
-        hot_low=min(cfg.hot_low_watermark, cfg.hot_high_watermark) / 100, umask=cfg.umask))
+        hot_low=min(cfg.hot_low_watermark, cfg.hot_high_watermark) / 100,
+        warm_high=cfg.warm_high_watermark / 100,
+        warm_low=min(cfg.warm_low_watermark, cfg.warm_high_watermark) / 100,
+        umask=cfg.umask), warm=warm if cfg.warm_enabled else None)
     await p.start()
     return p
 
 
-def _matches(keys: list[str], prefix: str) -> bool:
-    return any(k.startswith(prefix) for k in keys)
+def _bytes(bm: bytes | None, size: int) -> int:
+    return sum(bitmap.block_bytes(size, b) for b in bitmap.present(bm, size))
 
 
 class PlacementOps:
@@ -47,42 +51,47 @@ class PlacementOps:
         self.p = placement
 
     def _files(self, prefix: str) -> list[tuple[int, int, list[str]]]:
-        out = []
         with self.p.meta.snapshot() as tx:
-            for inode in tx.iter_inodes():
-                if inode.is_reg and inode.nlink > 0:
-                    keys = file_keys(tx, inode.ino)
-                    if _matches(keys, prefix):
-                        out.append((inode.ino, inode.size, keys))
-        return out
+            return [(f.ino, f.size, file_keys(tx, f.ino)) for f in files_under(tx, prefix)]
 
     def du(self, prefix: str) -> dict[str, Any]:
-        files = hot = dirty = clean = 0
-        total = 0
+        """Bytes under ``prefix`` per tier (hot, warm, cold at the current version) and
+        dirty, plus each tier's totals."""
+        files = total = dirty = clean = 0
+        tiers = {HOT: 0, WARM: 0}
         with self.p.meta.snapshot() as tx:
-            for inode in tx.iter_inodes():
-                if not inode.is_reg or inode.nlink == 0:
-                    continue
-                if not _matches(file_keys(tx, inode.ino), prefix):
-                    continue
+            for inode in files_under(tx, prefix):
                 files += 1
                 total += inode.size
-                hot += sum(bitmap.block_bytes(inode.size, b)
-                           for b in bitmap.present(inode.blocks.get(HOT), inode.size))
+                tiers[HOT] += _bytes(inode.blocks.get(HOT), inode.size)
+                tiers[WARM] += _bytes(inode.blocks.get(WARM, b""), inode.size)
                 if tx.queued(inode.ino) is not None and inode.state != STATE_CLEAN:
                     dirty += inode.size
                 rec = tx.get_cold(inode.ino)
                 if rec is not None and rec.version == inode.version:
                     clean += inode.size
-        return {"prefix": prefix, "files": files, "bytes": total,
-                "tiers": {"hot": hot, "cold": clean}, "dirty": dirty,
-                "hot_used": self.p.used, "hot_capacity": self.p.capacity,
-                "dirty_total": self.p.dirty_bytes, "dirty_limit": self.p.settings.dirty_limit}
+        doc: dict[str, Any] = {
+            "prefix": prefix, "files": files, "bytes": total,
+            "tiers": {HOT: tiers[HOT], WARM: tiers[WARM], "cold": clean}, "dirty": dirty,
+            "hot_used": self.p.used, "hot_capacity": self.p.capacity,
+            "dirty_total": self.p.dirty_bytes, "dirty_limit": self.p.settings.dirty_limit}
+        doc["totals"] = {tc.name: {"used": tc.used, "capacity": tc.capacity}
+                         for tc in self.p.tiers()}
+        return doc
 
-    async def evict(self, prefix: str) -> dict[str, Any]:
-        inos = {ino for ino, _, _ in self._files(prefix)}
-        freed = await self.p.evict(1 << 62, only=lambda ino: ino in inos)
-        return {"prefix": prefix, "evicted": freed}
+    async def evict(self, prefix: str, tier: str = "all") -> dict[str, Any]:
+        """Evict the prefix's clean blocks: from hot (``tier="hot"``: demoted to warm when
+        there is one), from warm, or from every local tier (``all``: dropped, cold has
+        them).  Pinned, dirty and in-use files stay."""
+        if tier not in (*TIERS, "all"):
+            raise ValueError("tier must be hot, warm or all")
+        freed = {HOT: 0, WARM: 0}
+        for ino, _, _ in self._files(prefix):
+            if tier in (HOT, "all"):
+                freed[HOT] += await self.p.evict_file(ino, HOT, demote=tier == HOT)
+            if tier in (WARM, "all") and self.p.warmc is not None:
+                freed[WARM] += await self.p.evict_file(ino, WARM)
+        return {"prefix": prefix, "evicted": freed[HOT] + freed[WARM], "tiers": freed}
 
     def policies(self) -> list[dict[str, Any]]:
         return [{"prefix": p.prefix, "mode": p.mode, "pin": p.pin, "tier": p.tier}
@@ -92,8 +101,10 @@ class PlacementOps:
                    tier: str | None = None) -> dict[str, Any]:
         if mode is not None and mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
-        if tier is not None and tier not in ("hot",):
-            raise ValueError("only the hot tier is supported as a target yet")
+        if tier is not None and tier not in TIERS:
+            raise ValueError("tier must be hot or warm")
+        if tier == WARM and self.p.warmc is None:
+            raise ValueError("no warm tier is configured (warm_enabled)")
         with self.p.meta.write() as tx:
             cur = tx.get_policy(prefix) or PlacementPolicy(prefix)
             if mode is not None:
@@ -110,17 +121,24 @@ class PlacementOps:
                 self.p.policies[prefix] = cur
         return {"prefix": prefix, "mode": cur.mode, "pin": cur.pin, "tier": cur.tier}
 
-    async def warmup(self, prefix: str) -> AsyncIterator[dict[str, Any]]:
-        """Fetch every block under ``prefix`` onto hot; yields progress documents."""
+    async def warmup(self, prefix: str, tier: str | None = None
+                     ) -> AsyncIterator[dict[str, Any]]:
+        """Bring every block under ``prefix`` onto ``tier`` (default: each file's policy
+        tier, hot unless the policy names warm); yields progress documents."""
+        if tier is not None:
+            self.p.cache_of(tier)  # ValueError for an unknown or missing tier
         await self.import_prefix(prefix)
         files = self._files(prefix)
         total = sum(size for _, size, _ in files)
         done, t0 = 0, time.monotonic()
         yield {"done": 0, "total": total, "files": len(files)}
-        for ino, size, _ in files:
-            await self.p.ensure(ino, 0, size, touch=False)
+        for ino, size, keys in files:
+            target = tier or (self.p.policy_for(keys[0]).tier if keys else HOT)
+            if target == WARM and self.p.warmc is None:
+                target = HOT
+            await self.p.fill(ino, target)
             done += size
-            yield {"done": done, "total": total, "files": len(files),
+            yield {"done": done, "total": total, "files": len(files), "tier": target,
                    "bytes_per_s": done / max(time.monotonic() - t0, 1e-6)}
 
     async def persist_wait(self, prefix: str, timeout: float | None) -> dict[str, Any]:
@@ -128,5 +146,6 @@ class PlacementOps:
         return {"prefix": prefix, "persisted": ok}
 
     async def import_prefix(self, prefix: str) -> dict[str, Any]:
-        n = await self.p.importer.import_prefix(prefix)
+        n = await self.p.importer.import_prefix(prefix, self.p.busy)
+        self.p.forget_dropped()
         return {"prefix": prefix, "imported": n}

@@ -6,7 +6,11 @@ Directories have exactly one name, so the walk up to the root is a chain of poin
 
 from __future__ import annotations
 
-from tierd.meta import ROOT_INO, MetaTxn
+import stat
+from collections.abc import Iterator
+
+from tierd.meta import ROOT_INO, Inode, MetaTxn
+from tierd.meta.kv import prefix_end
 
 
 def dir_path(tx: MetaTxn, ino: int) -> str | None:
@@ -50,3 +54,59 @@ def resolve(tx: MetaTxn, key: str) -> int | None:
             return None
         ino = d.ino
     return ino
+
+
+def files_under(tx: MetaTxn, prefix: str) -> Iterator[Inode]:
+    """Regular files with a name under ``prefix`` (``bucket/key-prefix``), each once.
+
+    Only the matching subtree is read: complete segments are looked up, the last, partial
+    one is a range scan of its directory's entries (sorted by name), and matching
+    directories are walked.  An operator command on one dataset costs that dataset, not
+    the namespace."""
+    seen: set[int] = set()
+    bucket, sep, rest = prefix.partition("/")
+    if not sep:  # a bucket-name prefix ("" is everything)
+        for b in tx.list_buckets():
+            if b.name.startswith(bucket):
+                yield from _walk(tx, b.ino, seen)
+        return
+    top = tx.get_bucket(bucket)
+    if top is None:
+        return
+    *dirs, last = rest.split("/")
+    ino = top.ino
+    for seg in dirs:
+        ent = tx.lookup(ino, seg.encode("utf-8", "surrogateescape"))
+        if ent is None or not stat.S_ISDIR(ent.kind):
+            return
+        ino = ent.ino
+    if not last:
+        yield from _walk(tx, ino, seen)
+        return
+    start = last.encode("utf-8", "surrogateescape")
+    for name, _, ent in tx.list_dirents(ino, start=start, end=prefix_end(start)):
+        if not name.startswith(start):
+            continue
+        if stat.S_ISDIR(ent.kind):
+            yield from _walk(tx, ent.ino, seen)
+        else:
+            yield from _file(tx, ent.ino, seen)
+
+
+def _walk(tx: MetaTxn, top: int, seen: set[int]) -> Iterator[Inode]:
+    stack = [top]
+    while stack:
+        for _, _, ent in tx.list_dirents(stack.pop()):
+            if stat.S_ISDIR(ent.kind):
+                stack.append(ent.ino)
+            else:
+                yield from _file(tx, ent.ino, seen)
+
+
+def _file(tx: MetaTxn, ino: int, seen: set[int]) -> Iterator[Inode]:
+    if ino in seen:
+        return
+    seen.add(ino)
+    inode = tx.get_inode(ino)
+    if inode is not None and inode.is_reg and inode.nlink > 0:
+        yield inode

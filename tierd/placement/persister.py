@@ -17,14 +17,18 @@ import logging
 import time
 
 from tierd.meta import STATE_CLEAN, ColdRecord, MetaTxn
-from tierd.placement.engine import PlacementCore
-from tierd.placement.paths import file_keys, resolve
+from tierd.placement.engine import WARM
+from tierd.placement.paths import file_keys, files_under, resolve
+from tierd.placement.reads import Reading
 from tierd.tiers import KeyConflict, ObjectNotFound, TierError, TierUnavailable
 
 log = logging.getLogger("tierd.placement")
 
+FULL_SCAN_INTERVAL = 5.0  # seconds; in between, only newly queued inodes are looked at
+DEFERRED_POLL = 0.05  # seconds between looks at files left queued because they were busy
 
-class Placement(PlacementCore):
+
+class Placement(Reading):
     """The placement engine with its persister; ``start()``/``close()`` run the task."""
 
     _task: asyncio.Task[None] | None = None
@@ -36,6 +40,7 @@ class Placement(PlacementCore):
         self._active: dict[int, asyncio.Task[None]] = {}
         self._not_before: dict[int, float] = {}
         self._failures: dict[int, int] = {}
+        self._deferred: set[int] = set()  # still queued after a round (open for writing)
         self._sem = asyncio.Semaphore(self.settings.persist_parallel)
         self.cold_down = False
         self._task = asyncio.create_task(self._loop(), name="tierd-persister")
@@ -69,6 +74,7 @@ class Placement(PlacementCore):
     async def _loop(self) -> None:
         assert self._wake_ev is not None
         delay = self.settings.retry_delay
+        full_at = 0.0  # the next full scan of the queue
         while True:
             self._wake_ev.clear()
             if self.cold_down:
@@ -83,18 +89,33 @@ class Placement(PlacementCore):
                 self.cold_down = False
                 self._not_before.clear()
                 delay = self.settings.retry_delay
-            with self.meta.snapshot() as tx:
-                queue = tx.list_queue()
-            live = set(queue)
-            for ino in list(self.dirty):  # a queue entry dropped by an aborted txn
-                if ino not in live and ino not in self._active:
-                    self._set_dirty(ino, 0)
+                full_at = 0.0
             now = time.monotonic()
+            if now >= full_at:
+                self.hints.clear()
+                with self.meta.snapshot() as tx:
+                    queue = tx.list_queue()
+                live = set(queue)
+                for ino in list(self.dirty):  # a queue entry dropped by an aborted txn
+                    if ino not in live and ino not in self._active:
+                        self._set_dirty(ino, 0)
+                full_at = now + FULL_SCAN_INTERVAL
+            else:  # queued since, waited out a back-off, or no longer being written
+                idle = {i for i in self._deferred if not self.busy(i)}
+                self._deferred -= idle
+                queue = sorted(self.hints | idle | {i for i, t in self._not_before.items()
+                                                    if t <= now})
+                self.hints.clear()
             for ino in queue:
-                if ino in self._active or self._not_before.get(ino, 0) > now:
+                if ino in self._active:
+                    self.hints.add(ino)  # queued again while being persisted: once more after
+                    continue
+                if self._not_before.get(ino, 0) > now:
                     continue
                 self._active[ino] = asyncio.create_task(self._one(ino))
             waits = [t - now for t in self._not_before.values() if t > now]
+            if self._deferred:  # a writer's close does not always queue the file again
+                waits.append(DEFERRED_POLL)
             timeout = min([*waits, 5.0])
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake_ev.wait(), timeout=max(timeout, 0.01))
@@ -102,7 +123,8 @@ class Placement(PlacementCore):
     async def _one(self, ino: int) -> None:
         try:
             async with self._sem:
-                await self.reconcile(ino)
+                if not await self.reconcile(ino):
+                    self._deferred.add(ino)
             self._failures.pop(ino, None)
             self._not_before.pop(ino, None)
         except TierUnavailable as e:
@@ -139,7 +161,8 @@ class Placement(PlacementCore):
             rec = tx.get_cold(ino)
             live = inode is not None and inode.is_reg and inode.nlink > 0
             targets = file_keys(tx, ino) if live else []
-        if targets and self.policy_for(targets[0]).mode == "cache-only":
+        policy = self.policy_for(targets[0]) if targets else None
+        if policy is not None and policy.mode == "cache-only":
             targets = []
         old = dict(rec.keys) if rec is not None else {}
         new: dict[str, str] = {}
@@ -176,6 +199,10 @@ class Placement(PlacementCore):
             self._mark_clean(tx, ino, version, bool(new))
         self._set_dirty(ino, 0)
         self.stats["persisted"] += 1
+        if new and policy is not None and policy.tier == WARM and self.warmc is not None:
+            # the prefix's data belongs on warm: writes land on hot (the namespace's open
+            # files, staging and S3 sendfile use the hot file) and move down once clean
+            await self.demote_file(ino)
         return True
 
     @staticmethod
@@ -222,9 +249,11 @@ class Placement(PlacementCore):
         async def quiet() -> None:
             while True:
                 with self.meta.snapshot() as tx:
-                    busy = [ino for ino in tx.list_queue()
-                            if not prefix or any(k.startswith(prefix) for k in
-                                                 file_keys(tx, ino) or [""])]
+                    if prefix:  # the prefix's subtree, not the whole queue
+                        busy = [f.ino for f in files_under(tx, prefix)
+                                if tx.queued(f.ino) is not None]
+                    else:
+                        busy = tx.list_queue()
                 if not busy:
                     return
                 ev = self._progress

@@ -62,6 +62,7 @@ CODES: dict[str, tuple[int, str]] = {
                              "time is too large"),
     "SignatureDoesNotMatch": (403, "The request signature we calculated does not match the "
                               "signature you provided. Check your key and signing method."),
+    "ServiceUnavailable": (503, "The cold store cannot serve this data now; retry later"),
     "SlowDown": (503, "Please reduce your request rate"),
     "XAmzContentSHA256Mismatch": (400, "The provided 'x-amz-content-sha256' header does not "
                                   "match what was computed"),

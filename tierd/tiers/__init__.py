@@ -135,7 +135,8 @@ def object_tier_from_config(config: Config, **overrides: Any) -> ObjectTier:
 
 
 def local_tiers_from_config(config: Config) -> tuple[LocalTier, LocalTier]:
-    """The hot and warm tiers the settings describe."""
+    """The hot and warm tiers the settings describe (placement uses warm only when
+    ``warm_enabled``)."""
     return (
         LocalTier(config.hot_dir, name="hot", capacity=config.hot_capacity),
         LocalTier(config.warm_dir, name="warm", capacity=config.warm_capacity),

@@ -275,7 +275,7 @@ class FileObjectTier(ObjectTier):
             os.close(fd)
 
     async def read_into(self, key: str, offset: int, length: int, fd: int, fd_offset: int, *,
-                        if_match: str | None = None) -> int:
+                        if_match: str | None = None, range_size: int | None = None) -> int:
         check_key(key)
         check_range(offset, length)
         src, info = await self._open_owned(key, if_match)
@@ -287,7 +287,7 @@ class FileObjectTier(ObjectTier):
             try:
                 jobs = [
                     _CopyJob(src, dst, o, ln, fd_offset + (o - offset))
-                    for o, ln in split_ranges(offset, n, self.transfer.range_size)
+                    for o, ln in split_ranges(offset, n, range_size or self.transfer.range_size)
                 ]
                 return sum(await self._parallel(jobs))
             finally:

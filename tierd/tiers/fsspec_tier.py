@@ -135,7 +135,7 @@ class FsspecObjectTier(ObjectTier):
         return self._cat(key, start, start + length)
 
     async def read_into(self, key: str, offset: int, length: int, fd: int, fd_offset: int, *,
-                        if_match: str | None = None) -> int:
+                        if_match: str | None = None, range_size: int | None = None) -> int:
         check_key(key)
         check_range(offset, length)
         info = await self._run(self._checked, key, if_match)
@@ -145,7 +145,7 @@ class FsspecObjectTier(ObjectTier):
             write_dest(dst, data, fd_offset + (start - offset))
             return len(data)
 
-        return await self._fill(fd, offset, n, fetch)
+        return await self._fill(fd, offset, n, fetch, range_size)
 
     async def put_file(self, key: str, source: Source, size: int, *,
                        md5_hex: str | None = None) -> ObjectInfo:

@@ -29,14 +29,24 @@ class HotDir:
         p = self.path(ino)
         flags = os.O_RDWR | os.O_CLOEXEC
         if create:
-            os.makedirs(os.path.dirname(p), exist_ok=True)
-            flags |= os.O_CREAT
+            flags |= os.O_CREAT  # (the shard directory is made below if it is missing)
         try:
             return os.open(p, flags, 0o600)
         except FileNotFoundError:
             # a file created before its data (e.g. by mknod) or whose data was lost: empty
             os.makedirs(os.path.dirname(p), exist_ok=True)
             return os.open(p, flags | os.O_CREAT, 0o600)
+
+    def open_new(self, ino: int) -> int:
+        """A write descriptor on a new inode's data file, emptied (a crash may have left a
+        file under a number the metadata never committed)."""
+        p = self.path(ino)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        try:
+            return os.open(p, flags, 0o600)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            return os.open(p, flags, 0o600)
 
     def create_empty(self, ino: int) -> None:
         os.close(self.open(ino, create=True))
@@ -55,6 +65,11 @@ class HotDir:
         p = self.path(ino)
         os.makedirs(os.path.dirname(p), exist_ok=True)
         os.replace(temp_path, p)
+
+    def install_durable(self, temp_path: str, ino: int) -> None:
+        """:meth:`install` and make the new name survive a crash (blocking: a thread)."""
+        self.install(temp_path, ino)
+        self.fsync_dir(ino)
 
     def clear_temp(self) -> int:
         """Remove staging files left by a crash; returns how many."""

@@ -228,6 +228,14 @@ class LocalTier:
         async with self.fd(ino, create=True) as fd:
             return await fileio.pwrite(fd, data, offset)
 
+    async def copy_from(self, src: LocalTier, ino: int, offset: int, length: int) -> int:
+        """Copy ``[offset, offset+length)`` of the inode's file on tier ``src`` to the same
+        range here (demotion hot -> warm, promotion warm -> hot): ``copy_file_range`` in a
+        thread (no copy through Python; a reflink where the file system can), else
+        ``pread``/``pwrite``.  Returns the bytes copied (short at the source's end)."""
+        async with src.fd(ino) as sfd, self.fd(ino, create=True) as dfd:
+            return await asyncio.to_thread(copy_range, sfd, dfd, offset, length)
+
     async def truncate(self, ino: int, size: int) -> None:
         """Set the file's size (creating it): extending adds a hole, no blocks."""
         async with self.fd(ino, create=True) as fd:
@@ -318,6 +326,36 @@ class LocalTier:
         """Close cached descriptors (those in use close at their last release)."""
         for ino in list(self._fds):
             self._drop(ino)
+
+
+def copy_range(src: int, dst: int, offset: int, length: int) -> int:
+    """Copy a range between two descriptors at the same offset (blocking)."""
+    done = 0
+    while done < length:
+        pos = offset + done
+        try:
+            n = os.copy_file_range(src, dst, length - done, pos, pos)
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            return done + _copy_plain(src, dst, pos, length - done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def _copy_plain(src: int, dst: int, offset: int, length: int) -> int:
+    done = 0
+    while done < length:
+        data = os.pread(src, min(length - done, 1 << 20), offset + done)
+        if not data:
+            break
+        view = memoryview(data)
+        while view:
+            w = os.pwrite(dst, view, offset + done)
+            view, done = view[w:], done + w
+    return done
 
 
 def _runs(sorted_blocks: list[int]) -> list[tuple[int, int]]:

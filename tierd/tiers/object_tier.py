@@ -321,8 +321,12 @@ class ObjectTier(abc.ABC):
         fd_offset: int,
         *,
         if_match: str | None = None,
+        range_size: int | None = None,
     ) -> int:
         """Copy ``[offset, offset+length)`` of the object into ``fd`` at ``fd_offset``.
+
+        ``range_size`` overrides the tier's ranged-GET size for this call (placement sizes
+        the ranges of a sequential stream's readahead to its window).
 
         Returns the number of bytes written (short at the object's end).  This is how
         placement fills the hot tier: large lengths go as parallel ranged GETs streamed
@@ -392,6 +396,7 @@ class ObjectTier(abc.ABC):
     async def _fill(
         self, fd: int, offset: int, n: int,
         fetch: Callable[[int, int, int, threading.Event], int],
+        range_size: int | None = None,
     ) -> int:
         """The body of every engine's ``read_into``: ``fetch(dst, start, length, stop)``
         writes object bytes ``[start, start+length)`` into ``dst`` (with :func:`write_dest`)
@@ -400,7 +405,7 @@ class ObjectTier(abc.ABC):
         and an error writing it reaches the caller as the plain ``OSError`` it is."""
         dst = os.dup(fd)
         try:
-            ranges = split_ranges(offset, n, self.transfer.range_size)
+            ranges = split_ranges(offset, n, range_size or self.transfer.range_size)
             jobs = [functools.partial(fetch, dst, o, ln) for o, ln in ranges]
             return sum(await self._parallel(jobs))
         except DestinationError as e:

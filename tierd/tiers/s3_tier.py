@@ -274,11 +274,16 @@ class S3ObjectTier(ObjectTier):
             )
         return done
 
-    async def _plan(self, key: str, offset: int, length: int,
-                    if_match: str | None) -> tuple[int, str | None]:
-        """Length to fetch and the ETag pinning the ranges.  One range needs no HEAD; more
-        do (to clamp ranges to the size and read them all from one version)."""
-        if length <= self.transfer.range_size:
+    async def _plan(self, key: str, offset: int, length: int, if_match: str | None,
+                    range_size: int | None = None, *,
+                    clamp: bool = True) -> tuple[int, str | None]:
+        """Length to fetch and the ETag pinning the ranges.  One range needs no HEAD, and
+        neither do several when ``if_match`` already pins the version and the length need
+        not be ``clamp``ed to the size (``read_into``: a range past the end is just short or
+        empty); otherwise a HEAD clamps the ranges and pins them."""
+        if length <= (range_size or self.transfer.range_size):
+            return length, if_match
+        if if_match is not None and not clamp:
             return length, if_match
         info = await self.head(key)
         if info is None:
@@ -311,21 +316,21 @@ class S3ObjectTier(ObjectTier):
             return bytes(view[:total])
 
     async def read_into(self, key: str, offset: int, length: int, fd: int, fd_offset: int, *,
-                        if_match: str | None = None) -> int:
+                        if_match: str | None = None, range_size: int | None = None) -> int:
         check_key(key)
         check_range(offset, length)
         if length == 0:
             if await self.head(key) is None:
                 raise ObjectNotFound(f"no object {key!r} in {self._where}", key=key)
             return 0
-        n, etag = await self._plan(key, offset, length, if_match)
+        n, etag = await self._plan(key, offset, length, if_match, range_size, clamp=False)
         def fetch(dst: int, o: int, ln: int, stop: threading.Event) -> int:
             def sink(rel: int, data: bytes) -> None:
                 write_dest(dst, data, fd_offset + (o - offset) + rel)
 
             return self._get(key, o, ln, etag, sink, stop)
 
-        return await self._fill(fd, offset, n, fetch)
+        return await self._fill(fd, offset, n, fetch, range_size)
 
     # -- writes ------------------------------------------------------------------------------
 

@@ -1,0 +1,167 @@
+"""What group commit adds to the KV contract (the contract itself runs in test_kv_contract
+against the ``group-lmdb`` engine): when changes reach the inner engine, that durability
+waits are shared and honoured, that the overlay is emptied, and that a failing flush loses
+nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from tierd.meta.group_engine import GroupCommitStore
+from tierd.meta.kv import KVStore, KVTxn
+from tierd.meta.lmdb_engine import LmdbStore
+from tierd.meta.memory_engine import MemoryStore
+
+
+def inner_dump(store: GroupCommitStore) -> dict[bytes, bytes]:
+    with store.inner.begin() as tx:
+        return dict(tx.scan(b""))
+
+
+def test_commits_reach_the_inner_engine_within_the_interval(tmp_path: Path) -> None:
+    store = GroupCommitStore(LmdbStore(tmp_path, metasync=True), interval=0.05)
+    try:
+        with store.begin(write=True) as tx:
+            tx.put(b"a", b"1")
+        assert inner_dump(store) == {}  # grouped, not yet written
+        with store.begin() as tx:
+            assert tx.get(b"a") == b"1"  # but visible at once
+        deadline = time.monotonic() + 5
+        while inner_dump(store) != {b"a": b"1"}:
+            assert time.monotonic() < deadline, "never flushed"
+            time.sleep(0.01)
+    finally:
+        store.close()
+
+
+def test_sync_writes_at_once_and_close_flushes_the_rest(tmp_path: Path) -> None:
+    store = GroupCommitStore(LmdbStore(tmp_path, metasync=True), interval=3600)
+    with store.begin(write=True) as tx:
+        tx.put(b"a", b"1")
+    t0 = time.monotonic()
+    store.sync()
+    assert time.monotonic() - t0 < 5  # did not wait out the hour
+    assert inner_dump(store) == {b"a": b"1"}
+    with store.begin(write=True) as tx:
+        tx.put(b"b", b"2")
+        tx.delete(b"a")
+    store.close()
+    again = LmdbStore(tmp_path)
+    try:
+        with again.begin() as tx:
+            assert dict(tx.scan(b"")) == {b"b": b"2"}
+    finally:
+        again.close()
+
+
+def test_concurrent_async_waiters_share_flushes(tmp_path: Path) -> None:
+    inner = LmdbStore(tmp_path, metasync=True)
+    flushes = 0
+    begin = inner.begin
+
+    def counting_begin(write: bool = False) -> KVTxn:
+        nonlocal flushes
+        flushes += write
+        return begin(write)
+
+    inner.begin = counting_begin  # type: ignore[method-assign]
+    store = GroupCommitStore(inner, interval=3600)
+
+    async def one(i: int) -> None:
+        with store.begin(write=True) as tx:
+            tx.put(b"k%03d" % i, b"v")
+        await store.sync_async()
+        # durable when the wait returns
+        with inner.begin() as tx:
+            assert tx.get(b"k%03d" % i) == b"v"
+
+    async def main() -> None:
+        await asyncio.gather(*(one(i) for i in range(200)))
+
+    try:
+        asyncio.run(main())
+        assert len(inner_dump(store)) == 200
+        assert 1 <= flushes < 100, flushes  # grouped: far fewer flushes than waiters
+    finally:
+        store.close()
+
+
+def test_overlay_is_emptied_once_no_old_reader_remains(tmp_path: Path) -> None:
+    store = GroupCommitStore(LmdbStore(tmp_path, metasync=True), interval=3600)
+    try:
+        with store.begin(write=True) as tx:
+            tx.put(b"a", b"1")
+        old = store.begin()
+        with store.begin(write=True) as tx:
+            tx.put(b"a", b"2")
+        store.sync()
+        assert store.stat()["overlay_keys"] == 1  # the old reader still needs version 1
+        assert old.get(b"a") == b"1"
+        assert list(old.scan(b"")) == [(b"a", b"1")]
+        old.abort()
+        with store.begin() as tx:
+            assert tx.get(b"a") == b"2"
+        assert store.stat()["overlay_keys"] == 0
+        # an abandoned transaction is released when it is collected
+        forgotten = store.begin()
+        with store.begin(write=True) as tx:
+            tx.put(b"b", b"1")
+        store.sync()
+        del forgotten
+        with store.begin() as tx:
+            assert tx.get(b"b") == b"1"
+        assert store.stat()["overlay_keys"] == 0
+    finally:
+        store.close()
+
+
+class FailingStore(MemoryStore):
+    """A memory engine whose write transactions fail while ``broken`` is set."""
+
+    broken = True
+
+    def begin(self, write: bool = False) -> KVTxn:
+        if write and self.broken:
+            raise OSError(5, "disk on fire")
+        return super().begin(write)
+
+
+def test_a_failing_flush_keeps_everything_and_reports_it() -> None:
+    inner = FailingStore()
+    store = GroupCommitStore(inner, interval=0)
+    try:
+        with store.begin(write=True) as tx:
+            tx.put(b"a", b"1")
+        with pytest.raises(OSError, match="disk on fire"):
+            store.sync()
+
+        async def wait() -> None:
+            await store.sync_async()
+
+        with pytest.raises(OSError, match="disk on fire"):
+            asyncio.run(wait())
+        with store.begin() as tx:
+            assert tx.get(b"a") == b"1"  # still served from the overlay
+        inner.broken = False
+        deadline = time.monotonic() + 10
+        while True:  # the flusher retries by itself
+            try:
+                store.sync()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert inner_dump(store) == {b"a": b"1"}
+    finally:
+        store.close()
+
+
+def test_store_is_a_kvstore() -> None:
+    store: KVStore = GroupCommitStore(MemoryStore())
+    store.close()
+    with pytest.raises(RuntimeError):
+        store.begin()

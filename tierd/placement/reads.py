@@ -1,0 +1,441 @@
+"""The read path: blocks a reader needs, from the nearest tier that has them.
+
+* :meth:`Reading.ensure` makes a range present **on hot** (the S3 door sends from the hot
+  file; the persister uploads from it; writes change it in place).  A block missing on hot is
+  copied from warm when warm has it, else fetched from cold.
+* :meth:`Reading.read` returns the bytes of a range (the FUSE door): a block that is only on
+  warm is served from warm, and **promoted** to hot on its second reference -- when its key is
+  still in the hot 2Q's ghost list (it left hot's FIFO recently) or it was referenced once
+  on warm already.  Blocks neither local tier has come from cold into the file's target tier
+  (its policy's ``tier``; hot by default).
+
+Fills are single-flight per ``(tier, ino, block)`` (shielded: a cancelled reader does not
+cancel a shared fill) and go in runs: one ``read_into`` per run of consecutive missing
+blocks, split by the cold tier into parallel ranged GETs.  Sequential streams get readahead
+like the kernel's: the window doubles from 2 blocks up to ``readahead_max`` and the next
+window is requested as soon as the reader enters the last one, so one or two windows are
+always in flight; a stream's windows are fetched in ranges of a quarter of the window (at
+least the cold tier's ``range_size``), so a fast stream makes few, large requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tierd.errors import FsError
+from tierd.meta import ColdRecord
+from tierd.placement import bitmap
+from tierd.placement.engine import FIRST_WINDOW, HOT, WARM, Stream
+from tierd.placement.evict import Evicting
+from tierd.placement.importer import drop_vanished
+from tierd.placement.paths import file_keys
+from tierd.placement.tiercache import TierCache
+from tierd.tiers import (
+    BLOCK_SIZE,
+    ObjectChanged,
+    ObjectNotFound,
+    TierError,
+    TierUnavailable,
+    fileio,
+)
+
+log = logging.getLogger("tierd.placement")
+
+
+@dataclass(slots=True)
+class View:
+    """One snapshot of what placement needs of an inode to serve a read."""
+
+    ino: int
+    version: int
+    size: int
+    hot: bytes | None  # None: the whole file is on hot
+    warm: bytes
+    rec: ColdRecord | None
+    tier: str  # where its blocks land from cold (policy ``tier``)
+
+
+class Reading(Evicting):
+    """Adds :meth:`ensure`, :meth:`read`, :meth:`fill` and :meth:`quiesce`."""
+
+    # -- entry points ------------------------------------------------------------------
+    async def ensure(self, ino: int, offset: int, length: int, *, touch: bool = True) -> None:
+        """Make ``[offset, offset+length)`` present on hot, from warm or cold (shared with
+        concurrent readers); ``touch`` counts it as a reference and reads ahead of a
+        sequential stream.  FsError EIO (reason ServiceUnavailable) when cold cannot serve,
+        ENOENT (NoSuchKey) when the object vanished from cold."""
+        if ino in self._whole:
+            if touch:
+                self._step(ino, offset, offset + max(length, 1), None)
+            return
+        v = self._view(ino)
+        end = 0 if v is None else min(v.size, offset + length)
+        if v is None or end <= offset:
+            return
+        ra = self._step(ino, offset, end, v) if touch else None
+        if v.hot is None:
+            self._whole.add(ino)
+            self.stats["hits"] += 1
+            return
+        first, last = offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE
+        missing = [b for b in range(first, last + 1) if not bitmap.has(v.hot, b)]
+        ahead = [b for b in ra or () if b > last and not bitmap.has(v.hot, b)]
+        self._count(missing)
+        if not missing and bitmap.count(v.hot) == bitmap.nblocks(v.size):
+            self._whole.add(ino)  # every block arrived: later reads skip the metadata
+        await self._fetch(v, self.hotc, missing, ahead)
+
+    async def read(self, ino: int, fd: int, offset: int, length: int) -> bytes:
+        """The bytes of ``[offset, offset+length)`` (short at end of file), with ``fd`` the
+        namespace's descriptor on the hot file.  Warm-only blocks are served from warm
+        until their second reference promotes them."""
+        self.acquire(ino)
+        try:
+            if ino in self._whole:
+                self._step(ino, offset, offset + max(length, 1), None)
+                return await fileio.pread(fd, length, offset)
+            v = self._view(ino)
+            end = 0 if v is None else min(v.size, offset + length)
+            if v is None or end <= offset:
+                return await fileio.pread(fd, length, offset)
+            refs = self._refs(ino, offset, end)
+            ra = self._step(ino, offset, end, v)
+            if v.hot is None:
+                self._whole.add(ino)
+                self.stats["hits"] += 1
+                return await fileio.pread(fd, length, offset)
+            first, last = offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE
+            to_hot: list[int] = []
+            on_warm: list[int] = []
+            for b in range(first, last + 1):
+                if bitmap.has(v.hot, b):
+                    continue
+                if bitmap.has(v.warm, b) and not (b in refs and self._promote(ino, b)):
+                    on_warm.append(b)
+                elif v.tier == WARM and not bitmap.has(v.warm, b):
+                    on_warm.append(b)  # lands on warm, its target tier
+                else:
+                    to_hot.append(b)
+            self._count(to_hot + on_warm)
+            if not to_hot and not on_warm and bitmap.count(v.hot) == bitmap.nblocks(v.size):
+                self._whole.add(ino)  # every block arrived: later reads skip the metadata
+            ahead = [b for b in ra or () if b > last
+                     and not bitmap.has(v.hot, b) and not bitmap.has(v.warm, b)]
+            target = self.warmc if v.tier == WARM and self.warmc is not None else self.hotc
+            cold_to_warm = [b for b in on_warm if not bitmap.has(v.warm, b)]
+            if target is self.hotc:
+                await asyncio.gather(self._fetch(v, self.hotc, to_hot, ahead),
+                                     self._fetch(v, target, cold_to_warm, []))
+            else:
+                await asyncio.gather(self._fetch(v, self.hotc, to_hot, []),
+                                     self._fetch(v, target, cold_to_warm, ahead))
+            if not on_warm:
+                return await fileio.pread(fd, end - offset, offset)
+            return await self._read_mixed(ino, fd, offset, end, set(on_warm))
+        finally:
+            self.release(ino)
+
+    async def fill(self, ino: int, tier: str) -> int:
+        """Make the whole file present on ``tier`` (``warmup --tier``); returns its size.
+        Filling warm copies hot blocks down rather than fetching them again."""
+        tc = self.cache_of(tier)
+        v = self._view(ino)
+        if v is None:
+            return 0
+        n = bitmap.nblocks(v.size)
+        if tc is self.hotc:
+            if v.hot is not None:
+                await self._fetch(v, tc, [b for b in range(n) if not bitmap.has(v.hot, b)],
+                                  [])
+            return v.size
+        missing = [b for b in range(n) if not bitmap.has(v.warm, b)]
+        await self._fetch(v, tc, missing, [])
+        return v.size
+
+    async def quiesce(self, ino: int) -> None:
+        """Wait for in-flight fills of ``ino`` (before its content is replaced)."""
+        tasks = {t for (_, i, _), t in list(self._inflight.items()) if i == ino}
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- references, streams, promotion ------------------------------------------------
+    def _view(self, ino: int) -> View | None:
+        with self.meta.snapshot() as tx:
+            inode = tx.get_inode(ino)
+            if inode is None or not inode.is_reg:
+                return None
+            hot = inode.blocks.get(HOT)
+            rec = tx.get_cold(ino) if hot is not None else None
+            tier = HOT
+            if self.warmc is not None and any(p.tier == WARM for p in self.policies.values()):
+                keys = file_keys(tx, ino)
+                if keys and self.policy_for(keys[0]).tier == WARM:
+                    tier = WARM
+        # warm bits of a warm tier that is no longer configured are ignored
+        warm = inode.blocks.get(WARM, b"") if self.warmc is not None else b""
+        return View(ino, inode.version, inode.size, hot, warm, rec, tier)
+
+    def _refs(self, ino: int, offset: int, end: int) -> range:
+        """Blocks this read references: one sequential stream's several reads of a block
+        are one reference (they would promote scans)."""
+        st = self._streams.get(ino)
+        first = offset // BLOCK_SIZE
+        if st is not None and st.next == offset and offset % BLOCK_SIZE:
+            first += 1
+        return range(first, (end - 1) // BLOCK_SIZE + 1)
+
+    def _step(self, ino: int, offset: int, end: int, v: View | None) -> range | None:
+        """Count the read's references on the tiers that hold its blocks and advance the
+        stream; returns the blocks to read ahead (None: none)."""
+        for b in self._refs(ino, offset, end):
+            key = (ino, b)
+            if key in self.hotc.order:
+                self.hotc.order.access(key)
+            if self.warmc is not None and key in self.warmc.order:
+                self.warmc.order.access(key)
+        st = self._streams.get(ino)
+        if st is None or (st.next != offset and offset != 0):
+            self._streams[ino] = Stream(next=end, ra_end=0 if offset == 0 else end)
+            if len(self._streams) > 4096:
+                self._streams.pop(next(iter(self._streams)))
+            if offset != 0:
+                return None
+            st = self._streams[ino]
+        st.next = end
+        if v is None or st.ra_end - end >= st.window:
+            return None
+        # the reader entered the last window: request the next one
+        st.window = min(max(st.window * 2, FIRST_WINDOW), self.settings.readahead_max)
+        start = max(st.ra_end, end)
+        st.ra_end = min(v.size, start + st.window)
+        if st.ra_end <= start:
+            return None
+        return range(start // BLOCK_SIZE, (st.ra_end - 1) // BLOCK_SIZE + 1)
+
+    def _promote(self, ino: int, b: int) -> bool:
+        """A reference to a block only warm holds: the second one (within the hot 2Q's
+        ghost history, or our own memory of warm references) promotes it to hot."""
+        key = (ino, b)
+        if key in self._warm_refs or key in self.hotc.order.a1out:
+            self._warm_refs.pop(key, None)
+            self.stats["promoted_blocks"] += 1
+            return True
+        self._warm_refs[key] = None
+        while len(self._warm_refs) > max(16, self.hotc.order.capacity):
+            self._warm_refs.popitem(last=False)
+        return False
+
+    def _count(self, missing: list[int]) -> None:
+        self.stats["misses" if missing else "hits"] += 1
+
+    async def _read_mixed(self, ino: int, fd: int, offset: int, end: int,
+                          on_warm: set[int]) -> bytes:
+        """A range partly served from warm: runs of blocks from each tier's file."""
+        assert self.warm is not None
+        parts: list[bytes] = []
+        pos = offset
+        while pos < end:
+            b = pos // BLOCK_SIZE
+            warm = b in on_warm
+            stop = pos
+            while stop < end and ((stop // BLOCK_SIZE) in on_warm) == warm:
+                stop = min(end, (stop // BLOCK_SIZE + 1) * BLOCK_SIZE)
+            if warm:
+                try:
+                    parts.append(await self.warm.read(ino, pos, stop - pos))
+                except OSError as e:
+                    log.warning("reading inode %d from the warm tier failed: %s", ino, e)
+                    raise FsError(errno.EIO, f"warm tier: {e}") from e
+                self.stats["warm_read_bytes"] += stop - pos
+            else:
+                parts.append(await fileio.pread(fd, stop - pos, pos))
+            if len(parts[-1]) < stop - pos:
+                parts[-1] += bytes(stop - pos - len(parts[-1]))
+            pos = stop
+        return b"".join(parts)
+
+    # -- fills -------------------------------------------------------------------------
+    async def _fetch(self, v: View, dst: TierCache, blocks: list[int],
+                     ahead: list[int]) -> None:
+        """Fill ``blocks`` of ``v`` on ``dst`` and wait for them; start ``ahead`` (readahead)
+        without waiting.  A demand run adjacent to the readahead is fetched with it."""
+        if not blocks and not ahead:
+            return
+        if blocks and ahead and ahead[0] == blocks[-1] + 1:
+            blocks, ahead = blocks + ahead, []
+        stream = bool(ahead) or len(blocks) > 1
+        waits = self._start(v, dst, blocks, stream=stream)
+        if ahead:
+            for t in self._start(v, dst, ahead, stream=True):
+                t.add_done_callback(_quiet)
+        if waits:
+            await asyncio.gather(*(asyncio.shield(t) for t in waits))
+
+    def _start(self, v: View, dst: TierCache, blocks: list[int], *,
+               stream: bool) -> list[asyncio.Task[None]]:
+        """Tasks filling ``blocks`` (already in flight, or new runs by source)."""
+        tasks: dict[int, asyncio.Task[None]] = {}
+        new: list[int] = []
+        for b in blocks:
+            t = self._inflight.get((dst.name, v.ino, b))
+            if t is not None:
+                tasks[id(t)] = t
+            elif b < bitmap.nblocks(v.size):
+                new.append(b)
+        for first, count in bitmap.runs(new):
+            run = list(range(first, first + count))
+            for src, part in _split(run, lambda b: self._source(v, dst, b)):
+                task = asyncio.create_task(self._fill_run(v, dst, part, src, stream))
+                for b in part:
+                    self._inflight[(dst.name, v.ino, b)] = task
+                task.add_done_callback(
+                    functools.partial(self._done, [(dst.name, v.ino, b) for b in part]))
+                tasks[id(task)] = task
+        return list(tasks.values())
+
+    def _done(self, keys: list[tuple[str, int, int]], task: asyncio.Task[None]) -> None:
+        for k in keys:
+            if self._inflight.get(k) is task:
+                del self._inflight[k]
+
+    def _source(self, v: View, dst: TierCache, b: int) -> str:
+        """Where block ``b`` comes from when filling ``dst``: the other local tier if it
+        has the block, else cold."""
+        if self.warmc is None:
+            return "cold"
+        if dst is self.hotc:
+            return WARM if bitmap.has(v.warm, b) else "cold"
+        return HOT if v.hot is None or bitmap.has(v.hot, b) else "cold"
+
+    async def _fill_run(self, v: View, dst: TierCache, run: list[int], src: str,
+                        stream: bool) -> None:
+        ino = v.ino
+        self._filling[ino] += 1
+        try:
+            while (punching := self._evicting.get((dst.name, ino))) is not None:
+                await asyncio.shield(punching)
+            cur = self._view(ino)
+            if cur is None or cur.version != v.version:
+                return  # replaced meanwhile: the new content is whole on hot
+            if src != "cold" and not all(self._source(cur, dst, b) == src for b in run):
+                src = "cold"  # left that tier before we started
+            off = run[0] * BLOCK_SIZE
+            n = min(v.size, (run[-1] + 1) * BLOCK_SIZE) - off
+            await self.make_room(dst, n)
+            try:
+                await self._copy_in(v, dst, off, n, src, stream)
+            except BaseException:
+                # give back what a failed fill wrote (no bit records it; a full tier needs
+                # the space): the run's blocks are this task's alone
+                with contextlib.suppress(OSError):
+                    await dst.tier.punch(ino, off, n)
+                raise
+            with self.meta.write() as tx:
+                inode = tx.get_inode(ino)
+                if inode is None or inode.version != v.version:
+                    return
+                bm = inode.blocks.get(dst.name)
+                if bm is None and dst is self.hotc:
+                    return  # whole on hot already
+                bm = bm or b""
+                fresh = [b for b in run if not bitmap.has(bm, b)]
+                inode.blocks[dst.name] = bitmap.with_bits(bm, fresh, True)
+                tx.put_inode(inode)
+            dst.add_bytes(ino, sum(bitmap.block_bytes(v.size, b) for b in fresh))
+            for b in fresh:
+                dst.add(ino, b)
+            self.stats[f"filled_{dst.name}_from_{src}"] += n
+            if src == "cold":
+                self.stats["fetched_bytes"] += n
+        finally:
+            self._filling[ino] -= 1
+            if self._filling[ino] <= 0:
+                del self._filling[ino]
+
+    async def _copy_in(self, v: View, dst: TierCache, off: int, n: int, src: str,
+                       stream: bool) -> None:
+        """The bytes of one run onto ``dst``'s file: from the other local tier, or from
+        cold (ENOSPC on the local tier: evict and retry once, then ENOSPC)."""
+        rec = v.rec
+        if src == "cold" and (rec is None or not rec.keys):
+            raise FsError(errno.EIO, f"inode {v.ino}: bytes at {off} are on no local tier "
+                          "and the cold store has no copy", reason="ServiceUnavailable")
+        key, etag = next(iter(rec.keys.items())) if rec is not None and rec.keys else ("", "")
+        for attempt in (0, 1):
+            try:
+                if src != "cold":
+                    await dst.tier.copy_from(self.cache_of(src).tier, v.ino, off, n)
+                    return
+                # a stream's runs in a few large ranges (fewer requests), at most
+                # readahead_max / 4 each so a large run still goes in parallel
+                rs = max(self.cold.transfer.range_size,
+                         min(n // 4, self.settings.readahead_max // 4)) if stream else None
+                async with dst.tier.fd(v.ino, create=True) as fd:
+                    await self.cold.read_into(key, off, n, fd, off, if_match=etag,
+                                              range_size=rs)
+                return
+            except OSError as e:
+                if e.errno == errno.ENOSPC and attempt == 0 and await self.evict(
+                        2 * n, tier=dst.name):
+                    continue
+                if e.errno == errno.ENOSPC:
+                    log.warning("%s tier full and nothing evictable: %s", dst.name, e)
+                raise FsError(e.errno or errno.EIO, f"{dst.name} tier: {e}") from e
+            except TierUnavailable as e:
+                log.warning("read of %s failed: cold store unavailable: %s", key, e)
+                raise FsError(errno.EIO, f"cold store unavailable: {e}",
+                              reason="ServiceUnavailable") from e
+            except ObjectNotFound as e:
+                await self._vanished(v, key, etag)
+                raise FsError(errno.ENOENT, f"{key}: deleted from the cold store outside "
+                              "tierd", reason="NoSuchKey") from e
+            except ObjectChanged as e:
+                log.warning("read of %s failed: the cold object was replaced outside tierd "
+                            "(expected ETag %s): %s", key, etag, e)
+                raise FsError(errno.EIO, f"cold object {key} changed: {e}") from e
+            except TierError as e:
+                log.warning("read of %s failed: %s", key, e)
+                raise FsError(errno.EIO, str(e)) from e
+
+    async def _vanished(self, v: View, key: str, etag: str) -> None:
+        """The cold object of a clean file is gone: drop the file from the namespace
+        (never a file with data cold lacks) and free its local blocks."""
+        with self.meta.write() as tx:
+            dropped = drop_vanished(tx, v.ino, key, busy=self.busy(v.ino))
+        if not dropped:
+            log.warning("%s vanished from the cold store but inode %d is not clean; kept",
+                        key, v.ino)
+            return
+        log.warning("%s was deleted from the cold store outside tierd: dropped inode %d "
+                    "from the namespace", key, v.ino)
+        self.stats["vanished"] += 1
+        self.hotc.forget(v.ino)
+        self._whole.discard(v.ino)
+        self._drop_warm_copy(v.ino)
+        with contextlib.suppress(OSError):
+            await self.hot.punch(v.ino, 0, max(v.size, 1))
+
+
+def _split(run: list[int], source: Callable[[int], str]) -> list[tuple[str, list[int]]]:
+    """Consecutive pieces of ``run`` with the same ``source(block)``."""
+    out: list[tuple[str, list[int]]] = []
+    for b in run:
+        k = source(b)
+        if out and out[-1][0] == k:
+            out[-1][1].append(b)
+        else:
+            out.append((k, [b]))
+    return out
+
+
+def _quiet(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("readahead failed: %s", task.exception())
+
+
