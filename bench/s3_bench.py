@@ -7,7 +7,9 @@ from pair to pair), reporting every run, the medians and the median of the pair-
 * ``large_put`` — one object of ``--large-mib`` MiB with ``upload_file`` (boto3's transfer
   manager: 8 MiB parts, 10 threads, CRC32 checksums on by default).  Baselines: moto, and
   ``disk``: the same bytes copied into the hot tier's file system and fsynced, no HTTP (the
-  physical limit; this machine's disk varies several-fold from minute to minute).
+  physical limit; this machine's disk varies several-fold from minute to minute).  Also
+  how long each server stays busy after the upload and its CPU then (``drain_s``,
+  ``drain_server_cpu_s_per_GiB``: tierd's write-back to the cold tier).
 * ``large_get`` — the same object with ``download_fileobj`` (ranged GETs, 10 threads) into
   /dev/null.  Baselines: the aiohttp static-file server of the same bytes, and moto.
 * ``large_get_stream`` — one ``get_object`` read as a stream (one connection).  Baseline:
@@ -108,8 +110,12 @@ def settle(server: Server, timeout: float = 300.0) -> float:
     return time.perf_counter() - t0
 
 
-def measure(server: Server, nbytes: int, nops: int, fn: Callable[[], None]) -> dict[str, Any]:
-    """Run ``fn`` under a timeout; its wall time, rates and CPU seconds (server, client)."""
+def measure(server: Server, nbytes: int, nops: int, fn: Callable[[], None],
+            drain: bool = False) -> dict[str, Any]:
+    """Run ``fn`` under a timeout; its wall time, rates and CPU seconds (server, client).
+    ``drain``: then also how long the server stays busy afterwards and the CPU it spends
+    (tierd's write-back of what it took to the cold tier, which the next run waits for in
+    :func:`settle` and a sustained writer would compete with)."""
     waited = settle(server)
     has_process = server.proc is not None or server.moto is not None
 
@@ -122,10 +128,15 @@ def measure(server: Server, nbytes: int, nops: int, fn: Callable[[], None]) -> d
     server_cpu = server_cpu_now() - s0
     ccpu = client_cpu() - c0
     gib = nbytes / GiB
-    return {"server": server.name, "seconds": wall, "MiB_per_s": nbytes / 2**20 / wall,
-            "ops_per_s": nops / wall, "server_cpu_s": server_cpu, "client_cpu_s": ccpu,
-            "server_cpu_s_per_GiB": server_cpu / gib, "client_cpu_s_per_GiB": ccpu / gib,
-            "settle_s": waited}
+    out = {"server": server.name, "seconds": wall, "MiB_per_s": nbytes / 2**20 / wall,
+           "ops_per_s": nops / wall, "server_cpu_s": server_cpu, "client_cpu_s": ccpu,
+           "server_cpu_s_per_GiB": server_cpu / gib, "client_cpu_s_per_GiB": ccpu / gib,
+           "settle_s": waited}
+    if drain and has_process:
+        d0 = server_cpu_now()
+        out["drain_s"] = settle(server)
+        out["drain_server_cpu_s_per_GiB"] = (server_cpu_now() - d0) / gib
+    return out
 
 
 # -- workloads -----------------------------------------------------------------------------
@@ -152,7 +163,7 @@ def large_put(server: Server, data: Data) -> dict[str, Any]:
         return disk_write(server, data)
     c = server.client()
     return measure(server, data.large_size, 1,
-                   lambda: c.upload_file(str(data.large), BUCKET, "large.bin"))
+                   lambda: c.upload_file(str(data.large), BUCKET, "large.bin"), drain=True)
 
 
 def large_get(server: Server, data: Data) -> dict[str, Any]:
@@ -253,14 +264,19 @@ def summarize(name: str, runs: list[dict[str, Any]], rate: str) -> dict[str, Any
     for pair in runs:
         for server, r in pair.items():
             by.setdefault(server, []).append(r)
-    med = {s: {k: statistics.median(r[k] for r in rs)
-               for k in ("seconds", rate, "server_cpu_s_per_GiB", "client_cpu_s_per_GiB")}
+    keys = ("seconds", rate, "server_cpu_s_per_GiB", "client_cpu_s_per_GiB", "drain_s",
+            "drain_server_cpu_s_per_GiB")
+    med = {s: {k: statistics.median(r[k] for r in rs) for k in keys if k in rs[0]}
            for s, rs in by.items()}
     ratios = {f"tierd/{s}": statistics.median(p["tierd"][rate] / p[s][rate] for p in runs)
               for s in by if s != "tierd"}
     line = "  ".join(f"{s} {m[rate]:9.1f}" for s, m in med.items())
     print(f"{name:17s} {rate:10s} {line}  ratios " +
           " ".join(f"{k}={v:.2f}" for k, v in ratios.items()), flush=True)
+    cpu = "  ".join(f"{s} {m['server_cpu_s_per_GiB']:.2f}+{m['client_cpu_s_per_GiB']:.2f}"
+                    + (f" (then busy {m['drain_s']:.1f} s, {m['drain_server_cpu_s_per_GiB']:.2f}"
+                       " s/GiB)" if "drain_s" in m else "") for s, m in med.items())
+    print(f"{'':17s} CPU s/GiB server+client: {cpu}", flush=True)
     return {"runs": runs, "medians": med, "median_ratios": ratios, "rate": rate}
 
 

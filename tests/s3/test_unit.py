@@ -45,7 +45,11 @@ EX_HEADERS = {
 
 
 class _Proto:
+    """What aiohttp's StreamReader asks of its protocol (``connected``: while a reader
+    waits for more data)."""
+
     _reading_paused = False
+    connected = True
 
     def pause_reading(self, **kw: Any) -> None:
         pass

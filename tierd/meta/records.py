@@ -140,14 +140,20 @@ class MultipartUpload(Record):
 
 @dataclass(slots=True)
 class UploadPart(Record):
-    """One uploaded part of a multipart upload; its bytes are a staging file of the hot tier.
-    Parts are separate records so uploading part N rewrites nothing of parts 1..N-1."""
+    """One uploaded part of a multipart upload; its bytes are in the upload's directory of the
+    hot tier.  Parts are separate records so uploading part N rewrites nothing of parts
+    1..N-1.  Where the bytes are (see :mod:`tierd.namespace.mpu_parts`): with ``slot_size``
+    > 0 in the upload's data file at ``(number - 1) * slot_size`` (so completing can rename
+    that file into place without copying), else in the file named ``file``, else (records
+    written before these fields existed) in the file named after the part number."""
 
     number: int
     etag: str  # MD5 hex of the part
     size: int
     mtime_ns: int
     checksums: dict[str, str] = field(default_factory=dict)
+    slot_size: int = 0
+    file: str = ""
 
 
 @dataclass(slots=True)

@@ -86,6 +86,7 @@ class Namespace(MultipartOps, XattrOps):
         for ino in orphans:
             self._forget_data(ino)
         staged = self.hot.clear_temp()
+        self._recover_uploads()
         if orphans or staged:
             log.info("recovered: %d orphaned files and %d staged uploads removed",
                      len(orphans), staged)

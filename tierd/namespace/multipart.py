@@ -1,30 +1,48 @@
 """Objects composed on the server: CopyObject, multipart uploads and UploadPartCopy.
 
-Parts are staged as files of the hot tier (``<hot>/mpu/<upload id>/<part>``) with one
-metadata record each.  Completing concatenates them with ``copy_file_range`` in a thread (the
-kernel moves the bytes; Python never holds them) into a staging file, which then goes in
-exactly like a PUT: one transaction, atomic replace, old bytes readable by open handles.
-Permission is checked when the upload starts and again when it completes.
+Parts are written into the upload's directory of the hot tier, with one metadata record
+each; where each part goes is :mod:`tierd.namespace.mpu_parts`'s business.  When the parts
+listed by Complete lie in the upload's data file in order (what every client's fixed-size
+parts give), that file becomes the object as it is: it is hard-linked into place and no byte
+is copied.  Other layouts are concatenated with ``copy_file_range`` in a thread (the kernel
+moves the bytes; Python never holds them).  Either way the result then goes in exactly like a
+PUT: one transaction -- which also deletes the upload -- atomic replace, old bytes readable
+by open handles.  A part is fdatasynced and its record made durable before it is
+acknowledged.  Permission is checked when the upload starts and again when it completes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import functools
 import hashlib
 import itertools
+import logging
 import os
 import secrets
-import shutil
-from collections.abc import AsyncIterable
+import uuid
+from collections.abc import AsyncIterable, Awaitable, Callable
 
 from tierd.acl import W_OK, X_OK, Identity, check_access
 from tierd.errors import FsError
-from tierd.meta import Inode, MultipartUpload, UploadPart
+from tierd.meta import Inode, MetaTxn, MultipartUpload, UploadPart
 from tierd.namespace.base import now_ns
+from tierd.namespace.mpu_parts import (
+    DATA,
+    Hasher,
+    PartStore,
+    PartTarget,
+    Payload,
+    UploadState,
+    md5,
+    no_such_upload,
+)
 from tierd.namespace.names import split_key
 from tierd.namespace.objects import ObjectOps
-from tierd.namespace.staging import stage_body
+
+log = logging.getLogger("tierd.namespace")
 
 MIN_PART_SIZE = 5 << 20  # S3's minimum size of every part but the last
 MAX_PART_NUMBER = 10000
@@ -94,8 +112,18 @@ class MultipartOps(ObjectOps):
                                        meta)
 
     # -- multipart -------------------------------------------------------------------------
-    def _mpu_dir(self, upload_id: str) -> str:
-        return os.path.join(self.hot.root, "mpu", upload_id)
+    @functools.cached_property
+    def _parts(self) -> PartStore:
+        return PartStore(os.path.join(self.hot.root, "mpu"))
+
+    def _recover_uploads(self) -> None:
+        """At start: drop what a crash left in upload directories (see PartStore.recover)."""
+        with self.meta.snapshot() as tx:
+            uploads = {u.upload_id: list(tx.list_parts(u.upload_id))
+                       for u in tx.list_uploads()}
+        removed = self._parts.recover(uploads)
+        if removed:
+            log.info("recovered: %d leftover multipart files removed", removed)
 
     def _upload(self, ident: Identity, upload_id: str) -> MultipartUpload:
         with self.meta.snapshot() as tx:
@@ -141,9 +169,10 @@ class MultipartOps(ObjectOps):
             upload_id=secrets.token_urlsafe(32), bucket=bucket, key=key, uid=ident.uid,
             gid=ident.gid, initiated_ns=now_ns(), objmeta=dict(objmeta or {}),
         )
-        os.makedirs(self._mpu_dir(up.upload_id), exist_ok=True)
+        self._parts.create(up.upload_id)
         with self.meta.write() as tx:
             tx.put_upload(up)
+        await self._sync_meta()
         return up
 
     def _check_part_number(self, number: int) -> None:
@@ -151,26 +180,82 @@ class MultipartOps(ObjectOps):
             raise FsError(errno.EINVAL, f"part number must be 1 to {MAX_PART_NUMBER}",
                           reason="InvalidArgument")
 
+    def _stored_parts(self, upload_id: str) -> list[UploadPart]:
+        with self.meta.snapshot() as tx:
+            return list(tx.list_parts(upload_id))
+
+    def _state(self, upload_id: str) -> UploadState:
+        return self._parts.state(upload_id, lambda: self._stored_parts(upload_id))
+
+    def _target(self, upload_id: str, number: int, size: int | None) -> PartTarget:
+        with self.meta.snapshot() as tx:
+            if tx.get_upload(upload_id) is None:
+                raise no_such_upload(upload_id)
+            current = tx.get_part(upload_id, number)
+        return self._parts.target(upload_id, number, size, self._state(upload_id), current,
+                                  self.min_part_size)
+
     async def upload_part(
-        self, ident: Identity, upload_id: str, number: int, body: AsyncIterable[bytes],
-        checksums: dict[str, str] | None = None,
+        self, ident: Identity, upload_id: str, number: int,
+        body: AsyncIterable[bytes] | Payload, checksums: dict[str, str] | None = None,
     ) -> UploadPart:
+        """Store part ``number``.  ``body`` is a :class:`Payload` (a door that verifies
+        digests of its own, and knows the size) or any async iterable of bytes.
+        ``checksums`` is read only after the payload was verified: a door may fill in
+        trailing checksums."""
         self._check_part_number(number)
         self._upload(ident, upload_id)
-        path, size, md5hex = await stage_body(self.hot, body)
-        # checksums are read after the body: a door may fill in trailing checksums
-        part = UploadPart(number, md5hex, size, now_ns(), dict(checksums or {}))
-        return self._store_part(upload_id, part, path)
+        payload = body if isinstance(body, Payload) else Payload(body)
 
-    def _store_part(self, upload_id: str, part: UploadPart, path: str) -> UploadPart:
+        async def fill(target: PartTarget, digest: Hasher) -> int:
+            size = await target.receive(payload, digest)
+            if payload.size is not None and size != payload.size:
+                raise FsError(errno.EINVAL, f"received {size} bytes of the {payload.size} "
+                              "announced", reason="IncompleteBody")
+            return size
+
+        return await self._write_part(upload_id, number, payload.size, fill, checksums,
+                                      payload.verify)
+
+    async def _write_part(
+        self, upload_id: str, number: int, size: int | None,
+        fill: Callable[[PartTarget, Hasher], Awaitable[int]],
+        checksums: dict[str, str] | None, verify: Callable[[], None] | None = None,
+    ) -> UploadPart:
+        """Write a part where :class:`PartStore` puts it (``fill`` writes the bytes and
+        feeds the MD5; returns how many), make it durable, verify it, store its record;
+        on any failure the bytes are dropped and an earlier upload of the part stays."""
+        target = self._target(upload_id, number, size)
+        stored = False
+        try:
+            digest = md5()
+            got = await fill(target, digest)
+            await target.sync()
+            if verify is not None:
+                verify()
+            # checksums are read only now: a door may fill in trailing checksums
+            part = UploadPart(number, digest.hexdigest(), got, now_ns(),
+                              dict(checksums or {}), target.slot_size, target.file)
+            await self._store_part(upload_id, target.state, part)
+            stored = True
+        finally:
+            target.close(failed=not stored)
+        return part
+
+    async def _store_part(self, upload_id: str, st: UploadState, part: UploadPart) -> None:
+        """Record an fdatasynced part, durably, replacing an earlier upload of its number
+        (whose own file, if it had one, is removed after the commit).  No part is stored
+        while a Complete of the upload runs: it sees the records frozen."""
+        await st.may_write(upload_id)
         with self.meta.write() as tx:
             if tx.get_upload(upload_id) is None:  # aborted while the body streamed
-                os.unlink(path)
-                raise FsError(errno.ENOENT, f"upload {upload_id!r} was aborted",
-                              reason="NoSuchUpload")
-            os.replace(path, os.path.join(self._mpu_dir(upload_id), str(part.number)))
+                raise no_such_upload(upload_id, "was aborted or completed")
+            old = tx.get_part(upload_id, part.number)
             tx.put_part(upload_id, part)
-        return part
+        await self._sync_meta()
+        if old is not None and not old.slot_size:  # own files have unique names
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._parts.location(upload_id, old)[0])
 
     async def upload_part_copy(
         self, ident: Identity, upload_id: str, number: int, src_bucket: str, src_key: str,
@@ -186,17 +271,13 @@ class MultipartOps(ObjectOps):
                 raise FsError(errno.EINVAL, f"range bytes={first}-{last} is outside the "
                               f"{src.size}-byte source", reason="InvalidRange")
             length = max(0, last - first + 1)
-            path, fd = self.hot.new_temp()
-            md5 = hashlib.md5()
-            try:
-                await asyncio.to_thread(copy_range, src.fd, fd, first, length, 0, md5)
-                await asyncio.to_thread(os.fsync, fd)
-            finally:
-                os.close(fd)
+
+            async def fill(target: PartTarget, digest: Hasher) -> int:
+                return await target.copy_from(src.fd, first, length, digest)
+
+            return await self._write_part(upload_id, number, length, fill, checksums)
         finally:
             await src.close()
-        return self._store_part(upload_id, UploadPart(number, md5.hexdigest(), length,
-                                                      now_ns(), dict(checksums or {})), path)
 
     async def list_parts(
         self, ident: Identity, upload_id: str, after: int = 0, limit: int = 1000
@@ -237,28 +318,26 @@ class MultipartOps(ObjectOps):
         with self.meta.write() as tx:
             tx.delete_upload(upload_id)
             tx.delete_parts(upload_id)
-        await asyncio.to_thread(shutil.rmtree, self._mpu_dir(upload_id), True)
+        await self._sync_meta()
+        self._parts.forget(upload_id)
+        await self._parts.remove(upload_id)
 
     async def get_upload(self, ident: Identity, upload_id: str) -> MultipartUpload:
         """The upload (NoSuchUpload if unknown; EACCES if another user's)."""
         return self._upload(ident, upload_id)
 
-    async def complete_multipart(
-        self, ident: Identity, upload_id: str, parts: list[tuple[int, str]],
-        objmeta: dict[str, str] | None = None,
-    ) -> Inode:
-        """Assemble the listed parts, in order, into the object; ETag is MD5-of-MD5s-N.
-        ``objmeta`` (e.g. a composite checksum, the part layout) is merged over the
-        metadata given at create."""
-        up = self._upload(ident, upload_id)
+    def _chosen(self, upload_id: str, parts: list[tuple[int, str]]
+                ) -> tuple[list[UploadPart], list[UploadPart]]:
+        """(the listed parts, every stored part); InvalidPart/InvalidPartOrder/
+        EntityTooSmall as S3 answers them."""
         if not parts:
             raise FsError(errno.EINVAL, "the part list is empty", reason="MalformedXML")
         numbers = [n for n, _ in parts]
         if any(b <= a for a, b in itertools.pairwise(numbers)):
             raise FsError(errno.EINVAL, "part numbers must be listed in ascending order",
                           reason="InvalidPartOrder")
-        with self.meta.snapshot() as tx:
-            stored = {p.number: p for p in tx.list_parts(upload_id)}
+        every = self._stored_parts(upload_id)
+        stored = {p.number: p for p in every}
         chosen: list[UploadPart] = []
         for i, (number, etag) in enumerate(parts):
             p = stored.get(number)
@@ -270,35 +349,117 @@ class MultipartOps(ObjectOps):
                               f"but the last must be at least {self.min_part_size}",
                               reason="EntityTooSmall")
             chosen.append(p)
+        return chosen, every
+
+    async def complete_multipart(
+        self, ident: Identity, upload_id: str, parts: list[tuple[int, str]],
+        objmeta: dict[str, str] | None = None,
+    ) -> Inode:
+        """Assemble the listed parts, in order, into the object; ETag is MD5-of-MD5s-N.
+        ``objmeta`` (e.g. a composite checksum, the part layout) is merged over the
+        metadata given at create."""
+        up = self._upload(ident, upload_id)
+        self._chosen(upload_id, parts)  # answer a bad list before pausing the upload
         segments, _ = split_key(up.key)
         self._check_put_allowed(ident, up.bucket, segments)
+        st = self._state(upload_id)
+        async with st.complete_lock:
+            if st.gone:  # another Complete (or an Abort) finished first
+                raise no_such_upload(upload_id)
+            st.pause()
+            try:
+                await st.idle()
+                chosen, every = self._chosen(upload_id, parts)  # frozen from here on
+                path, size = await self._assemble(upload_id, st, chosen, every)
+                digest = hashlib.md5(b"".join(bytes.fromhex(p.etag) for p in chosen))
+
+                def finish(tx: MetaTxn) -> None:  # in the transaction installing the object
+                    if tx.get_upload(upload_id) is None:
+                        raise no_such_upload(upload_id, "was aborted")
+                    tx.delete_upload(upload_id)
+                    tx.delete_parts(upload_id)
+
+                inode = await self._install_put(
+                    ident, up.bucket, up.key, segments, path, size,
+                    f"{digest.hexdigest()}-{len(chosen)}", {**up.objmeta, **(objmeta or {})},
+                    in_txn=finish)
+                self._parts.forget(upload_id)  # paused writers wake up and fail
+            finally:
+                st.resume()
+        await self._parts.remove(upload_id)
+        return inode
+
+    async def _assemble(self, upload_id: str, st: UploadState, chosen: list[UploadPart],
+                        every: list[UploadPart]) -> tuple[str, int]:
+        """A staging file holding the object: the upload's data file itself (a hard link,
+        so the upload keeps its bytes until the commit) when the parts lie in it in order,
+        else a kernel-side concatenation.  Returns (path, size)."""
+        size = sum(p.size for p in chosen)
+        ok, copy_last = self._parts.in_place(upload_id, chosen)
+        if ok:
+            data = os.path.join(self._parts.dir(upload_id), DATA)
+            k = len(chosen)
+            # bytes past the object may be cut only if no part is (or is being) stored there
+            may_cut = not st.writing and not any(p.slot_size and p.number > k for p in every)
+            last = None
+            if copy_last:  # (source, offset, length, offset in data)
+                src, off = self._parts.location(upload_id, chosen[-1])
+                last = (src, off, chosen[-1].size, size - chosen[-1].size)
+            path = os.path.join(self.hot.tmp, uuid.uuid4().hex)
+            if await asyncio.to_thread(_link_data, data, path, size, may_cut, last):
+                return path, size
         path, fd = self.hot.new_temp()
         try:
-            size = await asyncio.to_thread(self._concat, upload_id, chosen, fd)
+            await asyncio.to_thread(self._concat, upload_id, chosen, fd)
             await asyncio.to_thread(os.fsync, fd)
         except BaseException:
             os.close(fd)
             os.unlink(path)
             raise
         os.close(fd)
-        digest = hashlib.md5(b"".join(bytes.fromhex(p.etag) for p in chosen)).hexdigest()
-        merged = dict(up.objmeta)
-        merged.update(objmeta or {})
-        inode = await self._install_put(ident, up.bucket, up.key, segments, path, size,
-                                        f"{digest}-{len(chosen)}", merged)
-        with self.meta.write() as tx:
-            tx.delete_upload(upload_id)
-            tx.delete_parts(upload_id)
-        await asyncio.to_thread(shutil.rmtree, self._mpu_dir(upload_id), True)
-        return inode
+        return path, size
 
     def _concat(self, upload_id: str, parts: list[UploadPart], fd: int) -> int:
         pos = 0
         for p in parts:
-            src = os.open(os.path.join(self._mpu_dir(upload_id), str(p.number)), os.O_RDONLY)
+            path, offset = self._parts.location(upload_id, p)
+            src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                copy_range(src, fd, 0, p.size, pos)
+                copy_range(src, fd, offset, p.size, pos)
             finally:
                 os.close(src)
             pos += p.size
         return pos
+
+
+def _link_data(data: str, path: str, size: int, may_cut: bool,
+               last: tuple[str, int, int, int] | None) -> bool:
+    """Hard-link the upload's data file as the staging file ``path`` once it holds exactly
+    the ``size`` bytes of the object: ``last`` (source file, offset, length, offset in
+    data) is copied into its slot first, bytes past ``size`` are cut if ``may_cut``, and
+    whatever changed is fsynced.  False: the layout does not allow it (assemble by copying
+    instead).  Blocking."""
+    try:
+        have = os.stat(data).st_size
+    except FileNotFoundError:
+        raise no_such_upload(os.path.basename(os.path.dirname(data))) from None
+    if (have > size and not may_cut) or (have < size and last is None):
+        return False
+    if last is not None or have > size:
+        fd = os.open(data, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            if last is not None:
+                src_path, src_off, length, dst_off = last
+                src = os.open(src_path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    if copy_range(src, fd, src_off, length, dst_off) != length:
+                        return False
+                finally:
+                    os.close(src)
+            if have > size:
+                os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.link(data, path)
+    return True

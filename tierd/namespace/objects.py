@@ -294,13 +294,15 @@ class ObjectOps(FileOps):
     async def _install_put(
         self, ident: Identity, bucket: str, key: str, segments: list[bytes], path: str,
         size: int, etag: str, objmeta: dict[str, str], *, if_match: str | None = None,
-        if_none_match: str | None = None,
+        if_none_match: str | None = None, in_txn: Callable[[MetaTxn], None] | None = None,
     ) -> Inode:
         """Swap a fsynced staging file in as ``bucket/key`` (the tail of every PUT).
 
         The data file takes its final name (a fresh inode number's) and that rename is made
         durable *before* the metadata commit: with group commit the metadata may reach disk
-        at any moment after it, and it must never name a data file a crash could lose."""
+        at any moment after it, and it must never name a data file a crash could lose.
+        ``in_txn`` runs first inside the commit transaction (multipart completion deletes
+        its upload there, so the object and the upload never both exist); raising aborts."""
         ino = self._alloc_ino()
         try:
             await asyncio.to_thread(self.hot.install_durable, path, ino)
@@ -309,17 +311,18 @@ class ObjectOps(FileOps):
                 os.unlink(path)
             raise
         return await self._publish_put(ident, bucket, key, segments, ino, size, etag, objmeta,
-                                       if_match=if_match, if_none_match=if_none_match)
+                                       if_match=if_match, if_none_match=if_none_match,
+                                       in_txn=in_txn)
 
     async def _publish_put(
         self, ident: Identity, bucket: str, key: str, segments: list[bytes], ino: int,
         size: int, etag: str, objmeta: dict[str, str], *, if_match: str | None = None,
-        if_none_match: str | None = None,
+        if_none_match: str | None = None, in_txn: Callable[[MetaTxn], None] | None = None,
     ) -> Inode:
         """Commit an installed data file (inode ``ino``'s, durable) as ``bucket/key``."""
         try:
             inode, dropped = self._commit_put(ident, bucket, key, segments, ino, size, etag,
-                                              objmeta, if_match, if_none_match)
+                                              objmeta, if_match, if_none_match, in_txn)
         except BaseException:
             self.hot.remove(ino)
             raise
@@ -334,10 +337,12 @@ class ObjectOps(FileOps):
     def _commit_put(
         self, ident: Identity, bucket: str, key: str, segments: list[bytes], ino: int,
         size: int, etag: str, objmeta: dict[str, str], if_match: str | None = None,
-        if_none_match: str | None = None,
+        if_none_match: str | None = None, in_txn: Callable[[MetaTxn], None] | None = None,
     ) -> tuple[Inode, int | None]:
         dropped: int | None = None
         with self.meta.write() as tx:
+            if in_txn is not None:
+                in_txn(tx)
             d = self._parent_dirs(tx, ident, bucket, segments[:-1], create=True)
             name = segments[-1]
             old = self._child(tx, ident, d, name)

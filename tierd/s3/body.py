@@ -13,8 +13,11 @@ as the bytes pass:
 
 A failure raises :class:`S3Error` from the iterator: the namespace then discards its staging
 file, so the previous object stays intact.  Nothing is buffered beyond one read from the
-socket; digests of large pieces run in a thread (hashlib and zlib release the GIL), so the
-event loop only receives.
+socket, and nothing is copied: pieces are the ``bytes`` aiohttp received (plain bodies) or
+``memoryview`` slices of them (aws-chunked data; only the framing lines are copied).
+Iterated, the body hashes ~1 MiB per thread hop (hashlib and zlib release the GIL), so the
+event loop only receives; :meth:`Body.payload` instead hands the digests to a consumer that
+hashes in the same thread job as it writes (multipart parts: one hop per batch, not three).
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ import re
 from collections.abc import AsyncIterator
 
 from aiohttp import web
-from aiohttp.http_exceptions import LineTooLong
 
+from tierd.namespace.mpu_parts import Payload
 from tierd.s3 import checksums
 from tierd.s3.auth import (
     EMPTY_SHA256,
@@ -46,16 +49,32 @@ from tierd.s3.checksums import Hasher
 from tierd.s3.errors import S3Error
 
 PIECE = 1 << 20  # largest read handed on at once
-PREFETCH = 4  # pieces received ahead of the consumer
+PREFETCH = 16  # pieces (at most one socket read each, <= 256 KiB) received ahead
 INLINE_HASH = 64 << 10  # hash smaller pieces on the loop, larger ones in a thread
 INLINE_CRC = 256 << 10  # a CRC alone (~6 GB/s) is worth a thread hop only past this
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _MAX_LINE = 4096
 
 
-def _update(hashers: list[Hasher], data: bytes) -> None:
-    for h in hashers:
-        h.update(data)
+Buffer = bytes | memoryview
+
+
+def _update(hashers: list[Hasher], pieces: list[Buffer]) -> None:
+    for p in pieces:
+        for h in hashers:
+            h.update(p)
+
+
+async def _hash(hashers: list[Hasher], pieces: list[Buffer], size: int) -> None:
+    """Feed pieces to digests: on the loop when small, else in a thread (hashlib and zlib
+    release the GIL for large buffers)."""
+    if not hashers or not size:
+        return
+    crc_only = len(hashers) == 1 and isinstance(hashers[0], checksums.Crc)
+    if size <= INLINE_HASH or (crc_only and size <= INLINE_CRC):
+        _update(hashers, pieces)
+    else:
+        await asyncio.to_thread(_update, hashers, pieces)
 
 
 class Body:
@@ -141,20 +160,46 @@ class Body:
                           f"checksum Type: {checksum_algorithm}, actual checksum Type: "
                           f"{self.algorithm}")
         self._checksum = checksums.new_hasher(self.algorithm) if self.algorithm else None
-        self._crc = self.algorithm in checksums.CRCS
         self.size = 0
         #: algorithm -> base64 value of the verified (or computed) checksum, after iteration
         self.checksums: dict[str, str] = {}
         self._consumed = False
+        # the socket's current piece and how much of it the decoder used
+        self._buf = b""
+        self._view = memoryview(b"")
+        self._pos = 0
+        self._final: bytes | None = None  # the checksum the body must match, once known
 
     # -- iteration ---------------------------------------------------------------------
     def __aiter__(self) -> AsyncIterator[bytes]:
+        """The payload, verified as it streams (the last piece is followed by the final
+        checks)."""
+        pieces = self._pieces()
+        if not self.chunked and self.length is not None and self.length <= PIECE:
+            return self._hashed(pieces)  # one piece: nothing to overlap, no reader task
+        return _prefetch(self._hashed(pieces))
+
+    def payload(self) -> Payload:
+        """The payload for a consumer that hashes while it writes (multipart parts): the
+        whole-payload digests go along as ``hashers`` to be updated in the consumer's own
+        thread job, and ``verify`` (the final checks; it fills :attr:`checksums`) must run
+        after every byte was hashed.  Nothing is copied: pieces are views of socket reads."""
+        self._start()
+        return Payload(self._pieces(), self.length, self._digests(), self.verify)
+
+    def verify(self) -> None:
+        """The checks of a fully consumed :meth:`payload` (raises :class:`S3Error`)."""
+        self._finish(self._final)
+
+    def _start(self) -> None:
         if self._consumed:
             raise RuntimeError("a request body can be read only once")
         self._consumed = True
-        if not self.chunked and self.length is not None and self.length <= PIECE:
-            return self._plain()  # one piece: nothing to overlap, no reader task needed
-        return _prefetch(self._chunked() if self.chunked else self._plain())
+
+    def _digests(self) -> list[Hasher]:
+        out: list[Hasher] = [x for x in (self._sha256, self._md5, self._checksum)
+                             if x is not None]
+        return out
 
     async def read_all(self, limit: int) -> bytes:
         """The whole (small) body, for XML documents; MalformedXML/EntityTooLarge past
@@ -169,54 +214,70 @@ class Body:
                               "bytes")
         return bytes(out)
 
-    async def _read(self, n: int) -> bytes:
-        """Up to ``n`` bytes; fewer only at the end of the body.  Socket reads arrive in
-        ~64-192 KiB pieces: gathering them into one piece of up to ``PIECE`` bytes costs a
-        memcpy and saves most of the thread hops of hashing and writing downstream."""
+    async def _hashed(self, pieces: AsyncIterator[Buffer]) -> AsyncIterator[bytes]:
+        """Pieces hashed here, ~``PIECE`` bytes per thread hop, then the final checks.
+        Consumers of an iterated body get ``bytes`` (a view of aws-chunked data is copied
+        once, as it was joined before)."""
+        self._start()
+        digests = self._digests()
+        batch: list[Buffer] = []
+        size = 0
+        async for piece in pieces:
+            batch.append(piece)
+            size += len(piece)
+            if size >= PIECE:
+                await _hash(digests, batch, size)
+                for p in batch:
+                    yield p if isinstance(p, bytes) else bytes(p)
+                batch, size = [], 0
+        await _hash(digests, batch, size)
+        for p in batch:
+            yield p if isinstance(p, bytes) else bytes(p)
+        self._finish(self._final)
+
+    # -- decoding ----------------------------------------------------------------------
+    async def _fill(self) -> bool:
+        """Make the next piece the socket gave the current buffer (as aiohttp holds it: no
+        copy); False at the end of the body."""
         content = self.request.content
         try:
-            data = await content.read(n)
-            if len(data) >= n or not data:
-                return data
-            parts = [data]
-            got = len(data)
-            while got < n:
-                more = await content.read(n - got)
-                if not more:
+            while True:
+                data, end_of_http_chunk = await content.readchunk()
+                if data:
                     break
-                parts.append(more)
-                got += len(more)
-            return b"".join(parts)
+                # (b"", True) ends an HTTP chunk -- and is all aiohttp's shared empty
+                # payload answers after its first call
+                if not end_of_http_chunk or content.at_eof():
+                    return False
         except (ConnectionError, asyncio.IncompleteReadError) as e:
             raise S3Error("IncompleteBody", f"the connection closed before the body was "
                           f"complete ({e})") from None
+        self._buf = data
+        self._view = memoryview(data)
+        self._pos = 0
+        return True
 
-    async def _consume(self, data: bytes, extra: Hasher | None = None) -> None:
-        """Feed one piece to every digest in use."""
-        self.size += len(data)
+    def _count(self, n: int) -> None:
+        self.size += n
         if self.max_size is not None and self.size > self.max_size:
             raise S3Error("EntityTooLarge", f"the body exceeds {self.max_size} bytes")
-        slow: list[Hasher] = [x for x in (self._sha256, self._md5, extra) if x is not None]
-        if self._checksum is not None:
-            slow.append(self._checksum)
-        if not slow:
-            return
-        if len(data) <= INLINE_HASH or (len(slow) == 1 and self._crc
-                                        and len(data) <= INLINE_CRC):
-            _update(slow, data)
-        else:  # off the loop (hashlib and zlib release the GIL), next to the other digests
-            await asyncio.to_thread(_update, slow, data)
+        if self.length is not None and self.size > self.length:
+            raise S3Error("IncompleteBody", f"the body is longer than the {self.length} "
+                          "bytes announced")
 
-    async def _plain(self) -> AsyncIterator[bytes]:
-        while True:
-            data = await self._read(PIECE)
-            if not data:
-                break
-            await self._consume(data)
-            yield data
-        self._finish(self._expected)
+    def _pieces(self) -> AsyncIterator[Buffer]:
+        return self._chunked() if self.chunked else self._plain()
 
-    async def _chunked(self) -> AsyncIterator[bytes]:
+    async def _plain(self) -> AsyncIterator[Buffer]:
+        while await self._fill():
+            self._pos = len(self._buf)
+            self._count(len(self._buf))
+            yield self._buf
+        self._final = self._expected
+
+    async def _chunked(self) -> AsyncIterator[Buffer]:
+        """Undo aws-chunked framing: the data of each chunk is yielded as views of the
+        socket's pieces; only header lines are copied."""
         prev_sig = self.auth.signature
         while True:
             line = await self._line()
@@ -238,13 +299,20 @@ class Body:
             chunk_hash = hashlib.sha256() if self.signed_chunks else None
             remaining = size
             while remaining:
-                data = await self._read(min(remaining, PIECE))
-                if not data:
+                if self._pos == len(self._buf) and not await self._fill():
                     raise S3Error("IncompleteBody", "the body ended inside an aws-chunked "
                                   "chunk")
-                remaining -= len(data)
-                await self._consume(data, chunk_hash)
-                yield data
+                take = min(remaining, len(self._buf) - self._pos)
+                if take == len(self._buf):
+                    piece: Buffer = self._buf
+                else:
+                    piece = self._view[self._pos:self._pos + take]
+                self._pos += take
+                remaining -= take
+                self._count(take)
+                if chunk_hash is not None:
+                    await _hash([chunk_hash], [piece], take)
+                yield piece
             if chunk_hash is not None:
                 sts = "\n".join(("AWS4-HMAC-SHA256-PAYLOAD", self.auth.amz_date,
                                  self.auth.scope, prev_sig, EMPTY_SHA256,
@@ -255,42 +323,42 @@ class Body:
                 prev_sig = chunk_sig
             if size == 0:
                 break
-            crlf = await self._line()
-            if crlf.strip():
+            if (await self._line()).strip():
                 raise S3Error("InvalidRequest", "an aws-chunked chunk is longer than its "
                               "declared size")
-        expected = self._expected
         if self.trailer_expected:
-            expected = await self._trailer(prev_sig)
+            self._final = await self._trailer(prev_sig)
         else:
-            try:
-                tail = await self.request.content.readline(max_line_length=_MAX_LINE)
-            except LineTooLong:
-                tail = b"x"
-            if tail.strip():
+            if (await self._line(eof_ok=True)).strip():
                 raise S3Error("InvalidRequest", "data after the final aws-chunked chunk")
-        self._finish(expected)
+            self._final = self._expected
 
-    async def _line(self) -> bytes:
-        try:
-            line = await self.request.content.readline(max_line_length=_MAX_LINE)
-        except LineTooLong:
-            raise S3Error("InvalidRequest", "an aws-chunked header line is too long") from None
-        except (ConnectionError, asyncio.IncompleteReadError) as e:
-            raise S3Error("IncompleteBody", f"the connection closed early ({e})") from None
-        if not line.endswith(b"\n"):
-            raise S3Error("IncompleteBody", "the aws-chunked body ended early")
-        return line.rstrip(b"\r\n")
+    async def _line(self, eof_ok: bool = False) -> bytes:
+        """The next CRLF-terminated line of the framing, without its line end; at the end
+        of the body b"" if ``eof_ok``, else IncompleteBody."""
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            if self._pos == len(self._buf) and not await self._fill():
+                if eof_ok and not parts:
+                    return b""
+                raise S3Error("IncompleteBody", "the aws-chunked body ended early")
+            i = self._buf.find(b"\n", self._pos)
+            end = len(self._buf) if i < 0 else i + 1
+            parts.append(self._buf[self._pos:end])
+            total += end - self._pos
+            self._pos = end
+            if total > _MAX_LINE:
+                raise S3Error("InvalidRequest", "an aws-chunked header or trailer line is "
+                              "too long")
+            if i >= 0:
+                return b"".join(parts).rstrip(b"\r\n")
 
     async def _trailer(self, prev_sig: str) -> bytes | None:
         fields: list[tuple[str, str]] = []
         signature = ""
         while True:
-            try:
-                line = await self.request.content.readline(max_line_length=_MAX_LINE)
-            except LineTooLong:
-                raise S3Error("InvalidRequest", "a trailer line is too long") from None
-            line = line.rstrip(b"\r\n")
+            line = await self._line(eof_ok=True)
             if not line:
                 break
             name, sep, value = line.decode("latin-1").partition(":")

@@ -34,7 +34,7 @@ class Hasher(Protocol):
     def digest(self) -> bytes: ...
 
 
-class _Crc:
+class Crc:
     def __init__(self, fn: Callable[[bytes | memoryview, int], int], width: int) -> None:
         self.fn = fn
         self.width = width
@@ -61,11 +61,11 @@ def _crc64(data: bytes | memoryview, prev: int) -> int:
 
 def new_hasher(algorithm: str) -> Hasher:
     if algorithm == "crc32":
-        return _Crc(_crc32, 4)
+        return Crc(_crc32, 4)
     if algorithm == "crc32c":
-        return _Crc(_crc32c, 4)
+        return Crc(_crc32c, 4)
     if algorithm == "crc64nvme":
-        return _Crc(_crc64, 8)
+        return Crc(_crc64, 8)
     if algorithm == "sha1":
         return hashlib.sha1()
     if algorithm == "sha256":

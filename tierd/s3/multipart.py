@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
-from collections.abc import AsyncIterator
 from urllib.parse import quote
 
 from aiohttp import web
@@ -113,17 +112,11 @@ async def upload_part(ctx: Ctx) -> web.Response:
     up = await _upload(ctx)
     alg = up.objmeta.get(META_MPU_ALGORITHM)
     body = Body(ctx.request, ctx.verified, max_size=MAX_PUT_SIZE, checksum_algorithm=alg)
-    part_checksums: dict[str, str] = {}
-
-    async def stream() -> AsyncIterator[bytes]:
-        # upload_part reads ``checksums`` only after the body is consumed
-        async for piece in body:
-            yield piece
-        part_checksums.update(body.checksums)
-
     try:
-        part = await ctx.ns.upload_part(ctx.ident, up.upload_id, number, stream(),
-                                        part_checksums)
+        # the namespace writes and hashes in one pass, verifies, and only then reads
+        # ``body.checksums`` (filled by the verification)
+        part = await ctx.ns.upload_part(ctx.ident, up.upload_id, number, body.payload(),
+                                        body.checksums)
     except FsError as e:
         raise _upload_error(ctx, e) from None
     h = ctx.response_headers
