@@ -82,7 +82,8 @@ class FileOps(EntryOps):
                 raise
         return fh
 
-    async def read(self, fh: int, offset: int, size: int) -> bytes:
+    async def read(self, fh: int, offset: int, size: int) -> bytes | bytearray:
+        """Bytes of an open file; a ``bytearray`` when that saves a copy (read-only use)."""
         h = self._handle(fh)
         if not h.readable:
             raise FsError(errno.EBADF, "file handle was not opened for reading")
@@ -92,11 +93,11 @@ class FileOps(EntryOps):
         if end <= offset:
             return b""
         if self.placement is None:
-            data = await fileio.pread(h.ofile.fd, end - offset, offset)
+            data = await fileio.read_buffer(h.ofile.fd, end - offset, offset)
         else:
             with self.placement.hold(h.ino):
                 await self.placement.ensure(h.ino, offset, end - offset)
-                data = await fileio.pread(h.ofile.fd, end - offset, offset)
+                data = await fileio.read_buffer(h.ofile.fd, end - offset, offset)
         if len(data) < end - offset:  # a hole past the data file's end reads as zeros
             data += bytes(end - offset - len(data))
         return data
