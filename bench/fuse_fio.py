@@ -25,6 +25,7 @@ Usage (root, for drop_caches): python bench/fuse_fio.py [--size-gib 2] [--pairs 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,22 @@ def drop_caches() -> bool:
     return True
 
 
+def quiesce(admin: str | None, timeout: float = 300.0) -> float:
+    """Wait until the daemon's background persistence (write-back to the cold tier) is idle
+    and dirty pages are written, so a run does not measure the previous run's upload; returns
+    the seconds waited (reported as ``settle_s``)."""
+    t = time.monotonic()
+    if admin:
+        req = urllib.request.Request(
+            f"{admin}/v1/placement/persist", method="POST",
+            data=json.dumps({"prefix": "", "timeout": timeout}).encode(),
+            headers={"Content-Type": "application/json"})
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(req, timeout=timeout + 10).read()
+    os.sync()
+    return time.monotonic() - t
+
+
 def proc_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -109,8 +127,10 @@ def fio(name: str, path: Path, args: list[str]) -> dict[str, Any]:
 
 
 class Runner:
-    def __init__(self, daemon_pid: int, size: int, rand_seconds: int) -> None:
+    def __init__(self, daemon_pid: int, size: int, rand_seconds: int,
+                 admin: str | None = None) -> None:
         self.pid = daemon_pid
+        self.admin = admin
         self.size = size
         self.rand_seconds = rand_seconds
         self.cold_ok = os.geteuid() == 0
@@ -124,7 +144,6 @@ class Runner:
                 f.unlink()
             args = [*base, "--rw=write", "--end_fsync=1"]
         elif exp == "seq_read_cold":
-            drop_caches()
             args = [*base, "--rw=read", "--invalidate=0"]
         elif exp == "seq_read_warm":
             fio("prime", f, [*base, "--rw=read", "--invalidate=0"])
@@ -136,6 +155,9 @@ class Runner:
             gib = 0.0
         else:
             raise ValueError(exp)
+        settle = quiesce(self.admin)
+        if exp == "seq_read_cold":
+            drop_caches()
         cpu0 = proc_cpu(self.pid)
         job = fio(exp, f, args)
         daemon_cpu = proc_cpu(self.pid) - cpu0
@@ -148,13 +170,14 @@ class Runner:
             "seconds": runtime,
             "fio_cpu_s": round(fio_cpu, 3),
             "daemon_cpu_s": round(daemon_cpu, 3),
+            "settle_s": round(settle, 2),
         }
         if gib:
             out["cpu_s_per_gib"] = round((fio_cpu + daemon_cpu) / gib, 3)
         return out
 
-    @staticmethod
-    def meta(target: Path, n: int) -> dict[str, float]:
+    def meta(self, target: Path, n: int) -> dict[str, float]:
+        quiesce(self.admin)
         r = subprocess.run([sys.executable, "-c", META_SCRIPT, str(target / "meta"), str(n)],
                            capture_output=True, text=True, timeout=TIMEOUT, check=True)
         res: dict[str, float] = json.loads(r.stdout)
@@ -175,7 +198,8 @@ def pairs_of(raw: list[float], mnt: list[float]) -> list[tuple[float, float]]:
     return list(zip(raw, mnt, strict=True))
 
 
-def start_daemon(base: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes], Path, Path]:
+def start_daemon(base: Path, extra: list[str]
+                 ) -> tuple[subprocess.Popen[bytes], Path, Path, str | None]:
     data, mnt = base / "data", base / "mnt"
     log = open(base / "tierd.log", "wb")  # noqa: SIM115 - the daemon writes until it exits
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
@@ -189,7 +213,7 @@ def start_daemon(base: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes],
         try:
             doc = json.loads((data / "endpoints.json").read_text())
             if doc.get("pid") == proc.pid and doc.get("mount"):
-                return proc, data / "hot", mnt
+                return proc, data / "hot", mnt, doc.get("admin", {}).get("url")
         except (OSError, ValueError):
             pass
         if proc.poll() is not None:
@@ -221,7 +245,7 @@ def main() -> None:
     touched = 0.0 if args.no_prefault else prefault()
     base = Path(args.base or tempfile.mkdtemp(prefix="tierd-bench-fuse-"))
     base.mkdir(parents=True, exist_ok=True)
-    proc, hot, mnt = start_daemon(base, args.serve_arg)
+    proc, hot, mnt, admin = start_daemon(base, args.serve_arg)
     results: dict[str, Any] = {
         "benchmark": "fuse_fio",
         "inputs": vars(args) | {"size_bytes": int(args.size_gib * (1 << 30))},
@@ -239,7 +263,7 @@ def main() -> None:
         raw_dir.mkdir(exist_ok=True)
         mnt_dir = mnt / "bench"
         mnt_dir.mkdir(exist_ok=True)
-        runner = Runner(proc.pid, int(args.size_gib * (1 << 30)), args.rand_seconds)
+        runner = Runner(proc.pid, int(args.size_gib * (1 << 30)), args.rand_seconds, admin)
         exps = args.only or ["seq_write", "seq_read_cold", "seq_read_warm", "rand_read_4k",
                              "meta"]
         for exp in exps:
