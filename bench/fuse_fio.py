@@ -13,11 +13,14 @@ ratios (mount / raw):
 * ``meta``: a Python script creating (open O_CREAT + close), stating and unlinking
   ``--files`` files, in its own process, reported per phase as operations per second.
 
-CPU: fio's own user+sys and the daemon's (from /proc) are reported as CPU seconds per GiB
-for the data experiments.  Before measuring, the machine's available memory is touched once
-(``--no-prefault`` skips it): a VM guest's memory is backed lazily by the host, and the first
-use of fresh pages would otherwise slow whichever run needs new memory (writes at ~350 MB/s
-instead of GB/s on this machine kind).  Results go to ``bench/results/fuse_fio.json``.
+Before every measured run the daemon's background persistence (write-back to the cold tier,
+on the same disk here) is waited for through the admin API and the disk synced, so no run
+measures the previous run's upload (``settle_s`` per run).  CPU: fio's own user+sys and
+the daemon's (from /proc) are reported as CPU seconds per GiB for the data experiments.
+Before measuring, the machine's available memory is touched once (``--no-prefault`` skips
+it): a VM guest's memory is backed lazily by the host, and the first use of fresh pages
+would otherwise slow whichever run needs new memory (writes at ~350 MB/s instead of GB/s on
+this machine kind).  Results go to ``bench/results/fuse_fio.json``.
 
 Usage (root, for drop_caches): python bench/fuse_fio.py [--size-gib 2] [--pairs 3]
 """
