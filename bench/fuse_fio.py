@@ -113,6 +113,16 @@ def quiesce(admin: str | None, timeout: float = 300.0) -> float:
     return time.monotonic() - t
 
 
+def set_policy(admin: str | None, prefix: str, mode: str) -> None:
+    if admin is None:
+        raise RuntimeError("the daemon has no admin endpoint: cannot set a policy")
+    req = urllib.request.Request(
+        f"{admin}/v1/placement/policy", method="PUT",
+        data=json.dumps({"prefix": prefix, "mode": mode}).encode(),
+        headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=30).read()
+
+
 def proc_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -240,7 +250,12 @@ def main() -> None:
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="extra `tierd serve` argument (repeatable), e.g. "
                     "--serve-arg=--meta-sync=durability-points")
-    ap.add_argument("--base", default=None, help="working directory (default: a temp dir)")
+    ap.add_argument("--base", default=None, help="working directory (default: a temp dir); "
+                    "on tmpfs (/dev/shm/...) it takes the disk out of the measurement")
+    ap.add_argument("--policy", choices=("write-back", "write-through", "cache-only"),
+                    default=None, help="placement policy of the mount's bench bucket "
+                    "(cache-only: nothing is persisted to the cold tier, which takes the "
+                    "persister's work out of the measurement)")
     ap.add_argument("--out", default=str(HERE / "results" / "fuse_fio.json"))
     args = ap.parse_args()
     if shutil.which("fio") is None:
@@ -266,6 +281,8 @@ def main() -> None:
         raw_dir.mkdir(exist_ok=True)
         mnt_dir = mnt / "bench"
         mnt_dir.mkdir(exist_ok=True)
+        if args.policy:
+            set_policy(admin, "bench/", args.policy)
         runner = Runner(proc.pid, int(args.size_gib * (1 << 30)), args.rand_seconds, admin)
         exps = args.only or ["seq_write", "seq_read_cold", "seq_read_warm", "rand_read_4k",
                              "meta"]
