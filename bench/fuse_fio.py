@@ -13,11 +13,14 @@ ratios (mount / raw):
 * ``meta``: a Python script creating (open O_CREAT + close), stating and unlinking
   ``--files`` files, in its own process, reported per phase as operations per second.
 
-CPU: fio's own user+sys and the daemon's (from /proc) are reported as CPU seconds per GiB
-for the data experiments.  Before measuring, the machine's available memory is touched once
-(``--no-prefault`` skips it): a VM guest's memory is backed lazily by the host, and the first
-use of fresh pages would otherwise slow whichever run needs new memory (writes at ~350 MB/s
-instead of GB/s on this machine kind).  Results go to ``bench/results/fuse_fio.json``.
+Before every measured run the daemon's background persistence (write-back to the cold tier,
+on the same disk here) is waited for through the admin API and the disk synced, so no run
+measures the previous run's upload (``settle_s`` per run).  CPU: fio's own user+sys and
+the daemon's (from /proc) are reported as CPU seconds per GiB for the data experiments.
+Before measuring, the machine's available memory is touched once (``--no-prefault`` skips
+it): a VM guest's memory is backed lazily by the host, and the first use of fresh pages
+would otherwise slow whichever run needs new memory (writes at ~350 MB/s instead of GB/s on
+this machine kind).  Results go to ``bench/results/fuse_fio.json``.
 
 Usage (root, for drop_caches): python bench/fuse_fio.py [--size-gib 2] [--pairs 3]
 """
@@ -25,6 +28,7 @@ Usage (root, for drop_caches): python bench/fuse_fio.py [--size-gib 2] [--pairs 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -35,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +97,32 @@ def drop_caches() -> bool:
     return True
 
 
+def quiesce(admin: str | None, timeout: float = 300.0) -> float:
+    """Wait until the daemon's background persistence (write-back to the cold tier) is idle
+    and dirty pages are written, so a run does not measure the previous run's upload; returns
+    the seconds waited (reported as ``settle_s``)."""
+    t = time.monotonic()
+    if admin:
+        req = urllib.request.Request(
+            f"{admin}/v1/placement/persist", method="POST",
+            data=json.dumps({"prefix": "", "timeout": timeout}).encode(),
+            headers={"Content-Type": "application/json"})
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(req, timeout=timeout + 10).read()
+    os.sync()
+    return time.monotonic() - t
+
+
+def set_policy(admin: str | None, prefix: str, mode: str) -> None:
+    if admin is None:
+        raise RuntimeError("the daemon has no admin endpoint: cannot set a policy")
+    req = urllib.request.Request(
+        f"{admin}/v1/placement/policy", method="PUT",
+        data=json.dumps({"prefix": prefix, "mode": mode}).encode(),
+        headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=30).read()
+
+
 def proc_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -109,8 +140,10 @@ def fio(name: str, path: Path, args: list[str]) -> dict[str, Any]:
 
 
 class Runner:
-    def __init__(self, daemon_pid: int, size: int, rand_seconds: int) -> None:
+    def __init__(self, daemon_pid: int, size: int, rand_seconds: int,
+                 admin: str | None = None) -> None:
         self.pid = daemon_pid
+        self.admin = admin
         self.size = size
         self.rand_seconds = rand_seconds
         self.cold_ok = os.geteuid() == 0
@@ -124,7 +157,6 @@ class Runner:
                 f.unlink()
             args = [*base, "--rw=write", "--end_fsync=1"]
         elif exp == "seq_read_cold":
-            drop_caches()
             args = [*base, "--rw=read", "--invalidate=0"]
         elif exp == "seq_read_warm":
             fio("prime", f, [*base, "--rw=read", "--invalidate=0"])
@@ -136,6 +168,9 @@ class Runner:
             gib = 0.0
         else:
             raise ValueError(exp)
+        settle = quiesce(self.admin)
+        if exp == "seq_read_cold":
+            drop_caches()
         cpu0 = proc_cpu(self.pid)
         job = fio(exp, f, args)
         daemon_cpu = proc_cpu(self.pid) - cpu0
@@ -148,13 +183,14 @@ class Runner:
             "seconds": runtime,
             "fio_cpu_s": round(fio_cpu, 3),
             "daemon_cpu_s": round(daemon_cpu, 3),
+            "settle_s": round(settle, 2),
         }
         if gib:
             out["cpu_s_per_gib"] = round((fio_cpu + daemon_cpu) / gib, 3)
         return out
 
-    @staticmethod
-    def meta(target: Path, n: int) -> dict[str, float]:
+    def meta(self, target: Path, n: int) -> dict[str, float]:
+        quiesce(self.admin)
         r = subprocess.run([sys.executable, "-c", META_SCRIPT, str(target / "meta"), str(n)],
                            capture_output=True, text=True, timeout=TIMEOUT, check=True)
         res: dict[str, float] = json.loads(r.stdout)
@@ -175,7 +211,8 @@ def pairs_of(raw: list[float], mnt: list[float]) -> list[tuple[float, float]]:
     return list(zip(raw, mnt, strict=True))
 
 
-def start_daemon(base: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes], Path, Path]:
+def start_daemon(base: Path, extra: list[str]
+                 ) -> tuple[subprocess.Popen[bytes], Path, Path, str | None]:
     data, mnt = base / "data", base / "mnt"
     log = open(base / "tierd.log", "wb")  # noqa: SIM115 - the daemon writes until it exits
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
@@ -189,7 +226,7 @@ def start_daemon(base: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes],
         try:
             doc = json.loads((data / "endpoints.json").read_text())
             if doc.get("pid") == proc.pid and doc.get("mount"):
-                return proc, data / "hot", mnt
+                return proc, data / "hot", mnt, doc.get("admin", {}).get("url")
         except (OSError, ValueError):
             pass
         if proc.poll() is not None:
@@ -213,7 +250,12 @@ def main() -> None:
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="extra `tierd serve` argument (repeatable), e.g. "
                     "--serve-arg=--meta-sync=durability-points")
-    ap.add_argument("--base", default=None, help="working directory (default: a temp dir)")
+    ap.add_argument("--base", default=None, help="working directory (default: a temp dir); "
+                    "on tmpfs (/dev/shm/...) it takes the disk out of the measurement")
+    ap.add_argument("--policy", choices=("write-back", "write-through", "cache-only"),
+                    default=None, help="placement policy of the mount's bench bucket "
+                    "(cache-only: nothing is persisted to the cold tier, which takes the "
+                    "persister's work out of the measurement)")
     ap.add_argument("--out", default=str(HERE / "results" / "fuse_fio.json"))
     args = ap.parse_args()
     if shutil.which("fio") is None:
@@ -221,7 +263,7 @@ def main() -> None:
     touched = 0.0 if args.no_prefault else prefault()
     base = Path(args.base or tempfile.mkdtemp(prefix="tierd-bench-fuse-"))
     base.mkdir(parents=True, exist_ok=True)
-    proc, hot, mnt = start_daemon(base, args.serve_arg)
+    proc, hot, mnt, admin = start_daemon(base, args.serve_arg)
     results: dict[str, Any] = {
         "benchmark": "fuse_fio",
         "inputs": vars(args) | {"size_bytes": int(args.size_gib * (1 << 30))},
@@ -239,7 +281,9 @@ def main() -> None:
         raw_dir.mkdir(exist_ok=True)
         mnt_dir = mnt / "bench"
         mnt_dir.mkdir(exist_ok=True)
-        runner = Runner(proc.pid, int(args.size_gib * (1 << 30)), args.rand_seconds)
+        if args.policy:
+            set_policy(admin, "bench/", args.policy)
+        runner = Runner(proc.pid, int(args.size_gib * (1 << 30)), args.rand_seconds, admin)
         exps = args.only or ["seq_write", "seq_read_cold", "seq_read_warm", "rand_read_4k",
                              "meta"]
         for exp in exps:

@@ -8,6 +8,7 @@ the calling process gets an error instead of a hung system call.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import functools
 import logging
@@ -91,6 +92,8 @@ class OpsBase(pyfuse3.Operations):
         self._next_dir_fh = 1
         #: fs.protected_hardlinks as the kernel would apply it (it cannot, for this mount)
         self.protected_hardlinks = _sysctl("fs/protected_hardlinks") == 1
+        #: called on the loop after the INIT reply (see :meth:`init`)
+        self.after_init: Callable[[], object] | None = None
 
     def ident(self, ctx: pyfuse3.RequestContext) -> Identity:
         return self.callers.identity(ctx.uid, ctx.gid, ctx.pid)
@@ -129,4 +132,9 @@ class OpsBase(pyfuse3.Operations):
         return entry_attributes(inode, entry_timeout, self.attr_timeout)
 
     def init(self) -> None:
+        """Called while the kernel's INIT request is answered; :attr:`after_init` runs
+        right after the reply, once the kernel has applied the negotiated settings (it
+        resets the mount's read-ahead then)."""
         log.debug("FUSE session initialised")
+        if self.after_init is not None:
+            asyncio.get_running_loop().call_soon(self.after_init)

@@ -80,7 +80,11 @@ class FileOps(OpsBase):
 
     # -- data ----------------------------------------------------------------------------------
     @fs_errors
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(  # type: ignore[override]  # pyfuse3 replies from any buffer
+        self, fh: int, off: int, size: int
+    ) -> bytes | bytearray:
+        """The buffer the namespace read into goes to the kernel as it is (pyfuse3 takes any
+        buffer, its stub says bytes): one copy per request, the reply's."""
         st = self.files.get(fh)
         if st is not None:
             self._read_ahead(st, fh, off, size)

@@ -302,3 +302,21 @@ def test_root_holds_only_buckets(daemon: Daemon) -> None:
     os.mkdir(daemon.mnt / "another-bucket")
     assert "another-bucket" in os.listdir(daemon.mnt)
     os.rmdir(daemon.mnt / "another-bucket")
+
+
+def test_mount_read_ahead_is_raised(daemon: Daemon, work: Path) -> None:
+    """The kernel reads ahead READ_AHEAD_KIB on the mount (root can set it), so sequential
+    readers get 1 MiB requests, several at once; and a large file still reads back exactly."""
+    from tierd_fuse.mount import READ_AHEAD_KIB, find_mount
+
+    info = find_mount(daemon.mnt)
+    assert info is not None and info.dev
+    if os.geteuid() == 0:
+        with open(f"/sys/class/bdi/{info.dev}/read_ahead_kb") as f:
+            assert int(f.read()) == READ_AHEAD_KIB
+    data = os.urandom(3 << 20) + b"tail"
+    (work / "big").write_bytes(data)
+    with open(work / "big", "rb", buffering=0) as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        got = b"".join(iter(lambda: f.read(1 << 20), b""))
+    assert got == data

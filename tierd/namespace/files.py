@@ -82,7 +82,8 @@ class FileOps(EntryOps):
                 raise
         return fh
 
-    async def read(self, fh: int, offset: int, size: int) -> bytes:
+    async def read(self, fh: int, offset: int, size: int) -> bytes | bytearray:
+        """Bytes of an open file; a ``bytearray`` when that saves a copy (read-only use)."""
         h = self._handle(fh)
         if not h.readable:
             raise FsError(errno.EBADF, "file handle was not opened for reading")
