@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+from typing import Any
 
 import pytest
 
 from tierd.errors import FsError
 from tierd.meta import STATE_CLEAN
-from tierd.placement import HOT
+from tierd.placement import HOT, bitmap
 from tierd.tiers import BLOCK_SIZE
 
 from .conftest import ROOT, Env, MiB, body, read_file, write_file
@@ -254,3 +255,43 @@ async def test_deleted_key_is_not_reimported_before_cold_delete(file_env: Env) -
     finally:
         gate.set()
         await file_env.close()
+
+
+async def test_concurrent_readers_share_one_fetch_and_streams_read_ahead(env: Env) -> None:
+    """Eight readers of one missing block cause one cold request for it; a sequential
+    reader finds the blocks ahead of it already on hot (readahead), fetched in runs."""
+    ns, p = await env.open()
+    calls: list[tuple[int, int]] = []
+    real = p.cold.read_into
+
+    async def counting(key: str, offset: int, length: int, *a: Any, **kw: Any) -> Any:
+        calls.append((offset, length))
+        return await real(key, offset, length, *a, **kw)
+
+    p.cold.read_into = counting  # type: ignore[method-assign]
+    try:
+        await ns.create_bucket(ROOT, "rdx")
+        nblocks = 12
+        payload = os.urandom(nblocks * BLOCK_SIZE)
+        env.raw_put("rdx/a", payload)
+        env.raw_put("rdx/b", payload[::-1])
+        await ns.list_objects(ROOT, "rdx")  # imported lazily by the listing
+        a = await ns.resolve(ROOT, "rdx/a")
+        await asyncio.gather(*(p.ensure(a.ino, 5, 100, touch=False) for _ in range(8)))
+        assert calls == [(0, BLOCK_SIZE)], calls  # one fill of block 0, shared by eight
+        assert (await ns.resolve(ROOT, "rdx/a")).blocks[HOT] == b"\x01"
+
+        calls.clear()
+        b = await ns.resolve(ROOT, "rdx/b")
+        await p.ensure(b.ino, 0, MiB)
+        await p.ensure(b.ino, MiB, BLOCK_SIZE)  # sequential: the stream is seen
+        await p.quiesce(b.ino)
+        fetched = sum(n for _, n in calls)
+        on_hot = (await ns.resolve(ROOT, "rdx/b")).blocks[HOT]
+        ahead = [blk for blk in range(2, nblocks) if bitmap.has(on_hot, blk)]
+        assert ahead, f"no block past the reader arrived: {on_hot!r}"
+        assert fetched >= (2 + len(ahead)) * BLOCK_SIZE
+        assert len(calls) < 2 + len(ahead), calls  # runs of blocks, not one GET per block
+        assert await read_file(ns, b.ino, chunk=3 * MiB) == payload[::-1]
+    finally:
+        await env.close()
