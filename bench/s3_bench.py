@@ -7,7 +7,9 @@ from pair to pair), reporting every run, the medians and the median of the pair-
 * ``large_put`` — one object of ``--large-mib`` MiB with ``upload_file`` (boto3's transfer
   manager: 8 MiB parts, 10 threads, CRC32 checksums on by default).  Baselines: moto, and
   ``disk``: the same bytes copied into the hot tier's file system and fsynced, no HTTP (the
-  physical limit; this machine's disk varies several-fold from minute to minute).  Also
+  physical limit; this machine's disk varies several-fold from minute to minute), and
+  ``null``: a server that reads and discards every body and stores nothing
+  (``s3_servers.start_null``), the ceiling of boto3 itself on these cores.  Also
   how long each server stays busy after the upload and its CPU then (``drain_s``,
   ``drain_server_cpu_s_per_GiB``: tierd's write-back to the cold tier).
 * ``large_get`` — the same object with ``download_fileobj`` (ranged GETs, 10 threads) into
@@ -16,8 +18,8 @@ from pair to pair), reporting every run, the medians and the median of the pair-
   the static-file server.
 * ``small_put`` / ``small_get`` — ``--small-count`` objects of ``--small-kib`` KiB with
   ``put_object``/``get_object`` from ``--procs`` client processes of ``--threads`` threads
-  (8 requests in flight by default).  Baselines: moto (PUT and GET) and the static-file
-  server (GET).
+  (8 requests in flight by default).  Baselines: moto (PUT and GET), the static-file
+  server (GET) and the null server (PUT: boto3's own ceiling).
 * ``rss`` — tierd's peak resident memory while ``--rss-streams`` concurrent PUTs of a
   ``--large-mib`` object, then as many concurrent GETs, run (the issue's limit: 300 MiB).
 
@@ -270,6 +272,10 @@ def summarize(name: str, runs: list[dict[str, Any]], rate: str) -> dict[str, Any
            for s, rs in by.items()}
     ratios = {f"tierd/{s}": statistics.median(p["tierd"][rate] / p[s][rate] for p in runs)
               for s in by if s != "tierd"}
+    if "null" in by and "moto" in by:
+        # the most any server could show against moto through this client on these cores
+        ratios["null/moto"] = statistics.median(p["null"][rate] / p["moto"][rate]
+                                                for p in runs)
     line = "  ".join(f"{s} {m[rate]:9.1f}" for s, m in med.items())
     print(f"{name:17s} {rate:10s} {line}  ratios " +
           " ".join(f"{k}={v:.2f}" for k, v in ratios.items()), flush=True)
@@ -358,7 +364,8 @@ def main() -> None:
         tierd = servers.start_tierd(work / "tierd")
         moto = servers.start_moto()
         static = servers.start_static(data.root)
-        started += [tierd, moto, static]
+        null = servers.start_null()
+        started += [tierd, moto, static, null]
         for s in (tierd, moto):
             s.client().create_bucket(Bucket=BUCKET)
         # the raw file system of tierd's hot tier, as a pseudo server (no process)
@@ -381,10 +388,10 @@ def main() -> None:
         }
         t, procs = args.threads, args.procs
         plan: list[tuple[str, list[Server], Callable[[Server], dict[str, Any]], str]] = [
-            ("large_put", [moto, disk], lambda s: large_put(s, data), "MiB_per_s"),
+            ("large_put", [moto, disk, null], lambda s: large_put(s, data), "MiB_per_s"),
             ("large_get", [static, moto], lambda s: large_get(s, data), "MiB_per_s"),
             ("large_get_stream", [static], lambda s: large_get_stream(s, data), "MiB_per_s"),
-            ("small_put", [moto], lambda s: small_ops(s, data, "put", procs, t), "ops_per_s"),
+            ("small_put", [moto, null], lambda s: small_ops(s, data, "put", procs, t), "ops_per_s"),
             ("small_get", [static, moto], lambda s: small_ops(s, data, "get", procs, t),
              "ops_per_s"),
         ]

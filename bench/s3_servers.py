@@ -5,8 +5,13 @@ process from outside: CPU seconds (user + sys, all threads) and resident memory.
 * :func:`start_moto` — moto's standalone server (``tests/moto_server.py``);
 * :func:`start_static` — a plain aiohttp static-file server of a directory (GET, HEAD and
   ``Range`` with sendfile): the limit of serving bytes over HTTP from Python on this machine.
+* :func:`start_null` — a server that does no work: it reads each request, discards the body
+  and answers what an S3 client needs to go on (an ETag, an UploadId, the Complete XML).
+  Nothing is stored, checked or made durable, so a client against it runs at the client's
+  own ceiling on this machine: no server, tierd or any other, can be measured faster
+  through the same client on the same cores.
 
-``python bench/s3_servers.py static ROOT PORT`` runs the static server itself.
+``python bench/s3_servers.py static ROOT PORT`` / ``null PORT`` runs a server itself.
 """
 
 from __future__ import annotations
@@ -183,8 +188,102 @@ def _serve_static(root: str, port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
+def start_null() -> Server:
+    """The do-nothing server (:func:`_serve_null`); it ignores signatures."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, __file__, "null", str(port)],
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the null server exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return Server("null", proc, f"http://127.0.0.1:{port}", "any", "any")
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the null server did not start")
+
+
+_NULL_ETAG = b'"d41d8cd98f00b204e9800998ecf8427e"'
+
+
+def _null_reply(method: bytes, target: bytes) -> bytes:
+    """The response to one request: a fixed ETag for PUTs and parts, the XML documents
+    multipart clients parse, 200 with no body for the rest."""
+    query = target.partition(b"?")[2]
+    body = b""
+    if method == b"POST" and query.startswith(b"uploads"):
+        body = (b'<?xml version="1.0" encoding="UTF-8"?><InitiateMultipartUploadResult>'
+                b"<Bucket>b</Bucket><Key>k</Key><UploadId>null-upload</UploadId>"
+                b"</InitiateMultipartUploadResult>")
+    elif method == b"POST" and b"uploadId=" in query:
+        body = (b'<?xml version="1.0" encoding="UTF-8"?><CompleteMultipartUploadResult>'
+                b"<Bucket>b</Bucket><Key>k</Key><ETag>&quot;0-1&quot;</ETag>"
+                b"</CompleteMultipartUploadResult>")
+    return (b"HTTP/1.1 200 OK\r\nServer: null\r\nETag: " + _NULL_ETAG +
+            b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def _serve_null(port: int) -> None:
+    """HTTP/1.1 with keep-alive, ``Content-Length`` bodies and ``Expect: 100-continue``
+    (what boto3 sends over plain HTTP), as little Python per request as it takes."""
+    import asyncio
+
+    class Null(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.t = transport
+            self.buf = b""
+            self.left = 0  # body bytes still to discard
+            self.reply = b""
+
+        def data_received(self, data: bytes) -> None:
+            while data:
+                if self.left:
+                    n = min(self.left, len(data))
+                    self.left -= n
+                    data = data[n:]
+                    if not self.left:
+                        self.t.write(self.reply)
+                    continue
+                self.buf += data
+                data = b""
+                head, sep, rest = self.buf.partition(b"\r\n\r\n")
+                if not sep:
+                    return
+                self.buf = b""
+                lines = head.split(b"\r\n")
+                method, target, _ = lines[0].split(b" ", 2)
+                length, expect = 0, False
+                for line in lines[1:]:
+                    name, _, value = line.partition(b":")
+                    name = name.strip().lower()
+                    if name == b"content-length":
+                        length = int(value)
+                    elif name == b"expect":
+                        expect = True
+                self.reply = _null_reply(method, target)
+                if expect and length:
+                    self.t.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self.left = length
+                if not length:
+                    self.t.write(self.reply)
+                data = rest
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Null, "127.0.0.1", port)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "static":
         _serve_static(sys.argv[2], int(sys.argv[3]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "null":
+        _serve_null(int(sys.argv[2]))
     else:
-        sys.exit("usage: s3_servers.py static ROOT PORT")
+        sys.exit("usage: s3_servers.py static ROOT PORT | null PORT")
