@@ -19,7 +19,8 @@ from pair to pair), reporting every run, the medians and the median of the pair-
 * ``small_put`` / ``small_get`` — ``--small-count`` objects of ``--small-kib`` KiB with
   ``put_object``/``get_object`` from ``--procs`` client processes of ``--threads`` threads
   (8 requests in flight by default).  Baselines: moto (PUT and GET), the static-file
-  server (GET) and the null server (PUT: boto3's own ceiling).
+  server (GET) and the null server (PUT: boto3's own ceiling).  Each PUT run writes new keys
+  (``--small-overwrite``: the same keys every run; see :func:`small_prefix`).
 * ``rss`` — tierd's peak resident memory while ``--rss-streams`` concurrent PUTs of a
   ``--large-mib`` object, then as many concurrent GETs, run (the issue's limit: 300 MiB).
 
@@ -194,14 +195,14 @@ def _fan_out(n: int, threads: int, one: Callable[[int], None]) -> None:
 
 
 def _small_worker(url: str, key: str, secret: str, op: str, root: str, indexes: list[int],
-                  threads: int, ready: Any, go: Any, out: Any) -> None:
+                  threads: int, ready: Any, go: Any, out: Any, prefix: str) -> None:
     """One client process of a small-object run: boto3 with ``threads`` threads."""
     s = Server("worker", None, url, key, secret)
     c = s.client()
     bodies = {i: (Path(root) / BUCKET / "small" / f"{i:05d}").read_bytes() for i in indexes}
 
     def one(i: int) -> None:
-        k = f"small/{i:05d}"
+        k = f"{prefix}{i:05d}"
         if op == "put":
             c.put_object(Bucket=BUCKET, Key=k, Body=bodies[i])
         else:
@@ -218,7 +219,20 @@ def _small_worker(url: str, key: str, secret: str, op: str, root: str, indexes: 
         out.put(("error", repr(e)))
 
 
-def small_ops(server: Server, data: Data, op: str, procs: int, threads: int) -> dict[str, Any]:
+def small_prefix(server: Server, overwrite: bool) -> str:
+    """Where a small-PUT run writes: ``small/`` (what the GET runs read) the first time,
+    then fresh keys per run unless ``overwrite`` -- new objects, as an ingest writes them.
+    Overwriting costs tierd a file delete per PUT (moto nothing), and on a file system
+    without a journal (ext4 as this VM has it) every create after many deletes scans past
+    the recently freed inodes (``recently_deleted`` in the kernel): ``--small-overwrite``
+    measures that case."""
+    n = server.extra.get("small_put_runs", 0)
+    server.extra["small_put_runs"] = n + 1
+    return "small/" if n == 0 or overwrite else f"small-run{n}/"
+
+
+def small_ops(server: Server, data: Data, op: str, procs: int, threads: int,
+              prefix: str = "small/") -> dict[str, Any]:
     """``op`` (put/get) on every small object from ``procs`` client processes of
     ``threads`` threads each: one boto3 process is bound by its GIL well below what a fast
     server answers.  The processes start (and import boto3) before the clock starts."""
@@ -227,7 +241,7 @@ def small_ops(server: Server, data: Data, op: str, procs: int, threads: int) -> 
     n = len(data.small)
     workers = [ctx.Process(target=_small_worker, args=(
         server.url, server.key, server.secret, op, str(data.root),
-        list(range(w, n, procs)), threads, ready, go, out), daemon=True)
+        list(range(w, n, procs)), threads, ready, go, out, prefix), daemon=True)
         for w in range(procs)]
     for w in workers:
         w.start()
@@ -349,6 +363,8 @@ def main() -> None:
     ap.add_argument("--large-mib", type=int, default=1024)
     ap.add_argument("--small-count", type=int, default=2000)
     ap.add_argument("--small-kib", type=int, default=16)
+    ap.add_argument("--small-overwrite", action="store_true",
+                    help="every small-PUT run rewrites the same keys (default: fresh keys)")
     ap.add_argument("--procs", type=int, default=2, help="client processes (small objects)")
     ap.add_argument("--threads", type=int, default=4, help="threads per client process")
     ap.add_argument("--rss-streams", type=int, default=8, help="0: skip the RSS experiment")
@@ -391,7 +407,8 @@ def main() -> None:
             ("large_put", [moto, disk, null], lambda s: large_put(s, data), "MiB_per_s"),
             ("large_get", [static, moto], lambda s: large_get(s, data), "MiB_per_s"),
             ("large_get_stream", [static], lambda s: large_get_stream(s, data), "MiB_per_s"),
-            ("small_put", [moto, null], lambda s: small_ops(s, data, "put", procs, t), "ops_per_s"),
+            ("small_put", [moto, null], lambda s: small_ops(
+                s, data, "put", procs, t, small_prefix(s, args.small_overwrite)), "ops_per_s"),
             ("small_get", [static, moto], lambda s: small_ops(s, data, "get", procs, t),
              "ops_per_s"),
         ]

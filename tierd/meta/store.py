@@ -315,6 +315,19 @@ class MetaTxn:
     def list_orphans(self) -> list[int]:
         return [int(_U64.unpack(k[1:])[0]) for k, _ in self.kv.scan(b"O", prefix_end(b"O"))]
 
+    # -- small-write log: data of small files not yet known durable in their data file ----
+    def put_logged(self, ino: int, version: int, data: bytes) -> None:
+        """Log ``data`` as content ``version`` of ``ino`` (namespace: small PUTs)."""
+        self.kv.put(b"W" + _u64(ino), _u64(version) + data)
+
+    def delete_logged(self, ino: int) -> None:
+        self.kv.delete(b"W" + _u64(ino))
+
+    def list_logged(self) -> Iterator[tuple[int, int, bytes]]:
+        """(ino, version, data) of every logged file, in inode order."""
+        for k, v in self.kv.scan(b"W", prefix_end(b"W")):
+            yield int(_U64.unpack(k[1:])[0]), int(_U64.unpack(v[:8])[0]), bytes(v[8:])
+
     # -- placement: persist queue, cold records, import stamps, policies -------------------
     def enqueue(self, ino: int, token: bytes) -> None:
         self.kv.put(b"Q" + _u64(ino), token)

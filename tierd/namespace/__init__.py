@@ -58,7 +58,9 @@ class Namespace(MultipartOps, XattrOps):
 
     def _recover(self) -> None:
         """Create the root on first start; after a crash, drop staged uploads and the
-        files that were unlinked while open (nothing can hold them any more)."""
+        files that were unlinked while open (nothing can hold them any more).  First of
+        all, small files whose data only the metadata log holds get it back."""
+        self.smalllog.replay()
         with self.meta.write() as tx:
             if tx.get_inode(ROOT_INO) is None:
                 t = now_ns()
@@ -101,6 +103,7 @@ class Namespace(MultipartOps, XattrOps):
                 await self.release(fh)
             except OSError:
                 log.exception("releasing handle %d at shutdown", fh)
+        await self.smalllog.close()
         with self.meta.write() as tx:
             tx.add_counter("running", -1)
         await self._sync_meta()

@@ -25,6 +25,7 @@ from tierd.acl import X_OK, Identity, check_access
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, Inode, MetaStore, MetaTxn
 from tierd.namespace.names import check_name
+from tierd.namespace.smalllog import SmallLog
 from tierd.tiers.hotdir import HotDir
 
 if TYPE_CHECKING:
@@ -149,6 +150,7 @@ class NamespaceBase:
                  placement: Placement | None = None) -> None:
         self.meta = meta
         self.hot = hot
+        self.smalllog = SmallLog(meta, hot)
         self.umask = umask
         # with placement, data lives once in cold and hot caches blocks (docs/placement.md)
         self.placement = placement

@@ -268,7 +268,8 @@ class ObjectOps(FileOps):
             await self._sync_meta()
             return d
         ino = self._alloc_ino()
-        _, size, md5hex = await stage_body(self.hot, body, install_as=ino)
+        _, size, md5hex, logged = await stage_body(self.hot, body, install_as=ino,
+                                                   smalllog=self.smalllog)
         try:
             if if_match is not None or if_none_match is not None:
                 await self._precondition_etag(ident, bucket, key)
@@ -277,7 +278,8 @@ class ObjectOps(FileOps):
             raise
         return await self._publish_put(ident, bucket, key, segments, ino, size, md5hex,
                                        objmeta if objmeta is not None else {},
-                                       if_match=if_match, if_none_match=if_none_match)
+                                       if_match=if_match, if_none_match=if_none_match,
+                                       logged=logged)
 
     def _alloc_ino(self) -> int:
         with self.meta.write() as tx:
@@ -318,14 +320,20 @@ class ObjectOps(FileOps):
         self, ident: Identity, bucket: str, key: str, segments: list[bytes], ino: int,
         size: int, etag: str, objmeta: dict[str, str], *, if_match: str | None = None,
         if_none_match: str | None = None, in_txn: Callable[[MetaTxn], None] | None = None,
+        logged: bytes | None = None,
     ) -> Inode:
-        """Commit an installed data file (inode ``ino``'s, durable) as ``bucket/key``."""
+        """Commit an installed data file (inode ``ino``'s, durable) as ``bucket/key``;
+        ``logged``: the file is only in the page cache and these are its bytes, logged in
+        the same commit (:mod:`tierd.namespace.smalllog`)."""
         try:
             inode, dropped = self._commit_put(ident, bucket, key, segments, ino, size, etag,
-                                              objmeta, if_match, if_none_match, in_txn)
+                                              objmeta, if_match, if_none_match, in_txn,
+                                              logged)
         except BaseException:
             self.hot.remove(ino)
             raise
+        if logged is not None:
+            self.smalllog.logged(ino, len(logged))
         if dropped is not None:
             self._forget_data(dropped)
         self._notify(Change(ino=dropped, parent=inode.parent, name=segments[-1]))
@@ -338,6 +346,7 @@ class ObjectOps(FileOps):
         self, ident: Identity, bucket: str, key: str, segments: list[bytes], ino: int,
         size: int, etag: str, objmeta: dict[str, str], if_match: str | None = None,
         if_none_match: str | None = None, in_txn: Callable[[MetaTxn], None] | None = None,
+        logged: bytes | None = None,
     ) -> tuple[Inode, int | None]:
         dropped: int | None = None
         with self.meta.write() as tx:
@@ -368,6 +377,8 @@ class ObjectOps(FileOps):
             tx.add_dirent(d.ino, name, Dirent(inode.ino, stat.S_IFREG))
             self._touch_dir(tx, d)
             self._queue(tx, inode)
+            if logged is not None:
+                tx.put_logged(inode.ino, inode.version, logged)
         inode.parent = d.ino  # (only in the returned copy) which directory changed
         return inode, dropped
 

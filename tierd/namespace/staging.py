@@ -13,6 +13,7 @@ import hashlib
 import os
 from collections.abc import AsyncIterable
 
+from tierd.namespace.smalllog import SmallLog
 from tierd.tiers.hotdir import HotDir
 
 BATCH = 1 << 20
@@ -42,28 +43,21 @@ def _finish(hot: HotDir, fd: int, chunks: list[bytes], offset: int, path: str,
         hot.install_durable(path, install_as)
 
 
-def _write_small(hot: HotDir, chunks: list[bytes], ino: int) -> None:
-    """A small body straight into a fresh inode's data file (no staging file, no rename:
-    the number is new, so nothing can see the file before the metadata names it)."""
-    fd = hot.open_new(ino)
-    try:
-        _write_batch(fd, chunks, 0)
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
-    hot.fsync_dir(ino)
-
-
 async def stage_body(
-    hot: HotDir, body: AsyncIterable[bytes], install_as: int = 0
-) -> tuple[str, int, str]:
+    hot: HotDir, body: AsyncIterable[bytes], install_as: int = 0,
+    smalllog: SmallLog | None = None,
+) -> tuple[str, int, str, bytes | None]:
     """Write ``body`` to a new fsynced staging file: (path, size, MD5 hex).  On any error
     (including the body iterator raising: a bad checksum, a client gone) the file is
     removed and the error propagates.
 
     With ``install_as`` (a fresh inode number) the data ends up durably as that inode's
     data file instead, and the returned path is that file's: a small body is written there
-    directly, a large one staged and renamed in the same thread hop as its last write."""
+    directly, a large one staged and renamed in the same thread hop as its last write.
+
+    With ``smalllog`` admitting it, a small body's data file is only written, not synced,
+    and the bytes are returned (last item) for the caller to log in its commit
+    (:mod:`tierd.namespace.smalllog`); otherwise that item is None."""
     path, fd = "", -1
     md5 = hashlib.md5()
     size = 0
@@ -101,8 +95,13 @@ async def stage_body(
             _hash_batch(md5, pending)
             size = pending_len
             if install_as:
-                await asyncio.to_thread(_write_small, hot, pending, install_as)
-                return hot.path(install_as), size, md5.hexdigest()
+                # straight into the fresh inode's data file (no staging file, no rename:
+                # the number is new, nothing sees the file before the metadata names it),
+                # made durable by the caller's log record or with other small files
+                logged = smalllog is not None and smalllog.admits(size)
+                await hot.write_new(install_as, pending, durable=not logged)
+                data = b"".join(pending) if logged else None
+                return hot.path(install_as), size, md5.hexdigest(), data
             path, fd = hot.new_temp()
             await asyncio.to_thread(_finish, hot, fd, pending, 0, path, 0)
         else:
@@ -124,4 +123,4 @@ async def stage_body(
             hot.remove(install_as)
         raise
     os.close(fd)
-    return (hot.path(install_as) if install_as else path), size, md5.hexdigest()
+    return (hot.path(install_as) if install_as else path), size, md5.hexdigest(), None

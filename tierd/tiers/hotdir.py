@@ -10,7 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+
+from tierd.tiers.groupsync import GroupWriter, syncfs
 
 
 class HotDir:
@@ -19,6 +22,7 @@ class HotDir:
         self.tmp = self.root / "tmp"
         self.root.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(exist_ok=True)
+        self.small = GroupWriter(str(self.root), self._open_new_path, _fsync_parent)
 
     def path(self, ino: int) -> str:
         h = f"{ino:016x}"
@@ -40,7 +44,27 @@ class HotDir:
     def open_new(self, ino: int) -> int:
         """A write descriptor on a new inode's data file, emptied (a crash may have left a
         file under a number the metadata never committed)."""
-        p = self.path(ino)
+        return self._open_new_path(self.path(ino))
+
+    async def write_new(self, ino: int, chunks: Sequence[bytes | memoryview],
+                        durable: bool = True) -> None:
+        """A new inode's data file holding ``chunks``, durable (name included) on return
+        unless ``durable=False`` (then in the page cache: the caller logged the bytes);
+        small files of concurrent requests share one thread and their syncs
+        (:mod:`tierd.tiers.groupsync`)."""
+        await self.small.write(self.path(ino), chunks, durable)
+
+    def sync_all(self) -> None:
+        """Everything written to the tier's file system so far made durable (``syncfs``;
+        blocking: a thread)."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            syncfs(fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _open_new_path(p: str) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         try:
             return os.open(p, flags, 0o600)
@@ -80,11 +104,15 @@ class HotDir:
         return n
 
     def fsync_dir(self, ino: int) -> None:
-        fd = os.open(os.path.dirname(self.path(ino)), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_parent(self.path(ino))
 
     def statvfs(self) -> os.statvfs_result:
         return os.statvfs(self.root)
+
+
+def _fsync_parent(path: str) -> None:
+    fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
