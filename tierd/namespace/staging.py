@@ -14,19 +14,11 @@ import os
 from collections.abc import AsyncIterable
 
 from tierd.namespace.smalllog import SmallLog
+from tierd.tiers.groupsync import write_all
 from tierd.tiers.hotdir import HotDir
 
 BATCH = 1 << 20
 INLINE = 64 << 10  # a whole body this small is hashed on the loop (~100 µs at most)
-
-
-def _write_batch(fd: int, chunks: list[bytes], offset: int) -> None:
-    for c in chunks:
-        view = memoryview(c)
-        while view.nbytes:
-            n = os.pwrite(fd, view, offset)
-            view = view[n:]
-            offset += n
 
 
 def _hash_batch(md5: hashlib._Hash, chunks: list[bytes]) -> None:
@@ -37,7 +29,7 @@ def _hash_batch(md5: hashlib._Hash, chunks: list[bytes]) -> None:
 def _finish(hot: HotDir, fd: int, chunks: list[bytes], offset: int, path: str,
             install_as: int) -> None:
     """The last thread hop of a staged upload: write, sync, and maybe install."""
-    _write_batch(fd, chunks, offset)
+    write_all(fd, chunks, offset)
     os.fdatasync(fd)
     if install_as:
         hot.install_durable(path, install_as)
@@ -78,7 +70,7 @@ async def stage_body(
         size += pending_len
         pending, pending_len = [], 0
         inflight = asyncio.gather(
-            asyncio.to_thread(_write_batch, fd, chunks, offset),
+            asyncio.to_thread(write_all, fd, chunks, offset),
             asyncio.to_thread(_hash_batch, md5, chunks),
         )
 

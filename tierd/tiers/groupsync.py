@@ -122,7 +122,7 @@ class GroupWriter:
         for job in group:
             try:
                 job.fd = self._open_new(job.path)
-                _write_all(job.fd, job.chunks)
+                write_all(job.fd, job.chunks)
             except BaseException as e:
                 _fail(job, e)
                 continue
@@ -148,8 +148,8 @@ class GroupWriter:
         self.files += len(group)
 
 
-def _write_all(fd: int, chunks: Sequence[bytes | memoryview]) -> None:
-    offset = 0
+def write_all(fd: int, chunks: Sequence[bytes | memoryview], offset: int = 0) -> None:
+    """``chunks`` written at ``offset`` onwards, whatever short writes happen."""
     for c in chunks:
         view = memoryview(c)
         while view.nbytes:
