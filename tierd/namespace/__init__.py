@@ -6,6 +6,7 @@ about names, permissions and semantics lives here or in :mod:`tierd.acl`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -104,6 +105,7 @@ class Namespace(MultipartOps, XattrOps):
             except OSError:
                 log.exception("releasing handle %d at shutdown", fh)
         await self.smalllog.close()
+        await asyncio.to_thread(self.hot.small.close)  # every small file already handed in
         with self.meta.write() as tx:
             tx.add_counter("running", -1)
         await self._sync_meta()

@@ -4,7 +4,8 @@ A PUT is acknowledged only once its bytes survive a crash.  For a small object t
 that was almost all kernel work: a data file created, written, ``fdatasync``-ed and its
 directory ``fsync``-ed -- two journal commits per object, besides the metadata commit the
 PUT needs anyway (docs/s3.md has the measurements).  So, as ZFS's intent log and the
-write-ahead logs of databases do, a small body (at most :data:`LOG_MAX`) is also written
+write-ahead logs of databases do, a small body (one that
+:func:`~tierd.namespace.staging.stage_body` takes whole: at most 64 KiB) is also written
 into the metadata transaction that publishes the object (a ``W`` record: inode, content
 version, bytes), and its data file is written to the page cache only.  The group commit
 that makes the metadata durable makes the bytes durable with it, for many PUTs at once.
@@ -28,11 +29,11 @@ import logging
 import os
 
 from tierd.meta import MetaStore
+from tierd.tiers.groupsync import write_all
 from tierd.tiers.hotdir import HotDir
 
 log = logging.getLogger("tierd.namespace")
 
-LOG_MAX = 64 << 10  # bodies up to this size are logged
 LOG_BUDGET = 64 << 20  # logged bytes not yet trimmed; past it small PUTs sync their own file
 TRIM_DELAY = 0.5  # seconds between a first logged PUT and the trim that covers it
 RETRY_DELAY = 2.0  # after a failed syncfs
@@ -52,8 +53,8 @@ class SmallLog:
         self._closed = False
 
     def admits(self, nbytes: int) -> bool:
-        """Whether a body of ``nbytes`` may be logged instead of synced."""
-        return not self._closed and nbytes <= LOG_MAX and self.bytes + nbytes <= LOG_BUDGET
+        """Whether a small body of ``nbytes`` may be logged instead of synced."""
+        return not self._closed and self.bytes + nbytes <= LOG_BUDGET
 
     def logged(self, ino: int, nbytes: int) -> None:
         """The transaction holding ``ino``'s record committed: trim it in a while."""
@@ -129,9 +130,7 @@ class SmallLog:
                     continue
                 fd = self.hot.open_new(ino)
                 try:
-                    view = memoryview(data)
-                    while view.nbytes:
-                        view = view[os.write(fd, view):]
+                    write_all(fd, [data])
                     os.fdatasync(fd)
                 finally:
                     os.close(fd)

@@ -41,12 +41,6 @@ class Deadlines:
         self._at: dict[int, float] = {}
         self._heap: list[tuple[float, int]] = []
 
-    def __len__(self) -> int:
-        return len(self._at)
-
-    def __contains__(self, ino: int) -> bool:
-        return ino in self._at
-
     def get(self, ino: int, default: float = 0.0) -> float:
         return self._at.get(ino, default)
 

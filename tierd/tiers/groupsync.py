@@ -54,12 +54,10 @@ class GroupWriter:
     """Creates files with given contents and makes them durable, in groups (module doc).
 
     ``open_new(path)`` returns a write descriptor on a new, empty file at ``path`` (it may
-    create missing directories); ``fsync_dir(path)`` makes the directory entry durable;
-    ``root`` is any directory on the file system the files are on."""
+    create missing directories); ``fsync_dir(path)`` makes the directory entry durable."""
 
-    def __init__(self, root: str, open_new: Callable[[str], int],
-                 fsync_dir: Callable[[str], None], name: str = "tierd-group-sync") -> None:
-        self.root = root
+    def __init__(self, open_new: Callable[[str], int], fsync_dir: Callable[[str], None],
+                 name: str = "tierd-group-sync") -> None:
         self._open_new = open_new
         self._fsync_dir = fsync_dir
         self._name = name
@@ -68,7 +66,7 @@ class GroupWriter:
         self._jobs: list[_Job] = []
         self._thread: threading.Thread | None = None
         self._closed = False
-        self.groups = 0  # groups synced, and files in them: for tests and the status page
+        self.groups = 0  # groups handled, and files in them (tests look)
         self.files = 0
 
     async def write(self, path: str, chunks: Sequence[bytes | memoryview],

@@ -22,7 +22,7 @@ class HotDir:
         self.tmp = self.root / "tmp"
         self.root.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(exist_ok=True)
-        self.small = GroupWriter(str(self.root), self._open_new_path, _fsync_parent)
+        self.small = GroupWriter(self._open_new_path, _fsync_parent)
 
     def path(self, ino: int) -> str:
         h = f"{ino:016x}"
