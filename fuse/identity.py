@@ -16,24 +16,12 @@ import time
 from collections import OrderedDict
 
 from tierd.acl import Identity
+from tierd.acl.identity import read_groups
 
 #: seconds a pid's supplementary groups are trusted before /proc is read again
 GROUPS_TTL = 1.0
 #: remembered (pid, uid, gid) entries; the oldest is dropped beyond this
 CACHE_SIZE = 4096
-
-
-def read_groups(pid: int) -> frozenset[int]:
-    """Supplementary groups of ``pid`` from ``/proc/<pid>/status`` (empty when the process
-    is gone or unreadable: a request from a vanished process gets only its primary group)."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Groups:"):
-                    return frozenset(int(g) for g in line.split()[1:])
-    except (OSError, ValueError):
-        pass
-    return frozenset()
 
 
 class Callers:

@@ -402,6 +402,30 @@ class Config:
                          help="Eviction frees the hot tier down to this."),
     )
 
+    pool_capacity: int = field(
+        default=1 << 30, metadata=setting(parse=parse_size, metavar="SIZE", help=(
+            "Bytes of shared memory in the memory pool (regions, checkpoints).")))
+    pool_socket: Path = field(
+        default=DERIVED, metadata=setting(
+            derive=lambda c: c.data_dir / "pool.sock", parse=parse_path, metavar="PATH",
+            help="Unix socket of the memory pool (default: DATA_DIR/pool.sock)."))
+    pool_default_quota: int = field(
+        default=0, metadata=setting(parse=parse_size, metavar="SIZE", help=(
+            "Pool bytes a tenant (uid) without its own quota may hold; 0: the whole pool.")))
+    pool_latency_us: float = field(
+        default=0.0, metadata=setting(parse=parse_float(0, 1e6), metavar="MICROSECONDS",
+                                      help="Far-memory emulation: added latency per batch "
+                                      "the daemon moves in or out of the pool (0: off)."))
+    pool_bandwidth: int = field(
+        default=0, metadata=setting(parse=parse_size, metavar="SIZE", help=(
+            "Far-memory emulation: bytes/s cap on the daemon's pool moves (0: off).")))
+    ckpt_keep_local: int = field(
+        default=2, metadata=setting(parse=parse_int(1, 10**6), metavar="N", help=(
+            "Checkpoints per run kept in the pool and hot tier (default per run).")))
+    ckpt_keep_cold: int = field(
+        default=0, metadata=setting(parse=parse_int(0, 10**6), metavar="N", help=(
+            "Checkpoints per run kept in cold; older ones are deleted (0: all).")))
+
     def __post_init__(self) -> None:
         # Fill derived defaults now that the settings they depend on are known.
         for f in dataclasses.fields(self):

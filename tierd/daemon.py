@@ -39,6 +39,7 @@ from tierd.acl.keys import CredentialsError, KeyStore, bootstrap_root_key
 from tierd.admin import make_admin_app
 from tierd.config import Config, HostPort
 from tierd.logs import AccessLogger, get_logger, kv
+from tierd.mempool.door import MemoryDoor
 from tierd.meta.store import MetaStore
 from tierd.namespace import Namespace
 from tierd.placement import Placement
@@ -124,6 +125,7 @@ class Daemon:
         self.meta: MetaStore | None = None
         self.placement: Placement | None = None
         self.namespace: Namespace | None = None
+        self.memory: MemoryDoor | None = None
         #: door name -> bound (host, port) of its first socket; filled once listening
         self.bound: dict[str, HostPort] = {}
         self._stop = asyncio.Event()
@@ -197,6 +199,13 @@ class Daemon:
             self.namespace = await Namespace.load(self.meta, cfg.hot_dir, umask=cfg.umask,
                                                   placement=self.placement)
             stack.push_async_callback(self._close_namespace)
+            self.memory = MemoryDoor.from_config(self.namespace, cfg)
+            try:
+                await self.memory.start()
+            except OSError as e:
+                raise StartupError(f"cannot serve the memory pool on {cfg.pool_socket}: "
+                                   f"{e.strerror or e} (setting pool_socket)") from None
+            stack.push_async_callback(self.memory.stop)
 
             if cfg.mount is not None:
                 await self._mount(cfg.mount)
@@ -319,6 +328,8 @@ class Daemon:
             doc[door] = {"host": hp.host, "port": hp.port, "url": self._url(door)}
         if self.fuse is not None:
             doc["mount"] = str(self.fuse.mountpoint)
+        if self.memory is not None:
+            doc["pool_socket"] = str(self.memory.server.path)
         return doc
 
     def _write_endpoints(self) -> None:
@@ -339,6 +350,10 @@ class Daemon:
             return None
         return PlacementOps(self.placement)
 
+    def memory_door(self) -> MemoryDoor | None:
+        """The memory pool and checkpoints (admin API), None before start."""
+        return self.memory
+
     def status(self) -> dict[str, Any]:
         """The ``/v1/status`` document (see :mod:`tierd.admin.app`)."""
         counts = self.namespace.stats() if self.namespace is not None else {}
@@ -358,4 +373,6 @@ class Daemon:
             "meta": meta,
             "listen": {door: str(hp) for door, hp in self.bound.items()},
             "mount": str(self.fuse.mountpoint) if self.fuse is not None else None,
+            "pool": None if self.memory is None else {
+                k: v for k, v in self.memory.pool.stats().items() if k != "tenants"},
         }

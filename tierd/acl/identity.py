@@ -28,3 +28,16 @@ class Identity:
 
 
 Identity.ROOT = Identity(0, 0)
+
+
+def read_groups(pid: int) -> frozenset[int]:
+    """Supplementary groups of ``pid`` from ``/proc/<pid>/status`` (empty when the process
+    is gone or unreadable: a request from a vanished process gets only its primary group)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Groups:"):
+                    return frozenset(int(g) for g in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return frozenset()

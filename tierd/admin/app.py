@@ -90,4 +90,9 @@ def make_admin_app(backend: AdminBackend) -> web.Application:
         from tierd.admin.placement import add_placement_routes
 
         add_placement_routes(app, placement_ops)
+    memory = getattr(backend, "memory_door", None)
+    if memory is not None:
+        from tierd.admin.pool import add_pool_routes
+
+        add_pool_routes(app, memory)
     return app

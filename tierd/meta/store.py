@@ -23,6 +23,7 @@ so numeric order is byte order:
 ``R<ino>``                  :class:`ColdRecord`: what cold holds (kept past inode deletion)
 ``S<ino>``                  import stamp of a directory: when cold was last listed (ns)
 ``Y<prefix>``               :class:`PlacementPolicy`
+``U<uid>``                  memory-pool quota of a tenant (u64 bytes)
 ==========================  ===================================================
 """
 
@@ -370,6 +371,20 @@ class MetaTxn:
 
     def list_policies(self) -> list[PlacementPolicy]:
         return [PlacementPolicy.decode(v) for _, v in self.kv.scan(b"Y", prefix_end(b"Y"))]
+
+    def get_pool_quota(self, tenant: int) -> int | None:
+        raw = self.kv.get(b"U" + _u64(tenant))
+        return None if raw is None else int(_U64.unpack(raw)[0])
+
+    def put_pool_quota(self, tenant: int, nbytes: int) -> None:
+        self.kv.put(b"U" + _u64(tenant), _u64(nbytes))
+
+    def delete_pool_quota(self, tenant: int) -> bool:
+        return self.kv.delete(b"U" + _u64(tenant))
+
+    def list_pool_quotas(self) -> dict[int, int]:
+        return {int(_U64.unpack(k[1:])[0]): int(_U64.unpack(v)[0])
+                for k, v in self.kv.scan(b"U", prefix_end(b"U"))}
 
 
 class MetaStore:

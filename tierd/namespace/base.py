@@ -327,6 +327,10 @@ class NamespaceBase:
     async def _commit_open(self, of: OpenFile) -> None:
         raise NotImplementedError  # files.FileOps
 
+    async def sync(self) -> None:
+        """A durability point for callers outside the namespace (see :meth:`_sync_meta`)."""
+        await self._sync_meta()
+
     async def _sync_meta(self) -> None:
         """A durability point: every metadata change so far is on stable storage after this
         (with group commit, concurrent callers share one flush)."""

@@ -281,6 +281,18 @@ class ObjectOps(FileOps):
                                        if_match=if_match, if_none_match=if_none_match,
                                        logged=logged)
 
+    async def put_file(self, ident: Identity, bucket: str, key: str, path: str, size: int,
+                       etag: str = "", objmeta: dict[str, str] | None = None) -> Inode:
+        """Publish a file the caller wrote and fsynced at ``path`` (inside the hot tier's
+        staging directory, :meth:`HotDir.new_temp`) as ``bucket/key``, without reading it
+        again: how the checkpoint service publishes gigabytes it copied out of the pool.
+        An empty ``etag`` is computed on first use (:meth:`etag`), like a POSIX write's."""
+        segments, marker = split_key(key)
+        if marker:
+            raise FsError(errno.EINVAL, f"key {key!r} names a directory marker, not a file")
+        return await self._install_put(ident, bucket, key, segments, path, size, etag,
+                                       objmeta or {})
+
     def _alloc_ino(self) -> int:
         with self.meta.write() as tx:
             return tx.next_ino()

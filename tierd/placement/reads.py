@@ -92,6 +92,13 @@ class Reading(Evicting):
             self._whole.add(ino)  # every block arrived: later reads skip the metadata
         await self._fetch(v, self.hotc, missing, ahead)
 
+    def hot_complete(self, ino: int) -> bool:
+        """Whether every block of the file is on hot already (reading needs no fetch)."""
+        if ino in self._whole:
+            return True
+        v = self._view(ino)
+        return v is None or v.hot is None or bitmap.count(v.hot) == bitmap.nblocks(v.size)
+
     async def read(self, ino: int, fd: int, offset: int, length: int) -> bytes:
         """The bytes of ``[offset, offset+length)`` (short at end of file), with ``fd`` the
         namespace's descriptor on the hot file.  Warm-only blocks are served from warm

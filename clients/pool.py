@@ -1,0 +1,126 @@
+"""Client of tierd's memory pool: ask for regions, receive their descriptors, map them.
+
+The daemon is found through ``socket_path``, else ``TIERD_POOL_SOCKET``, else the
+``pool_socket`` of the running daemon's ``endpoints.json`` (in ``TIERD_DATA_DIR`` or the
+default data directory).  One connection per client; calls are serialised by a lock so a
+client may be shared by threads (``dcp.async_save`` writes from a thread).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import mmap
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tierd.mempool.wire import encode, recv_message
+
+
+class PoolRequestError(OSError):
+    """The daemon refused a request; ``errno`` and the message say why."""
+
+
+class PoolQuotaExceeded(PoolRequestError):
+    """The tenant's quota (EDQUOT) or the pool (ENOSPC) has no room: nothing was copied."""
+
+
+def default_socket() -> Path:
+    env = os.environ.get("TIERD_POOL_SOCKET")
+    if env:
+        return Path(env)
+    data = os.environ.get("TIERD_DATA_DIR")
+    if not data:
+        import platformdirs
+
+        data = platformdirs.user_data_dir("tierd")
+    ep = Path(data) / "endpoints.json"
+    try:
+        return Path(json.loads(ep.read_text())["pool_socket"])
+    except (OSError, ValueError, KeyError):
+        return Path(data) / "pool.sock"
+
+
+@dataclass
+class Mapping:
+    """One region (or file) mapped into this process."""
+
+    id: int
+    size: int
+    mm: mmap.mmap
+
+    def close(self) -> None:
+        self.mm.close()
+
+
+class PoolClient:
+    def __init__(self, socket_path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(socket_path) if socket_path is not None else default_socket()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            self._sock.connect(str(self.path))
+        except OSError as e:
+            self._sock.close()
+            raise ConnectionError(f"cannot reach the tierd memory pool at {self.path}: "
+                                  f"{e.strerror or e} (is tierd running? set "
+                                  "TIERD_POOL_SOCKET)") from None
+        self._lock = threading.Lock()
+
+    def call(self, op: str, **fields: Any) -> tuple[dict[str, Any], list[int]]:
+        """One request; the reply and the descriptors that came with it (the caller owns
+        them).  A refusal raises :class:`PoolRequestError`."""
+        with self._lock:
+            self._sock.sendall(encode({"op": op, **fields}))
+            reply, fds = recv_message(self._sock)
+        if not reply.get("ok"):
+            for fd in fds:
+                os.close(fd)
+            code = int(reply.get("errno", errno.EIO))
+            cls = PoolQuotaExceeded if code in (errno.EDQUOT, errno.ENOSPC) else \
+                PoolRequestError
+            raise cls(code, str(reply.get("error", "refused")))
+        return reply, fds
+
+    # -- regions -------------------------------------------------------------------------
+    def alloc(self, size: int, name: str = "", persistent: bool = False) -> Mapping:
+        reply, fds = self.call("alloc", size=size, name=name, persistent=persistent)
+        return self._map(reply["region"], fds)
+
+    def open(self, region: int) -> Mapping:
+        reply, fds = self.call("open", region=region)
+        return self._map(reply["region"], fds)
+
+    def free(self, region: int) -> None:
+        self.call("free", region=region)
+
+    def regions(self) -> list[dict[str, Any]]:
+        regions: list[dict[str, Any]] = self.call("list")[0]["regions"]
+        return regions
+
+    def stats(self) -> dict[str, Any]:
+        return self.call("stats")[0]
+
+    @staticmethod
+    def _map(region: dict[str, Any], fds: list[int], private: bool = False) -> Mapping:
+        fd = fds[0]
+        try:
+            size = int(region["size"])
+            flags = mmap.MAP_PRIVATE if private else mmap.MAP_SHARED
+            mm = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            for f in fds:
+                os.close(f)
+        return Mapping(int(region["id"]), size, mm)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> PoolClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,76 @@
+"""Admin endpoints of the memory pool and checkpoints (``tierctl pool`` and ``tierctl ckpt``).
+
+``GET /v1/pool`` (status), ``PUT /v1/pool/quota/{tenant}`` (``{"bytes": N}``; 0 removes
+the tenant's own quota), ``DELETE /v1/pool/regions/{id}``, ``GET /v1/ckpt?bucket=&run=``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from tierd.acl import Identity
+from tierd.errors import FsError
+from tierd.mempool.pool import PoolError
+
+if TYPE_CHECKING:
+    from tierd.mempool.door import MemoryDoor
+
+_STATUS = {"ENOENT": 404, "EBUSY": 409, "EINVAL": 400}
+
+
+def _err(e: OSError) -> web.Response:
+    import errno as _e
+
+    name = _e.errorcode.get(e.errno or 0, "EIO")
+    return web.json_response({"error": name.lower(), "message": e.strerror or str(e)},
+                             status=_STATUS.get(name, 400))
+
+
+def add_pool_routes(app: web.Application, get_door: Callable[[], MemoryDoor | None]) -> None:
+    def door() -> MemoryDoor:
+        d = get_door()
+        if d is None:
+            raise web.HTTPServiceUnavailable(reason="the memory pool is not running")
+        return d
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(door().status())
+
+    async def quota(request: web.Request) -> web.Response:
+        try:
+            tenant = int(request.match_info["tenant"])
+            doc = await request.json()
+            nbytes = int(doc["bytes"])
+            return web.json_response(door().set_quota(tenant, nbytes))
+        except (ValueError, KeyError, TypeError) as e:
+            return web.json_response({"error": "bad_request", "message": f"need a numeric "
+                                      f"tenant and a JSON body {{\"bytes\": N}}: {e}"},
+                                     status=400)
+
+    async def free(request: web.Request) -> web.Response:
+        try:
+            return web.json_response(door().free_region(int(request.match_info["rid"])))
+        except ValueError:
+            return web.json_response({"error": "bad_request", "message": "region ids are "
+                                      "numbers"}, status=400)
+        except PoolError as e:
+            return _err(e)
+
+    async def ckpt_list(request: web.Request) -> web.Response:
+        d = door()
+        run_name = request.query.get("run")
+        if not run_name:
+            return web.json_response({"runs": d.ckpt.status()})
+        try:
+            return web.json_response(await d.ckpt.listing(
+                Identity.ROOT, {"bucket": request.query.get("bucket"), "run": run_name}))
+        except FsError as e:
+            return _err(e)
+
+    app.router.add_get("/v1/pool", status)
+    app.router.add_put("/v1/pool/quota/{tenant}", quota)
+    app.router.add_delete("/v1/pool/regions/{rid}", free)
+    app.router.add_get("/v1/ckpt", ckpt_list)

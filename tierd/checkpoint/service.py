@@ -1,0 +1,423 @@
+"""Checkpoints: staged in pool memory, committed atomically, persisted in the background.
+
+A step's life: ``staging`` (the client copies tensors into a region the daemon handed it)
+→ ``committed`` (the client said so; the save returns: training goes on) → ``local``
+(published in the namespace, durable on the hot tier) → ``persisted`` (cold has it, through
+the tiers' write-back).  Only the step directory's rename publishes it, so a crash at any
+point leaves it whole or absent; a committed step that had not reached ``local`` lives only
+in pool memory and is gone with the daemon, which is why ``wait_persisted`` exists.
+
+Regions are the run's, not the step's: a step that reached ``local`` keeps its region as a
+pool copy (loads from it are zero-copy) until the next save of the run reuses it, so steady
+state allocates nothing and the client's mapping of the region stays warm.
+
+Retention per run: the last ``keep_local`` steps keep their pool/hot copies, older ones are
+evicted from hot once cold has them; with ``keep_cold`` > 0 steps beyond the last
+``keep_cold`` are deleted.  The newest committed step is never removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tierd.acl import Identity
+from tierd.checkpoint import publish
+from tierd.checkpoint.manifest import (
+    DATA,
+    FORMAT,
+    MANIFEST,
+    TMP_PREFIX,
+    check_manifest,
+    check_run,
+    check_step,
+    parse_step_dir,
+    step_dir,
+    tmp_dir,
+)
+from tierd.errors import FsError
+from tierd.logs import get_logger, kv
+from tierd.mempool.pool import MemPool, PoolError, Region
+from tierd.mempool.server import Peer, PoolServer, Reply
+from tierd.namespace.names import check_bucket_name
+
+if TYPE_CHECKING:
+    from tierd.namespace import Namespace
+
+log = get_logger("checkpoint")
+
+STAGING, COMMITTED, LOCAL, PERSISTED, FAILED = (
+    "staging", "committed", "local", "persisted", "failed")
+#: how long a save waits for a region of its run still being written out before giving up
+REGION_WAIT = 60.0
+
+
+@dataclass
+class Step:
+    step: int
+    ident: Identity
+    state: str
+    region: Region | None = None
+    conn: int = 0
+    manifest: dict[str, Any] | None = None
+    inos: list[int] = field(default_factory=list)
+    error: str = ""
+    local: asyncio.Event = field(default_factory=asyncio.Event)
+    persisted: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def describe(self) -> dict[str, Any]:
+        return {"step": self.step, "state": self.state, "in_pool": self.region is not None,
+                "size": (self.manifest or {}).get("size"), "error": self.error or None}
+
+
+@dataclass
+class Run:
+    bucket: str
+    name: str
+    keep_local: int
+    keep_cold: int
+    steps: dict[int, Step] = field(default_factory=dict)
+    regions: list[Region] = field(default_factory=list)
+    scanned: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def region_busy(self, r: Region) -> bool:
+        return any(s.region is r and s.state in (STAGING, COMMITTED) for s in self.steps.values())
+
+    def signal(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class CheckpointService:
+    def __init__(self, ns: Namespace, pool: MemPool, *, keep_local: int = 2,
+                 keep_cold: int = 0) -> None:
+        self.ns = ns
+        self.pool = pool
+        self.keep_local = keep_local
+        self.keep_cold = keep_cold
+        self.runs: dict[tuple[str, str], Run] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: placement holds taken for readers, per connection
+        self._holds: dict[int, list[int]] = defaultdict(list)
+
+    def register(self, server: PoolServer) -> None:
+        for op, fn in (("ckpt.stage", self._stage), ("ckpt.commit", self._commit),
+                       ("ckpt.abort", self._abort), ("ckpt.wait", self._wait),
+                       ("ckpt.list", self._list), ("ckpt.open", self._open),
+                       ("ckpt.delete", self._delete)):
+            server.route(op, fn)
+        server.on_close.append(self._closed)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    # -- runs --------------------------------------------------------------------------
+    async def run(self, ident: Identity, msg: dict[str, Any], create: bool = False) -> Run:
+        bucket = str(msg.get("bucket") or "checkpoints")
+        check_bucket_name(bucket)
+        name = check_run(msg.get("run"))
+        key = (bucket, name)
+        run = self.runs.get(key)
+        if run is None:
+            if create:
+                await self._ensure_bucket(ident, bucket)
+            run = Run(bucket, name, self.keep_local, self.keep_cold)
+            self.runs[key] = run
+        for attr in ("keep_local", "keep_cold"):
+            if msg.get(attr) is not None:
+                v = msg[attr]
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise FsError(errno.EINVAL, f"{attr} must be a non-negative integer")
+                setattr(run, attr, v)
+        if not run.scanned:
+            await self._scan(ident, run)
+        return run
+
+    async def _ensure_bucket(self, ident: Identity, bucket: str) -> None:
+        try:
+            await self.ns.get_bucket(bucket)
+        except FsError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            with contextlib.suppress(FsError):  # a racing creator is fine
+                await self.ns.create_bucket(ident, bucket)
+
+    async def _scan(self, ident: Identity, run: Run) -> None:
+        """Learn the steps the namespace holds (after a restart) and drop a crash's
+        temporary directories."""
+        try:
+            d = await self.ns.resolve(Identity.ROOT, f"{run.bucket}/{run.name}")
+        except FsError:
+            run.scanned = True
+            return
+        for name_b, inode in await self.ns.listdir(Identity.ROOT, d.ino):
+            name = name_b.decode(errors="replace")
+            n = parse_step_dir(name)
+            if n is not None and inode.is_dir and n not in run.steps:
+                run.steps[n] = Step(n, Identity(inode.uid, inode.gid), LOCAL)
+                run.steps[n].local.set()
+            elif name.startswith(TMP_PREFIX):
+                await publish.remove_step_dir(self.ns, Identity.ROOT, run.bucket, run.name,
+                                              name)
+        for s in run.steps.values():
+            if s.state == LOCAL and not s.inos:
+                await self._learn_inos(run, s)
+        run.scanned = True
+
+    async def _learn_inos(self, run: Run, s: Step) -> None:
+        inos = []
+        for leaf in (DATA, MANIFEST):
+            with contextlib.suppress(FsError):
+                inos.append((await self.ns.resolve(
+                    Identity.ROOT, f"{run.bucket}/{run.name}/{step_dir(s.step)}/{leaf}")).ino)
+        s.inos = inos
+        if self._all_clean(inos):
+            s.state = PERSISTED
+            s.persisted.set()
+
+    def _all_clean(self, inos: list[int]) -> bool:
+        with self.ns.meta.snapshot() as tx:
+            return bool(inos) and all(tx.queued(i) is None for i in inos)
+
+    # -- saving ------------------------------------------------------------------------
+    async def _stage(self, peer: Peer, msg: dict[str, Any]) -> Reply:
+        run = await self.run(peer.ident, msg, create=True)
+        n = check_step(msg.get("step"))
+        size = max(int(msg["size"]), 1)
+        old = run.steps.get(n)
+        if old is not None and old.state != FAILED:
+            raise FsError(errno.EEXIST, f"step {n} of run {run.name!r} already exists "
+                          f"({old.state}); delete it first or save another step")
+        region = await self._region(run, peer, size)
+        for s in run.steps.values():
+            if s.region is region:
+                s.region = None  # its pool copy is overwritten now; hot has it
+        region.conn, region.persistent = peer.conn, False
+        run.steps[n] = Step(n, peer.ident, STAGING, region, peer.conn)
+        return Reply([os.dup(region.fd)], region=region.describe())
+
+    async def _region(self, run: Run, peer: Peer, size: int) -> Region:
+        """A region of at least ``size`` bytes: an idle one of the run's, else a new one,
+        making room by freeing the run's idle regions and waiting for busy ones."""
+        deadline = asyncio.get_running_loop().time() + REGION_WAIT
+        while True:
+            idle = [r for r in run.regions if r.tenant == peer.tenant and r.size >= size
+                    and not run.region_busy(r) and r.id in self.pool.regions]
+            if idle:
+                return min(idle, key=lambda r: r.size)
+            try:
+                self.pool.check_room(peer.tenant, size)
+            except PoolError:
+                spare = [r for r in run.regions if r.tenant == peer.tenant
+                         and not run.region_busy(r)]
+                if spare:
+                    self.drop_region(run, spare[0])
+                    continue
+                busy = any(run.region_busy(r) for r in run.regions)
+                if not busy or asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.wait_for(run.changed.wait(), REGION_WAIT)
+                continue
+            r = self.pool.alloc(peer.tenant, size, name=f"ckpt:{run.bucket}/{run.name}",
+                                conn=peer.conn)
+            try:
+                await asyncio.to_thread(self.pool.populate, r)
+            except PoolError:
+                self.pool.free(r.id)
+                raise
+            run.regions.append(r)
+            return r
+
+    def drop_region(self, run: Run, r: Region) -> None:
+        run.regions.remove(r)
+        for s in run.steps.values():
+            if s.region is r:
+                s.region = None
+        if r.id in self.pool.regions:
+            self.pool.free(r.id)
+
+    def _staged(self, run: Run, peer: Peer, n: int) -> Step:
+        s = run.steps.get(n)
+        if s is None or s.state != STAGING or s.conn != peer.conn:
+            raise FsError(errno.ENOENT, f"step {n} of run {run.name!r} is not being staged "
+                          "by this connection")
+        return s
+
+    async def _commit(self, peer: Peer, msg: dict[str, Any]) -> Reply:
+        run = await self.run(peer.ident, msg)
+        s = self._staged(run, peer, check_step(msg.get("step")))
+        assert s.region is not None
+        doc = check_manifest(msg.get("manifest"), s.region.size)
+        doc.update(format=FORMAT, run=run.name, step=s.step)
+        s.manifest = doc
+        s.state = COMMITTED
+        s.region.conn, s.region.persistent = 0, True  # the daemon's now, until published
+        t = asyncio.create_task(self._persist(run, s), name=f"ckpt-{run.name}-{s.step}")
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return Reply(state=s.state)
+
+    async def _abort(self, peer: Peer, msg: dict[str, Any]) -> Reply:
+        run = await self.run(peer.ident, msg)
+        s = self._staged(run, peer, check_step(msg.get("step")))
+        del run.steps[s.step]
+        if s.region is not None:
+            s.region.conn, s.region.persistent = 0, True
+        run.signal()
+        return Reply(aborted=s.step)
+
+    def _closed(self, peer: Peer) -> None:
+        """A client went away: its staged steps vanish (their regions are already freed)."""
+        for run in self.runs.values():
+            for n in [n for n, s in run.steps.items()
+                      if s.state == STAGING and s.conn == peer.conn]:
+                del run.steps[n]
+                log.info("dropped a staged checkpoint of a closed connection",
+                         extra=kv(run=run.name, step=n, pid=peer.pid))
+            run.regions = [r for r in run.regions if r.id in self.pool.regions]
+            run.signal()
+        p = self.ns.placement
+        for ino in self._holds.pop(peer.conn, []):
+            if p is not None:
+                p.release(ino)
+
+    async def _persist(self, run: Run, s: Step) -> None:
+        assert s.region is not None and s.manifest is not None
+        try:
+            s.inos = await publish.publish(self.ns, self.pool.far, s.ident, run.bucket,
+                                           run.name, s.step, s.region, s.manifest)
+            s.state = LOCAL
+            s.local.set()
+            run.signal()
+            await self._retain(run)
+            p = self.ns.placement
+            if p is not None:
+                for ino in s.inos:
+                    await p.wait_persisted(ino)
+            if s.state == LOCAL:
+                s.state = PERSISTED
+            s.persisted.set()
+            await self._retain(run)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("checkpoint %s/%s step %d failed", run.bucket, run.name, s.step)
+            s.state, s.error = FAILED, f"{type(e).__name__}: {e}"
+            s.local.set()
+            s.persisted.set()
+            await publish.remove_step_dir(self.ns, Identity.ROOT, run.bucket, run.name,
+                                          tmp_dir(s.step))
+        finally:
+            run.signal()
+
+    async def _retain(self, run: Run) -> None:
+        done = sorted(n for n, s in run.steps.items() if s.state in (LOCAL, PERSISTED))
+        if not done:
+            return
+        newest = done[-1]
+        p = self.ns.placement
+        for n in done[:-run.keep_local] if run.keep_local else done[:-1]:
+            s = run.steps[n]
+            if s.state == PERSISTED and p is not None:
+                for ino in s.inos:
+                    await p.evict_file(ino, "hot", demote=False)
+        if run.keep_cold:
+            for n in done[:-run.keep_cold]:
+                if n != newest and run.steps[n].state == PERSISTED:
+                    await self._remove(run, n)
+
+    # -- reading and management ---------------------------------------------------------
+    async def _wait(self, peer: Peer, msg: dict[str, Any]) -> Reply:
+        run = await self.run(peer.ident, msg)
+        n = check_step(msg.get("step"))
+        s = self._step(run, n)
+        level = msg.get("level", "cold")
+        if level not in ("local", "cold"):
+            raise FsError(errno.EINVAL, "level must be 'local' or 'cold'")
+        ev = s.local if level == "local" else s.persisted
+        timeout = msg.get("timeout")
+        try:
+            await asyncio.wait_for(ev.wait(), None if timeout is None else float(timeout))
+        except TimeoutError:
+            raise FsError(errno.ETIMEDOUT, f"step {n} of run {run.name!r} did not reach "
+                          f"{level} within {timeout} s (state {s.state})") from None
+        if s.state == FAILED:
+            raise FsError(errno.EIO, f"step {n} of run {run.name!r} failed: {s.error}")
+        return Reply(state=s.state)
+
+    def _step(self, run: Run, n: int) -> Step:
+        s = run.steps.get(n)
+        if s is None or s.state == STAGING:
+            have = sorted(k for k, v in run.steps.items() if v.state in (
+                COMMITTED, LOCAL, PERSISTED))
+            raise FsError(errno.ENOENT, f"run {run.name!r} in bucket {run.bucket!r} has no "
+                          f"step {n}; it has steps {have}" if have else
+                          f"run {run.name!r} in bucket {run.bucket!r} has no checkpoints")
+        return s
+
+    async def _list(self, peer: Peer, msg: dict[str, Any]) -> Reply:
+        return Reply(**await self.listing(peer.ident, msg))
+
+    async def listing(self, ident: Identity, msg: dict[str, Any]) -> dict[str, Any]:
+        """A run's committed steps and where each is (``tierctl ckpt list``)."""
+        run = await self.run(ident, msg)
+        for s in run.steps.values():
+            if s.state == LOCAL and s.inos and self._all_clean(s.inos):
+                s.state = PERSISTED
+        steps = [s.describe() for n, s in sorted(run.steps.items()) if s.state != STAGING]
+        return {"bucket": run.bucket, "run": run.name, "steps": steps,
+                "keep_local": run.keep_local, "keep_cold": run.keep_cold}
+
+    async def _open(self, peer: Peer, msg: dict[str, Any]) -> Reply:
+        run = await self.run(peer.ident, msg)
+        want = msg.get("step")
+        if want is None:
+            done = [n for n, s in run.steps.items() if s.state in (COMMITTED, LOCAL, PERSISTED)]
+            if not done:
+                raise FsError(errno.ENOENT, f"run {run.name!r} in bucket {run.bucket!r} has "
+                              "no checkpoints")
+            want = max(done)
+        s = self._step(run, check_step(want))
+        if s.region is not None and s.manifest is not None and (
+                s.ident.uid == peer.tenant or peer.ident.is_root):
+            return Reply([os.dup(s.region.fd)], step=s.step, where="pool",
+                         region=s.region.describe(), manifest=s.manifest)
+        manifest = s.manifest or await publish.read_manifest(
+            self.ns, peer.ident, run.bucket, run.name, s.step)
+        fd, ino, where = await publish.open_data(self.ns, peer.ident, run.bucket, run.name,
+                                                 s.step)
+        self._holds[peer.conn].append(ino)
+        return Reply([fd], step=s.step, where=where, manifest=manifest)
+
+    async def _delete(self, peer: Peer, msg: dict[str, Any]) -> Reply:
+        run = await self.run(peer.ident, msg)
+        n = check_step(msg.get("step"))
+        s = self._step(run, n)
+        if s.state == COMMITTED:
+            raise FsError(errno.EBUSY, f"step {n} is still being written out; wait for it")
+        if s.ident.uid != peer.tenant and not peer.ident.is_root:
+            await self.ns.access(peer.ident, (await self.ns.resolve(
+                peer.ident, f"{run.bucket}/{run.name}")).ino, os.W_OK | os.X_OK)
+        await self._remove(run, n, peer.ident)
+        return Reply(deleted=n)
+
+    async def _remove(self, run: Run, n: int, ident: Identity = Identity.ROOT) -> None:
+        s = run.steps.pop(n)
+        s.region = None
+        await publish.remove_step_dir(self.ns, ident, run.bucket, run.name, step_dir(n))
+        run.signal()
+
+    def status(self) -> list[dict[str, Any]]:
+        return [{"bucket": r.bucket, "run": r.name,
+                 "steps": [s.describe() for _, s in sorted(r.steps.items())]}
+                for r in self.runs.values()]
