@@ -12,6 +12,7 @@ someone writes to them.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import mmap
 import os
@@ -19,7 +20,6 @@ import pickle
 from typing import Any
 
 import torch
-
 from tierd_client.pool import Mapping, PoolClient
 
 ALIGN = 64  # tensors start on cache-line boundaries (and every dtype's alignment)
@@ -109,10 +109,8 @@ class Checkpointer:
                 os.close(fd)
             return m
         m = PoolClient._map(reply["region"], fds)
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             m.mm.madvise(mmap.MADV_HUGEPAGE)
-        except (OSError, AttributeError):
-            pass
         self._maps[rid] = m
         return m
 
@@ -148,10 +146,8 @@ class Checkpointer:
                             "nbytes": len(objects)})
             self.commit(run, step, {"size": total, "entries": entries})
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 self.abort(run, step)
-            except OSError:
-                pass
             raise
 
     def wait_persisted(self, run: str, step: int | None = None, *, level: str = "cold",

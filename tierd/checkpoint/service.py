@@ -127,10 +127,10 @@ class CheckpointService:
         check_bucket_name(bucket)
         name = check_run(msg.get("run"))
         key = (bucket, name)
+        if create:
+            await self._ensure_bucket(ident, bucket)
         run = self.runs.get(key)
         if run is None:
-            if create:
-                await self._ensure_bucket(ident, bucket)
             run = Run(bucket, name, self.keep_local, self.keep_cold)
             self.runs[key] = run
         for attr in ("keep_local", "keep_cold"):
