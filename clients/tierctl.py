@@ -16,6 +16,7 @@ import json
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -319,6 +320,92 @@ def import_(client: AdminClient, prefix: str) -> None:
     doc = _run(lambda: client.call("POST", "/v1/placement/import", {"prefix": prefix},
                                    timeout=3600))
     click.echo(f"imported {doc['imported']} entries")
+
+
+@cli.group()
+def pool() -> None:
+    """The memory pool: status, tenant quotas, forced frees."""
+
+
+@pool.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON document.")
+@click.pass_obj
+def pool_status(client: AdminClient, as_json: bool) -> None:
+    """Capacity, use per tenant, fragmentation, bytes moved, regions."""
+    doc = _run(lambda: client.get_json("/v1/pool"))
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"capacity {human_bytes(doc['capacity'])}, used {human_bytes(doc['used'])}, "
+               f"free {human_bytes(doc['free'])} (largest {human_bytes(doc['largest_free'])}"
+               f", fragmentation {doc['fragmentation']:.2f}), {doc['regions']} regions")
+    click.echo(f"moved in {human_bytes(doc['bytes_moved_in'])}, out "
+               f"{human_bytes(doc['bytes_moved_out'])}; socket {doc['socket']}")
+    for tenant, t in doc["tenants"].items():
+        click.echo(f"  tenant {tenant}: {human_bytes(t['used'])} of "
+                   f"{human_bytes(t['quota'])} in {t['regions']} regions")
+    for r in doc["region_list"]:
+        click.echo(f"  region {r['id']}: tenant {r['tenant']}, {human_bytes(r['size'])}"
+                   f"{', persistent' if r['persistent'] else ''} {r['name']}")
+
+
+@pool.group("quota")
+def pool_quota() -> None:
+    """Tenant quotas."""
+
+
+@pool_quota.command("set")
+@click.argument("tenant", type=click.IntRange(min=0))
+@click.argument("nbytes", metavar="BYTES")
+@click.pass_obj
+def pool_quota_set(client: AdminClient, tenant: int, nbytes: str) -> None:
+    """Limit TENANT (a uid) to BYTES of pool memory (e.g. 8GiB; 0: back to the default)."""
+    from tierd.config_parsers import ParseContext, parse_size
+
+    try:
+        n = parse_size(nbytes, ParseContext(Path.cwd()))
+    except ValueError as e:
+        _fail(str(e))
+    doc = _run(lambda: client.call("PUT", f"/v1/pool/quota/{tenant}", {"bytes": n}))
+    click.echo(f"tenant {tenant}: quota {human_bytes(doc['quota'])}, "
+               f"using {human_bytes(doc['used'])}")
+
+
+@pool.command("free")
+@click.argument("region", type=click.IntRange(min=1))
+@click.pass_obj
+def pool_free(client: AdminClient, region: int) -> None:
+    """Free REGION now, whoever holds it."""
+    doc = _run(lambda: client.call("DELETE", f"/v1/pool/regions/{region}", {}))
+    click.echo(f"freed region {doc['freed']} ({human_bytes(doc['size'])} of tenant "
+               f"{doc['tenant']})")
+
+
+@cli.group()
+def ckpt() -> None:
+    """Checkpoints."""
+
+
+@ckpt.command("list")
+@click.argument("run")
+@click.option("--bucket", default="checkpoints", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON document.")
+@click.pass_obj
+def ckpt_list(client: AdminClient, run: str, bucket: str, as_json: bool) -> None:
+    """Steps of RUN and where each is: committed (pool only), local (hot), persisted."""
+    from urllib.parse import urlencode
+
+    doc = _run(lambda: client.get_json("/v1/ckpt?" + urlencode({"run": run,
+                                                                 "bucket": bucket})))
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    if not doc["steps"]:
+        click.echo(f"{bucket}/{run}: no checkpoints")
+    for s in doc["steps"]:
+        size = human_bytes(s["size"]) if s["size"] is not None else "?"
+        click.echo(f"step {s['step']}\t{s['state']}\t{size}"
+                   f"{chr(9) + 'in pool' if s['in_pool'] else ''}")
 
 
 def main() -> None:

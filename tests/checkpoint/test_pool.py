@@ -163,3 +163,35 @@ def test_quota_error_names_the_numbers(tierd: Tierd) -> None:
     with PoolClient(tierd.socket) as c, pytest.raises(PoolQuotaExceeded) as e:
         c.alloc(1 << 40)
     assert e.value.errno == errno.EDQUOT and str(1 << 40) in str(e.value)
+
+
+def test_tierctl_pool_and_ckpt_commands(tierd: Tierd) -> None:
+    import subprocess
+    import sys
+
+    import torch
+    from tierd_client.checkpoint import Checkpointer
+
+    def tierctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tierd_client.tierctl", "--admin-url",
+                               tierd.admin, *args], capture_output=True, text=True, timeout=60)
+
+    with Checkpointer(tierd.socket) as ck:
+        ck.save("cli", 1, {"w": torch.ones(1000)})
+        ck.wait_persisted("cli", 1, level="local")
+        r = tierctl("pool", "quota", "set", "1234", "64MiB")
+        assert r.returncode == 0 and "quota 64.0 MiB" in r.stdout, r.stdout + r.stderr
+        r = tierctl("pool", "status")
+        assert r.returncode == 0 and "tenant 1234: 0 B of 64.0 MiB" in r.stdout, r.stdout
+        assert "1 regions" in r.stdout
+        r = tierctl("ckpt", "list", "cli")
+        assert r.returncode == 0 and r.stdout.startswith("step 1\t"), r.stdout
+        r = tierctl("pool", "quota", "set", "1234", "lots")
+        assert r.returncode != 0 and "is not a size" in r.stderr
+        rid = PoolClient(tierd.socket).regions()[0]["id"]
+        r = tierctl("pool", "free", str(rid))
+        assert r.returncode == 0 and f"freed region {rid}" in r.stdout, r.stderr
+        r = tierctl("pool", "free", str(rid))
+        assert r.returncode != 0 and "no pool region" in r.stderr
+        assert ck.list("cli")[0]["in_pool"] is False
+        assert torch.equal(ck.load("cli", 1)["w"], torch.ones(1000))  # from hot
