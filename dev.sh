@@ -41,6 +41,9 @@ install_python() {
     local stamp="$VENV/.tierd-installed"
     if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
         echo "dev.sh: installing tierd and its test dependencies" >&2
+        # torch for the checkpoint SDK: a CPU-only build when the index has one (a tenth of
+        # the size of the CUDA one, which pip would otherwise pick); any build works
+        "$VENV/bin/pip" install -q "torch==2.13.0+cpu" >/dev/null 2>&1 || true
         "$VENV/bin/pip" install -q -e ".[test]"
         touch "$stamp"
     fi

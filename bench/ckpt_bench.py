@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import boto3
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from moto_server import ACCESS_KEY, REGION, SECRET_KEY, running_moto
 from s3.conftest import start_daemon
 from tierd_client.checkpoint import Checkpointer
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 warnings.filterwarnings("ignore", message=".*single process.*")
 COLD = "bench-cold"
@@ -145,14 +145,15 @@ def main() -> None:
                 rec("dcp_total", time.perf_counter() - t0)
                 local = work / f"torch-{r}.pt"
 
-                def tsave() -> None:
+                def tsave(local: Path = local) -> None:
                     torch.save(sd, local)
                     fd = os.open(local, os.O_RDONLY)
                     os.fsync(fd)
                     os.close(fd)
                 rec("torch_save_fsync", timed(tsave))
-                rec("boto3_upload", timed(lambda: s3.upload_file(str(local), COLD,
-                                                                  f"baseline/{r}.pt")))
+                rec("boto3_upload", timed(lambda local=local, r=r: s3.upload_file(
+                    str(local), COLD, f"baseline/{r}.pt")))
+                s3.delete_object(Bucket=COLD, Key=f"baseline/{r}.pt")  # moto keeps all in RAM
                 print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.3f}s" for k, v in res.items()),
                       flush=True)
                 if r:
@@ -168,7 +169,7 @@ def main() -> None:
                 rec("load_pool", timed(lambda: restore(ck.load("bench", last))))
                 rec("load_hot", timed(lambda: restore(ck.load("bench", last - 1))))
                 lf = work / f"torch-{args.rounds - 1}.pt"
-                rec("torch_load", timed(lambda: restore(torch.load(lf, mmap=False))))
+                rec("torch_load", timed(lambda lf=lf: restore(torch.load(lf, mmap=False))))
                 rec("dcp_load", timed(lambda: dcp.load(
                     pre, checkpoint_id=work / f"dcp-{args.rounds - 1}")))
             admin = json.loads((data / "endpoints.json").read_text())["admin"]["url"]
@@ -177,7 +178,6 @@ def main() -> None:
                                              data=json.dumps({"prefix": "checkpoints/bench/",
                                                               "tier": "all"}).encode())
                 urllib.request.urlopen(req, timeout=600).read()
-                _, _, where = ck.open("bench", last - 1)
                 rec("load_cold", timed(lambda: restore(ck.load("bench", last - 1))))
             ck.close()
         finally:
