@@ -108,7 +108,7 @@ class Checkpointer:
             for fd in fds:
                 os.close(fd)
             return m
-        m = PoolClient._map(reply["region"], fds)
+        m = PoolClient.map_region(reply["region"], fds)
         with contextlib.suppress(OSError, AttributeError):
             m.mm.madvise(mmap.MADV_HUGEPAGE)
         self._maps[rid] = m
@@ -166,15 +166,9 @@ class Checkpointer:
                                                                str]:
         """(manifest, private mapping of the data, where it came from: pool/hot/cold)."""
         reply, fds = self.client.call("ckpt.open", **self._where(run), step=step)
-        size = int(reply["manifest"]["size"])
-        fd = fds[0]
-        try:
-            mm = mmap.mmap(fd, max(size, 1), flags=mmap.MAP_PRIVATE,
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            for f in fds:
-                os.close(f)
-        return reply["manifest"], mm, str(reply["where"])
+        size = max(int(reply["manifest"]["size"]), 1)  # a region is never empty either
+        m = PoolClient.map_region({"id": reply["step"], "size": size}, fds, private=True)
+        return reply["manifest"], m.mm, str(reply["where"])
 
     def load(self, run: str, step: int | None = None) -> Any:
         """The state saved as ``step`` (default: the latest) of ``run``; its tensors are

@@ -88,11 +88,11 @@ class PoolClient:
     # -- regions -------------------------------------------------------------------------
     def alloc(self, size: int, name: str = "", persistent: bool = False) -> Mapping:
         reply, fds = self.call("alloc", size=size, name=name, persistent=persistent)
-        return self._map(reply["region"], fds)
+        return self.map_region(reply["region"], fds)
 
     def open(self, region: int) -> Mapping:
         reply, fds = self.call("open", region=region)
-        return self._map(reply["region"], fds)
+        return self.map_region(reply["region"], fds)
 
     def free(self, region: int) -> None:
         self.call("free", region=region)
@@ -105,7 +105,9 @@ class PoolClient:
         return self.call("stats")[0]
 
     @staticmethod
-    def _map(region: dict[str, Any], fds: list[int], private: bool = False) -> Mapping:
+    def map_region(region: dict[str, Any], fds: list[int], private: bool = False) -> Mapping:
+        """Map the first of ``fds`` (``region``: its id and size) and close them all;
+        ``private``: copy-on-write, this process's writes stay its own."""
         fd = fds[0]
         try:
             size = int(region["size"])

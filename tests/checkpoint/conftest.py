@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from public_dir import public_tempdir
 from s3.conftest import Daemon, start_daemon
 
 OTHER_UID = 1000
@@ -24,12 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def public_dir() -> Iterator[Path]:
     """A directory every user may traverse (a second tenant must reach the socket)."""
-    path = Path(tempfile.mkdtemp(prefix="tierd-ckpt-"))
-    path.chmod(0o755)
-    try:
+    with public_tempdir("tierd-ckpt-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 class Tierd:

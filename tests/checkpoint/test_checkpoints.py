@@ -189,3 +189,39 @@ def test_region_reused_in_steady_state(tierd: Tierd) -> None:
         assert PoolClient(tierd.socket).stats()["regions"] == 1
         assert same(ck.load("steady", 4), state(4))
         assert same(ck.load("steady", 0), state(0))  # from hot: its pool copy is gone
+
+
+_OTHER = """
+import errno, json, sys
+from tierd_client.checkpoint import Checkpointer
+from tierd_client.pool import PoolRequestError
+import torch
+ck = Checkpointer(sys.argv[1])
+out = {}
+for name, fn in (("save", lambda: ck.save("r", 2, {"x": torch.ones(2)})),
+                 ("delete", lambda: ck.delete("r", 1))):
+    try:
+        fn()
+        out[name] = "ok"
+    except PoolRequestError as e:
+        out[name] = errno.errorcode[e.errno]
+_, _, out["where"] = ck.open("r", 1)
+out["same"] = bool(torch.equal(ck.load("r", 1)["x"], torch.arange(5)))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setpriv").exists(), reason="needs setpriv")
+def test_other_tenant_gets_the_namespace_answer(tierd: Tierd) -> None:
+    from .conftest import OTHER_UID
+
+    with Checkpointer(tierd.socket) as ck:
+        ck.save("r", 1, {"x": torch.arange(5)})  # the bucket is root's, mode 0755
+        ck.wait_persisted("r", 1, level="local")
+        r = python_as(OTHER_UID, _OTHER, tierd.socket)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        # refused at stage, before any copy; delete refused by the namespace; the pool copy
+        # is root's region, so the reader gets the (world-readable) file instead
+        assert out == {"save": "EACCES", "delete": "EACCES", "where": "hot", "same": True}
+        assert [s["step"] for s in ck.list("r")] == [1]

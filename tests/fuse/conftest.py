@@ -20,13 +20,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from public_dir import public_tempdir
 from tierd_fuse.mount import find_mount, unmount
 
 START_TIMEOUT = 30.0
@@ -125,16 +125,14 @@ def stop_daemon(d: Daemon, sig: int = signal.SIGTERM) -> int | None:
 @pytest.fixture(scope="session")
 def public_tmp() -> Iterator[Path]:
     """A temporary directory every user can traverse (for mount points)."""
-    path = Path(tempfile.mkdtemp(prefix="tierd-fuse-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        for p in path.iterdir():
-            if find_mount(p) is not None:
-                with contextlib.suppress(Exception):
-                    unmount(p, lazy=True)
-        shutil.rmtree(path, ignore_errors=True)
+    with public_tempdir("tierd-fuse-") as path:
+        try:
+            yield path
+        finally:
+            for p in path.iterdir():
+                if find_mount(p) is not None:
+                    with contextlib.suppress(Exception):
+                        unmount(p, lazy=True)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ the tenant's own quota), ``DELETE /v1/pool/regions/{id}``, ``GET /v1/ckpt?bucket
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -22,9 +23,7 @@ _STATUS = {"ENOENT": 404, "EBUSY": 409, "EINVAL": 400}
 
 
 def _err(e: OSError) -> web.Response:
-    import errno as _e
-
-    name = _e.errorcode.get(e.errno or 0, "EIO")
+    name = errno.errorcode.get(e.errno or 0, "EIO")
     return web.json_response({"error": name.lower(), "message": e.strerror or str(e)},
                              status=_STATUS.get(name, 400))
 

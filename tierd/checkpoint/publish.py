@@ -20,6 +20,7 @@ import errno
 import hashlib
 import json
 import os
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from tierd.acl import Identity
@@ -43,7 +44,7 @@ def _sendfile_all(out_fd: int, in_fd: int, offset: int, count: int) -> None:
         count -= n
 
 
-async def _write_temp(ns: Namespace, fill: Any) -> str:
+async def _write_temp(ns: Namespace, fill: Callable[[int], Awaitable[None]]) -> str:
     path, fd = ns.hot.new_temp()
     try:
         await fill(fd)

@@ -86,6 +86,11 @@ class Run:
     scanned: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
+    def committed(self) -> list[int]:
+        """Steps a reader may see, oldest first."""
+        return sorted(n for n, s in self.steps.items() if s.state in (COMMITTED, LOCAL,
+                                                                      PERSISTED))
+
     def region_busy(self, r: Region) -> bool:
         return any(s.region is r and s.state in (STAGING, COMMITTED) for s in self.steps.values())
 
@@ -139,9 +144,27 @@ class CheckpointService:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                     raise FsError(errno.EINVAL, f"{attr} must be a non-negative integer")
                 setattr(run, attr, v)
+        await self._check_access(ident, run, create)
         if not run.scanned:
-            await self._scan(ident, run)
+            await self._scan(run)
         return run
+
+    async def _check_access(self, ident: Identity, run: Run, write: bool) -> None:
+        """The namespace's permission rule on the run's directory (its bucket's while it
+        has none), asked before anything is staged: a step the caller could not publish
+        must fail at ``stage``, not after the training loop was told it was saved."""
+        try:
+            d = await self.ns.resolve(ident, f"{run.bucket}/{run.name}")
+        except FsError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            try:
+                d = await self.ns.resolve(ident, run.bucket)
+            except FsError as e2:
+                if write or e2.errno != errno.ENOENT:
+                    raise
+                return  # nothing there to read: the step lookup says "no checkpoints"
+        await self.ns.access(ident, d.ino, (os.W_OK if write else os.R_OK) | os.X_OK)
 
     async def _ensure_bucket(self, ident: Identity, bucket: str) -> None:
         try:
@@ -152,7 +175,7 @@ class CheckpointService:
             with contextlib.suppress(FsError):  # a racing creator is fine
                 await self.ns.create_bucket(ident, bucket)
 
-    async def _scan(self, ident: Identity, run: Run) -> None:
+    async def _scan(self, run: Run) -> None:
         """Learn the steps the namespace holds (after a restart) and drop a crash's
         temporary directories."""
         try:
@@ -209,7 +232,8 @@ class CheckpointService:
     async def _region(self, run: Run, peer: Peer, size: int) -> Region:
         """A region of at least ``size`` bytes: an idle one of the run's, else a new one,
         making room by freeing the run's idle regions and waiting for busy ones."""
-        deadline = asyncio.get_running_loop().time() + REGION_WAIT
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REGION_WAIT
         while True:
             idle = [r for r in run.regions if r.tenant == peer.tenant and r.size >= size
                     and not run.region_busy(r) and r.id in self.pool.regions]
@@ -224,17 +248,14 @@ class CheckpointService:
                     self.drop_region(run, spare[0])
                     continue
                 busy = any(run.region_busy(r) for r in run.regions)
-                if not busy or asyncio.get_running_loop().time() > deadline:
-                    raise
-                await asyncio.wait_for(run.changed.wait(), REGION_WAIT)
+                if not busy or loop.time() >= deadline:
+                    raise  # the quota/full error, naming the numbers
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(run.changed.wait(), deadline - loop.time())
                 continue
-            r = self.pool.alloc(peer.tenant, size, name=f"ckpt:{run.bucket}/{run.name}",
-                                conn=peer.conn)
-            try:
-                await asyncio.to_thread(self.pool.populate, r)
-            except PoolError:
-                self.pool.free(r.id)
-                raise
+            r = await self.pool.alloc_backed(peer.tenant, size,
+                                             name=f"ckpt:{run.bucket}/{run.name}",
+                                             conn=peer.conn)
             run.regions.append(r)
             return r
 
@@ -355,11 +376,13 @@ class CheckpointService:
             raise FsError(errno.EIO, f"step {n} of run {run.name!r} failed: {s.error}")
         return Reply(state=s.state)
 
-    def _step(self, run: Run, n: int) -> Step:
-        s = run.steps.get(n)
+    def _step(self, run: Run, n: int | None) -> Step:
+        """Step ``n`` (None: the newest) or an error naming the steps there are."""
+        have = run.committed()
+        if n is None and have:
+            n = have[-1]
+        s = run.steps.get(n) if n is not None else None
         if s is None or s.state == STAGING:
-            have = sorted(k for k, v in run.steps.items() if v.state in (
-                COMMITTED, LOCAL, PERSISTED))
             raise FsError(errno.ENOENT, f"run {run.name!r} in bucket {run.bucket!r} has no "
                           f"step {n}; it has steps {have}" if have else
                           f"run {run.name!r} in bucket {run.bucket!r} has no checkpoints")
@@ -381,17 +404,15 @@ class CheckpointService:
     async def _open(self, peer: Peer, msg: dict[str, Any]) -> Reply:
         run = await self.run(peer.ident, msg)
         want = msg.get("step")
-        if want is None:
-            done = [n for n, s in run.steps.items() if s.state in (COMMITTED, LOCAL, PERSISTED)]
-            if not done:
-                raise FsError(errno.ENOENT, f"run {run.name!r} in bucket {run.bucket!r} has "
-                              "no checkpoints")
-            want = max(done)
-        s = self._step(run, check_step(want))
-        if s.region is not None and s.manifest is not None and (
-                s.ident.uid == peer.tenant or peer.ident.is_root):
-            return Reply([os.dup(s.region.fd)], step=s.step, where="pool",
-                         region=s.region.describe(), manifest=s.manifest)
+        s = self._step(run, None if want is None else check_step(want))
+        if s.region is not None and s.manifest is not None:
+            try:  # the pool's ownership rule; other readers go through the namespace's
+                region = self.pool.get(s.region.id, peer.tenant)
+            except PoolError:
+                pass
+            else:
+                return Reply([os.dup(region.fd)], step=s.step, where="pool",
+                             region=region.describe(), manifest=s.manifest)
         manifest = s.manifest or await publish.read_manifest(
             self.ns, peer.ident, run.bucket, run.name, s.step)
         fd, ino, where = await publish.open_data(self.ns, peer.ident, run.bucket, run.name,
@@ -405,16 +426,12 @@ class CheckpointService:
         s = self._step(run, n)
         if s.state == COMMITTED:
             raise FsError(errno.EBUSY, f"step {n} is still being written out; wait for it")
-        if s.ident.uid != peer.tenant and not peer.ident.is_root:
-            await self.ns.access(peer.ident, (await self.ns.resolve(
-                peer.ident, f"{run.bucket}/{run.name}")).ino, os.W_OK | os.X_OK)
-        await self._remove(run, n, peer.ident)
+        await self._remove(run, n, peer.ident)  # the namespace checks the caller may
         return Reply(deleted=n)
 
     async def _remove(self, run: Run, n: int, ident: Identity = Identity.ROOT) -> None:
-        s = run.steps.pop(n)
-        s.region = None
         await publish.remove_step_dir(self.ns, ident, run.bucket, run.name, step_dir(n))
+        run.steps.pop(n).region = None  # only once the namespace let it go
         run.signal()
 
     def status(self) -> list[dict[str, Any]]:

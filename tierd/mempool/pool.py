@@ -125,7 +125,7 @@ class MemPool:
     # -- regions -----------------------------------------------------------------------
     def alloc(self, tenant: int, size: int, *, name: str = "", persistent: bool = False,
               conn: int = 0) -> Region:
-        """A new region (its memory not yet populated: see :meth:`populate`)."""
+        """A new region (its pages not yet allocated: see :meth:`alloc_backed`)."""
         self.check_room(tenant, size)
         offset = self.extents.alloc(size)
         assert offset is not None  # check_room saw an extent this large
@@ -148,14 +148,17 @@ class MemPool:
         self.regions[rid] = r
         return r
 
-    @staticmethod
-    def populate(region: Region) -> None:
-        """Allocate the region's pages now (blocking: call in a thread)."""
+    async def alloc_backed(self, tenant: int, size: int, **kw: Any) -> Region:
+        """:meth:`alloc` and its pages allocated now (in a thread), so a pool that cannot
+        back the region fails here, not with a SIGBUS in the middle of a client's copy."""
+        r = self.alloc(tenant, size, **kw)
         try:
-            os.posix_fallocate(region.fd, 0, region.size)
+            await asyncio.to_thread(os.posix_fallocate, r.fd, 0, r.size)
         except OSError as e:
-            raise PoolError(errno.ENOMEM, f"cannot back region {region.id} with "
-                            f"{region.size} bytes of memory: {e.strerror}") from None
+            self.free(r.id)
+            raise PoolError(errno.ENOMEM, f"cannot back region {r.id} with {r.size} bytes "
+                            f"of memory: {e.strerror}") from None
+        return r
 
     def get(self, rid: int, tenant: int | None = None) -> Region:
         """Region ``rid``; with ``tenant``, only if that tenant owns it."""

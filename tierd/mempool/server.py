@@ -202,13 +202,9 @@ class PoolServer:
     # -- the pool's own operations -----------------------------------------------------
     async def _alloc(self, peer: Peer, msg: dict[str, Any]) -> Reply:
         size = int(msg["size"])
-        r = self.pool.alloc(peer.tenant, size, name=str(msg.get("name", ""))[:200],
-                            persistent=bool(msg.get("persistent", False)), conn=peer.conn)
-        try:
-            await asyncio.to_thread(self.pool.populate, r)
-        except PoolError:
-            self.pool.free(r.id)
-            raise
+        r = await self.pool.alloc_backed(
+            peer.tenant, size, name=str(msg.get("name", ""))[:200],
+            persistent=bool(msg.get("persistent", False)), conn=peer.conn)
         return Reply([os.dup(r.fd)], region=r.describe())
 
     async def _open(self, peer: Peer, msg: dict[str, Any]) -> Reply:
