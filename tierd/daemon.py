@@ -35,8 +35,11 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from tierd import __version__
-from tierd.acl.keys import CredentialsError, KeyStore, bootstrap_root_key
-from tierd.admin import make_admin_app
+from tierd.acl.keys import CredentialsError, KeyStore, bootstrap_root_key, migrate_keys
+from tierd.acl.secrets import SecretBox, SecretError
+from tierd.acl.users import Directory
+from tierd.admin import AdminAuth, bootstrap_admin_token, make_admin_app
+from tierd.admin.auth import TokenError
 from tierd.config import Config, HostPort
 from tierd.logs import AccessLogger, get_logger, kv
 from tierd.mempool.door import MemoryDoor
@@ -45,6 +48,7 @@ from tierd.namespace import Namespace
 from tierd.placement import Placement
 from tierd.placement.ops import PlacementOps, placement_from_config
 from tierd.s3 import make_s3_app
+from tierd.s3.auth import Authenticator
 
 if TYPE_CHECKING:
     from tierd_fuse import FuseDoor
@@ -126,6 +130,9 @@ class Daemon:
         self.placement: Placement | None = None
         self.namespace: Namespace | None = None
         self.memory: MemoryDoor | None = None
+        #: access keys (S3 door, admin API) and the user directory, once started
+        self.keys: KeyStore | None = None
+        self.users: Directory | None = None
         #: door name -> bound (host, port) of its first socket; filled once listening
         self.bound: dict[str, HostPort] = {}
         self._stop = asyncio.Event()
@@ -211,7 +218,8 @@ class Daemon:
                 await self._mount(cfg.mount)
                 stack.push_async_callback(self._unmount)
 
-            admin = make_admin_app(self)
+            admin_auth = await self._setup_identity(self.meta)
+            admin = make_admin_app(self, admin_auth)
             s3 = await self._make_s3(self.meta, self.namespace)
             for door, app, addr, key in (
                 ("s3", s3, cfg.s3_listen, "s3_listen"),
@@ -224,15 +232,36 @@ class Daemon:
             stack.callback(self._remove_endpoints)
             yield
 
-    async def _make_s3(self, meta: MetaStore, ns: Namespace) -> web.Application:
-        """The S3 gateway; the root access key is bootstrapped first (see tierd.acl.keys)."""
+    async def _setup_identity(self, meta: MetaStore) -> AdminAuth:
+        """Users and keys (secrets key, migration of older records, the root key) and the
+        admin token; see tierd.acl.keys and tierd.admin.auth."""
         cfg = self.config
+
+        def setup() -> tuple[KeyStore, str]:
+            box = SecretBox.from_data_dir(cfg.data_dir)
+            migrate_keys(meta, box)
+            bootstrap_root_key(meta, cfg.data_dir, box=box)
+            return KeyStore(meta, box), bootstrap_admin_token(cfg.data_dir)
+
         try:
-            await asyncio.to_thread(bootstrap_root_key, meta, cfg.data_dir)
+            keys, token = await asyncio.to_thread(setup)
         except CredentialsError as e:
             raise StartupError(f"S3 root credentials: {e}") from None
+        except (SecretError, TokenError) as e:
+            raise StartupError(str(e)) from None
+        except OSError as e:
+            raise StartupError(f"cannot write the credentials files in {cfg.data_dir}: "
+                               f"{e.strerror or e}") from None
+        self.keys, self.users = keys, Directory(keys)
+        sigv4 = Authenticator(keys, cfg.region, float(cfg.s3_max_clock_skew))
+        return AdminAuth(token, sigv4)
+
+    async def _make_s3(self, meta: MetaStore, ns: Namespace) -> web.Application:
+        """The S3 gateway (keys from :meth:`_setup_identity`)."""
+        cfg = self.config
+        assert self.keys is not None
         ns.min_part_size = cfg.s3_min_part_size
-        return make_s3_app(ns, KeyStore(meta), region=cfg.region, domains=cfg.s3_domain,
+        return make_s3_app(ns, self.keys, region=cfg.region, domains=cfg.s3_domain,
                            max_skew=float(cfg.s3_max_clock_skew))
 
     @staticmethod
@@ -349,6 +378,10 @@ class Daemon:
         if self.placement is None or self.namespace is None:
             return None
         return PlacementOps(self.placement)
+
+    def directory(self) -> Directory | None:
+        """Users and access keys (admin API), None before start."""
+        return self.users
 
     def memory_door(self) -> MemoryDoor | None:
         """The memory pool and checkpoints (admin API), None before start."""

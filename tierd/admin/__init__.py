@@ -1,10 +1,10 @@
 """The admin door: a JSON HTTP API for operators and ``tierctl``.
 
-No authentication yet: the listener defaults to 127.0.0.1.  An admin auth token
-(``TIERD_ADMIN_TOKEN``) arrives in a later issue; until then do not expose ``admin_listen``
-beyond the local host.
+Every endpoint but ``/healthz`` requires the admin token or an admin user's SigV4
+signature (:mod:`tierd.admin.auth`).
 """
 
 from tierd.admin.app import AdminBackend, make_admin_app
+from tierd.admin.auth import AdminAuth, bootstrap_admin_token
 
-__all__ = ["AdminBackend", "make_admin_app"]
+__all__ = ["AdminAuth", "AdminBackend", "bootstrap_admin_token", "make_admin_app"]

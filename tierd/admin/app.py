@@ -13,8 +13,12 @@ Every error is JSON ``{"error": code, "message": text}`` with the matching statu
 The admin door follows the layering rule of the design: it never touches metadata or tiers
 itself.  It asks an :class:`AdminBackend` (the daemon) for what it serves.
 
-**Authentication:** none yet -- the admin listener must stay on a local address until the
-admin token (``TIERD_ADMIN_TOKEN``, a later issue) is checked by a middleware here.
+**Authentication** (:mod:`tierd.admin.auth`): everything but ``/healthz`` needs the admin
+token (``Authorization: Bearer``) or an admin user's SigV4 signature; otherwise 401.
+
+**Limits**: request bodies (JSON documents) up to 1 MiB, request line and each header up to
+8 KiB, at most 100 headers, and idle connections (also one trickling its headers) closed
+after :data:`IDLE_TIMEOUT` seconds.
 """
 
 from __future__ import annotations
@@ -24,9 +28,17 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from tierd.admin.auth import AdminAuth, auth_middleware
 from tierd.logs import get_logger
 
 log = get_logger("admin")
+
+#: largest request body (the API's documents are small JSON objects)
+MAX_BODY = 1 << 20
+#: seconds an idle connection (or one still sending its headers) is kept open
+IDLE_TIMEOUT = 60.0
+#: aiohttp's parser limits: request line, each header, number of headers
+LIMITS = {"max_line_size": 8190, "max_field_size": 8190, "max_headers": 100}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -45,6 +57,8 @@ def _error(status: int, code: str, message: str) -> web.Response:
 
 _CODES = {
     400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
     413: "too_large",
@@ -72,8 +86,8 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         return _error(500, "internal", "internal error; see the tierd log")
 
 
-def make_admin_app(backend: AdminBackend) -> web.Application:
-    """Build the admin application served on ``admin_listen``."""
+def make_admin_app(backend: AdminBackend, auth: AdminAuth) -> web.Application:
+    """Build the admin application served on ``admin_listen``, guarded by ``auth``."""
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -81,7 +95,9 @@ def make_admin_app(backend: AdminBackend) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return web.json_response(backend.status())
 
-    app = web.Application(middlewares=[_json_errors])
+    app = web.Application(middlewares=[_json_errors, auth_middleware(auth)],
+                          client_max_size=MAX_BODY,
+                          handler_args={"keepalive_timeout": IDLE_TIMEOUT, **LIMITS})
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/status", status)
     # placement (docs/placement.md): only when the backend has it (the daemon does)
@@ -95,4 +111,9 @@ def make_admin_app(backend: AdminBackend) -> web.Application:
         from tierd.admin.pool import add_pool_routes
 
         add_pool_routes(app, memory)
+    directory = getattr(backend, "directory", None)
+    if directory is not None:
+        from tierd.admin.users import add_user_routes
+
+        add_user_routes(app, directory)
     return app

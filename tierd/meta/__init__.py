@@ -17,6 +17,7 @@ from tierd.meta.records import (
     MultipartUpload,
     PlacementPolicy,
     UploadPart,
+    User,
 )
 from tierd.meta.store import ROOT_INO, SCHEMA_VERSION, MetaStore, MetaTxn, SchemaError
 
@@ -40,4 +41,5 @@ __all__ = [
     "PlacementPolicy",
     "SchemaError",
     "UploadPart",
+    "User",
 ]

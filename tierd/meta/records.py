@@ -123,6 +123,23 @@ class AccessKey(Record):
     enabled: bool = True
     admin: bool = False
     created_ns: int = 0
+    #: the secret encrypted at rest (:mod:`tierd.acl.secrets`); ``secret`` is then "" in the
+    #: store and filled in memory by :class:`tierd.acl.keys.KeyStore` after decryption.
+    #: Records from before encryption carry ``secret`` in clear until the start-up migration.
+    secret_enc: bytes = b""
+
+
+@dataclass(slots=True)
+class User(Record):
+    """A tierd user (``N<name>`` keys): the POSIX identity every access key of the user maps
+    to, and whether the user may call the admin API with a signed request."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: list[int] = field(default_factory=list)
+    admin: bool = False
+    created_ns: int = 0
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ so numeric order is byte order:
 ``X<ino><name>``            xattr value
 ``B<bucket>``               :class:`Bucket`
 ``K<access key>``           :class:`AccessKey`
+``N<user name>``            :class:`User`
 ``M<upload id>``            :class:`MultipartUpload`
 ``P<upload id>\0<part>``    :class:`UploadPart` (part number 4-byte big-endian)
 ``O<ino>``                  orphan: unlinked but still open; removed at release or restart
@@ -48,6 +49,7 @@ from tierd.meta.records import (
     MultipartUpload,
     PlacementPolicy,
     UploadPart,
+    User,
 )
 
 SYNC_MODES = ("group", "commit", "durability-points")
@@ -268,6 +270,20 @@ class MetaTxn:
     def list_access_keys(self) -> Iterator[AccessKey]:
         for _, raw in self.kv.scan(b"K", prefix_end(b"K")):
             yield AccessKey.decode(raw)
+
+    def get_user(self, name: str) -> User | None:
+        raw = self.kv.get(b"N" + name.encode())
+        return None if raw is None else User.decode(raw)
+
+    def put_user(self, user: User) -> None:
+        self.kv.put(b"N" + user.name.encode(), user.encode())
+
+    def delete_user(self, name: str) -> bool:
+        return self.kv.delete(b"N" + name.encode())
+
+    def list_users(self) -> Iterator[User]:
+        for _, raw in self.kv.scan(b"N", prefix_end(b"N")):
+            yield User.decode(raw)
 
     def get_upload(self, upload_id: str) -> MultipartUpload | None:
         raw = self.kv.get(b"M" + upload_id.encode())

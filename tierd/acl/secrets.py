@@ -1,0 +1,104 @@
+"""Secrets at rest: S3 secret keys encrypted with a key kept in the data directory.
+
+SigV4 verification needs the plaintext secret (the server recomputes the HMAC), so secrets
+cannot be hashed like passwords; they are encrypted instead.  The encryption key is 32 random
+bytes in ``<data_dir>/secrets.key`` (mode 0600, created at first start), separate from the
+metadata store: a copy of the lmdb files alone (a backup, a shared metadata engine) does not
+reveal any secret.
+
+The cipher is AES-256-GCM from ``cryptography``.  A sealed secret is
+``version byte (1) | 12-byte random nonce | ciphertext+tag``, and the access key id is the
+associated data, so a ciphertext moved onto another key's record fails to open instead of
+granting that key the other's secret.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+KEY_FILE = "secrets.key"
+_VERSION = b"\x01"
+_NONCE = 12
+_KEY_BYTES = 32
+
+
+class SecretError(Exception):
+    """A sealed secret that cannot be opened (wrong key file, damaged record)."""
+
+
+class SecretBox:
+    """Seals and opens secrets with one AES-256-GCM key."""
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != _KEY_BYTES:
+            raise SecretError(f"the secrets key must be {_KEY_BYTES} bytes, not {len(key)}")
+        self._aead = AESGCM(key)
+
+    @classmethod
+    def ephemeral(cls) -> SecretBox:
+        """A box with a random key that lives as long as the process (tests, tools)."""
+        return cls(AESGCM.generate_key(bit_length=_KEY_BYTES * 8))
+
+    @classmethod
+    def from_data_dir(cls, data_dir: Path) -> SecretBox:
+        """The daemon's box: ``<data_dir>/secrets.key``, created (0600) when missing."""
+        return cls(load_or_create_key(data_dir / KEY_FILE))
+
+    def seal(self, secret: str, bound_to: str) -> bytes:
+        """``secret`` encrypted and bound to ``bound_to`` (the access key id)."""
+        nonce = os.urandom(_NONCE)
+        return _VERSION + nonce + self._aead.encrypt(nonce, secret.encode(), bound_to.encode())
+
+    def open(self, sealed: bytes, bound_to: str) -> str:
+        """The plaintext of :meth:`seal`'s output; :class:`SecretError` when it does not
+        open with this key and ``bound_to``."""
+        if len(sealed) < 1 + _NONCE + 16 or sealed[:1] != _VERSION:
+            raise SecretError("not a sealed secret of a known version")
+        nonce, body = sealed[1:1 + _NONCE], sealed[1 + _NONCE:]
+        try:
+            plain = self._aead.decrypt(nonce, body, bound_to.encode())
+        except InvalidTag:
+            raise SecretError("the secret does not open with this data directory's "
+                              f"{KEY_FILE} (wrong key file or damaged record)") from None
+        return plain.decode()
+
+
+def load_or_create_key(path: Path) -> bytes:
+    """The key in ``path``; a new random one (written atomically, mode 0600) when the file
+    does not exist.  A file readable by others is tightened to 0600."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        key = AESGCM.generate_key(bit_length=_KEY_BYTES * 8)
+        write_private(path, key)
+        return key
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+        key = os.read(fd, _KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(key) != _KEY_BYTES:
+        raise SecretError(f"{path} must hold exactly {_KEY_BYTES} bytes (it is the key the "
+                          "S3 secrets are encrypted with; restore it from a backup)")
+    return key
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically with mode 0600, fsynced (never readable by
+    others, not even for a moment: the temporary file is created 0600)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
