@@ -10,14 +10,40 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+#: uid and gid of anonymous S3 requests (the conventional "nobody"): what owns the objects
+#: an anonymous request creates where a bucket policy lets ``*`` write
+ANONYMOUS_ID = 65534
+
+
+@dataclass(eq=False, slots=True)
+class Grant:
+    """What a bucket policy's Allow gives one request: the permission bits in ``mask``
+    (R_OK|W_OK|X_OK) pass every check of that request, whatever modes and ACLs say.
+
+    One object per request, never stored.  It ends (``active`` False) as soon as the
+    request follows a symbolic link: the policy allowed the key it was asked about, not
+    whatever a link inside it points to, which POSIX alone decides."""
+
+    mask: int
+    active: bool = True
+
+    def covers(self, mask: int) -> bool:
+        return self.active and self.mask & mask == mask
+
 
 @dataclass(frozen=True, slots=True)
 class Identity:
     uid: int
     gid: int
     groups: frozenset[int] = field(default_factory=frozenset)
+    #: a bucket policy's Allow for this one request (see :class:`Grant`); None: POSIX only
+    grant: Grant | None = None
+    #: an unsigned S3 request: no POSIX identity at all, so no mode bit or ACL entry (not
+    #: even "other") applies to it; only a :class:`Grant` lets it in
+    anonymous: bool = False
 
     ROOT: ClassVar[Identity]
+    ANONYMOUS: ClassVar[Identity]
 
     @property
     def is_root(self) -> bool:
@@ -28,6 +54,7 @@ class Identity:
 
 
 Identity.ROOT = Identity(0, 0)
+Identity.ANONYMOUS = Identity(ANONYMOUS_ID, ANONYMOUS_ID, anonymous=True)
 
 
 def read_groups(pid: int) -> frozenset[int]:

@@ -30,6 +30,10 @@ def may_access(ident: Identity, inode: Inode, mask: int) -> bool:
     """
     if mask == 0:
         return True
+    if ident.grant is not None and ident.grant.covers(mask):
+        return True  # a bucket policy allowed this request (tierd.acl.authorize)
+    if ident.anonymous:
+        return False  # no POSIX identity: not even "other" (docs/permissions.md)
     mode = inode.mode
     if ident.is_root:
         return not (mask & X_OK and not stat.S_ISDIR(mode) and not mode & 0o111)

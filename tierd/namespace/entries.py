@@ -105,6 +105,8 @@ class EntryOps(NamespaceBase):
                 hops += 1
                 if hops > MAX_SYMLINK_HOPS:
                     raise FsError(errno.ELOOP, "too many levels of symbolic links")
+                if ident.grant is not None:
+                    ident.grant.active = False  # a policy's Allow does not follow links
                 target = child.target
                 if target.startswith(b"/"):
                     cur = self._get(tx, ROOT_INO)
