@@ -1,7 +1,9 @@
-"""Permission decisions from POSIX mode bits, with Linux's rules for root and sticky dirs.
+"""Permission decisions from POSIX mode bits and ACLs, with Linux's rules for root and
+sticky directories.
 
-This is the one place a door's request becomes allow/deny; the ACL issue extends
-:func:`may_access` with POSIX ACLs and bucket policies without changing its callers.
+This is the one place a door's request becomes allow/deny: FUSE (mounted without
+``default_permissions``), S3 (through :mod:`tierd.acl.s3map`) and the checkpoint service all
+ask :func:`may_access`, so one identity gets one answer through every door.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import errno
 import stat
 
 from tierd.acl.identity import Identity
+from tierd.acl.posix_acl import permission
 from tierd.errors import FsError
 from tierd.meta.records import Inode
 
@@ -26,7 +29,9 @@ def may_access(ident: Identity, inode: Inode, mask: int) -> bool:
     """True when ``ident`` may read/write/execute (``mask`` of R_OK|W_OK|X_OK) ``inode``.
 
     Root passes read and write checks (CAP_DAC_OVERRIDE) and execute when the inode is a
-    directory or has any execute bit, as on Linux.
+    directory or has any execute bit, as on Linux.  Everyone else gets the kernel's
+    ``acl_permission_check``: the mode bits, and the inode's POSIX access ACL when it has one
+    (:func:`tierd.acl.posix_acl.permission`).
     """
     if mask == 0:
         return True
@@ -37,13 +42,8 @@ def may_access(ident: Identity, inode: Inode, mask: int) -> bool:
     mode = inode.mode
     if ident.is_root:
         return not (mask & X_OK and not stat.S_ISDIR(mode) and not mode & 0o111)
-    if ident.uid == inode.uid:
-        bits = (mode >> 6) & 7
-    elif ident.in_group(inode.gid):
-        bits = (mode >> 3) & 7
-    else:
-        bits = mode & 7
-    return bits & mask == mask
+    return permission(ident.uid, ident.in_group, mode, inode.uid, inode.gid,
+                      inode.acl_access, mask)
 
 
 def check_access(ident: Identity, inode: Inode, mask: int, what: str = "") -> None:

@@ -71,6 +71,10 @@ class Inode(Record):
     target: bytes = b""  # symlinks only
     # S3 system and user metadata (content-type, x-amz-meta-*, checksums), set by the doors
     objmeta: dict[str, str] = field(default_factory=dict)
+    # POSIX ACLs as the kernel's xattr blobs (tierd.acl.posix_acl), "" when the mode says
+    # it all; kept on the inode so every permission check has them without another read
+    acl_access: bytes = b""
+    acl_default: bytes = b""  # directories only: what new entries inherit
 
     @property
     def is_dir(self) -> bool:
