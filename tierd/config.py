@@ -419,6 +419,10 @@ class Config:
     pool_bandwidth: int = field(
         default=0, metadata=setting(parse=parse_size, metavar="SIZE", help=(
             "Far-memory emulation: bytes/s cap on the daemon's pool moves (0: off).")))
+    pool_mem_tier_share: float = field(
+        default=0.5, metadata=setting(parse=parse_float(0, 1), metavar="FRACTION", help=(
+            "Largest file the memory tier (policies with tier mem) copies into the pool, "
+            "as a fraction of pool_capacity; larger files stay on hot.")))
     ckpt_keep_local: int = field(
         default=2, metadata=setting(parse=parse_int(1, 10**6), metavar="N", help=(
             "Checkpoints per run kept in the pool and hot tier (default per run).")))

@@ -213,6 +213,9 @@ class Daemon:
                 raise StartupError(f"cannot serve the memory pool on {cfg.pool_socket}: "
                                    f"{e.strerror or e} (setting pool_socket)") from None
             stack.push_async_callback(self.memory.stop)
+            # the pool is also a placement tier (policies naming "mem")
+            self.placement.attach_pool(self.memory.pool, cfg.pool_mem_tier_share)
+            stack.callback(self.placement.detach_pool)
 
             if cfg.mount is not None:
                 await self._mount(cfg.mount)
@@ -408,4 +411,6 @@ class Daemon:
             "mount": str(self.fuse.mountpoint) if self.fuse is not None else None,
             "pool": None if self.memory is None else {
                 k: v for k, v in self.memory.pool.stats().items() if k != "tenants"},
+            "mem_tier": (None if self.placement is None or self.placement.mem is None
+                         else self.placement.mem.describe()),
         }

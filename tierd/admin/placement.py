@@ -92,7 +92,7 @@ def add_placement_routes(app: web.Application, get_ops: Ops) -> None:
         o = ops()
         if tier is not None:
             try:
-                o.p.cache_of(tier)
+                o.check_tier(tier)
             except ValueError as e:
                 return _err(400, "bad_request", str(e))
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})

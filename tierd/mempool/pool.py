@@ -46,6 +46,9 @@ class Region:
     #: the connection that allocated it (freed with it unless persistent); 0: the daemon
     conn: int = 0
     created: float = field(default_factory=time.time)
+    #: called once the region is freed (by anyone: its owner, an admin, the pool's close),
+    #: so a daemon-side user of the region (the memory tier) forgets it
+    on_free: Callable[[Region], None] | None = field(default=None, repr=False)
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.id, "tenant": self.tenant, "size": self.size,
@@ -95,6 +98,10 @@ class MemPool:
         self.far = far or FarMemory()
         self.regions: dict[int, Region] = {}
         self._next_id = 1
+        #: called as ``reclaim(tenant, bytes)`` before an allocation is refused: cache
+        #: users of the pool (the memory tier) give regions back so that checkpoints and
+        #: clients, which hold the only copy of their bytes, come first
+        self.reclaimers: list[Callable[[int, int], None]] = []
 
     # -- accounting --------------------------------------------------------------------
     def quota_of(self, tenant: int) -> int:
@@ -109,18 +116,29 @@ class MemPool:
         return self.capacity - self.extents.free
 
     def check_room(self, tenant: int, size: int) -> None:
-        """Raise the error an allocation of ``size`` would get, before anyone copies."""
+        """Raise the error an allocation of ``size`` would get, before anyone copies.
+        Reclaimable cache regions are given back first."""
+        err = self._room_error(tenant, size)
+        if err is not None and err.errno != errno.EINVAL and self.reclaimers:
+            for reclaim in self.reclaimers:
+                reclaim(tenant, align_up(size))
+            err = self._room_error(tenant, size)
+        if err is not None:
+            raise err
+
+    def _room_error(self, tenant: int, size: int) -> PoolError | None:
         if size <= 0:
-            raise PoolError(errno.EINVAL, f"region size must be positive, not {size}")
+            return PoolError(errno.EINVAL, f"region size must be positive, not {size}")
         need = align_up(size)
         used, quota = self.used_by(tenant), self.quota_of(tenant)
         if used + need > quota:
-            raise PoolError(errno.EDQUOT, f"pool quota exceeded for tenant {tenant}: "
-                            f"{used} bytes used + {need} asked > quota {quota}")
+            return PoolError(errno.EDQUOT, f"pool quota exceeded for tenant {tenant}: "
+                             f"{used} bytes used + {need} asked > quota {quota}")
         if need > self.extents.largest:
-            raise PoolError(errno.ENOSPC, f"memory pool full: {need} bytes asked, "
-                            f"{self.extents.free} free (largest extent "
-                            f"{self.extents.largest}) of {self.capacity}")
+            return PoolError(errno.ENOSPC, f"memory pool full: {need} bytes asked, "
+                             f"{self.extents.free} free (largest extent "
+                             f"{self.extents.largest}) of {self.capacity}")
+        return None
 
     # -- regions -----------------------------------------------------------------------
     def alloc(self, tenant: int, size: int, *, name: str = "", persistent: bool = False,
@@ -174,6 +192,8 @@ class MemPool:
         del self.regions[rid]
         os.close(r.fd)
         self.extents.release(r.offset, r.size)
+        if r.on_free is not None:
+            r.on_free(r)
         return r
 
     def connection_closed(self, conn: int) -> list[int]:

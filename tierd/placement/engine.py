@@ -19,10 +19,12 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from tierd.mempool.pool import MemPool
 from tierd.meta import STATE_CLEAN, Inode, MetaStore, MetaTxn, PlacementPolicy
 from tierd.placement import bitmap
 from tierd.placement.importer import Importer
-from tierd.placement.paths import dir_path
+from tierd.placement.memtier import MEM, MemTier
+from tierd.placement.paths import dir_path, file_keys
 from tierd.placement.tiercache import TierCache
 from tierd.tiers import BLOCK_SIZE, LocalTier, ObjectTier, TierError
 
@@ -31,6 +33,8 @@ FIRST_WINDOW = 2 * BLOCK_SIZE  # a sequential stream's first readahead window
 HOT = "hot"
 WARM = "warm"
 TIERS = (HOT, WARM)
+#: what a policy's ``tier`` may name: where a prefix's data lives locally
+POLICY_TIERS = (HOT, WARM, MEM)
 MODES = ("write-back", "write-through", "cache-only")
 
 
@@ -98,6 +102,11 @@ class PlacementCore:
         self._streams: dict[int, Stream] = {}
         # warm-only blocks referenced once (the second reference promotes them to hot)
         self._warm_refs: OrderedDict[tuple[int, int], None] = OrderedDict()
+        # the memory tier (pool regions), once the daemon attached its pool
+        self.mem: MemTier | None = None
+        # inodes whose memory-tier placement was decided since their last change (a read
+        # of a file without a memory copy looks at its policy once, not on every read)
+        self._mem_seen: set[int] = set()
 
     # the hot tier's numbers under their pre-warm names (du, tests, the benchmark)
     @property
@@ -107,6 +116,31 @@ class PlacementCore:
     @property
     def capacity(self) -> int:
         return self.hotc.capacity
+
+    def attach_pool(self, pool: MemPool, max_share: float = 0.5) -> MemTier:
+        """Give placement the memory pool: ``tier = "mem"`` policies keep copies there."""
+        self.mem = MemTier(pool, max_share)
+        self._mem_seen.clear()
+        return self.mem
+
+    def detach_pool(self) -> None:
+        if self.mem is not None:
+            self.mem.close()
+            self.mem = None
+
+    def policies_changed(self) -> None:
+        """Reads look at the files' (new) memory-tier placement again."""
+        self._mem_seen.clear()
+
+    def mem_policies(self) -> bool:
+        return self.mem is not None and any(p.tier == MEM for p in self.policies.values())
+
+    def wants_mem(self, tx: MetaTxn, ino: int) -> bool:
+        """Whether the file's policy (by its first name) places it in the memory tier."""
+        if not self.mem_policies():
+            return False
+        keys = file_keys(tx, ino)
+        return bool(keys) and self.policy_for(keys[0]).tier == MEM
 
     def tiers(self) -> list[TierCache]:
         return [self.hotc] if self.warmc is None else [self.hotc, self.warmc]
@@ -154,6 +188,12 @@ class PlacementCore:
         self._whole.discard(ino)
         self._streams.pop(ino, None)
         self._drop_warm_copy(ino)
+        self._drop_mem_copy(ino)
+
+    def _drop_mem_copy(self, ino: int) -> None:
+        self._mem_seen.discard(ino)
+        if self.mem is not None:
+            self.mem.drop(ino)
 
     def _drop_warm_copy(self, ino: int) -> None:
         """The warm file holds an older content (or a deleted file): remove it now, on the
@@ -189,6 +229,11 @@ class PlacementCore:
                 with contextlib.suppress(RuntimeError):  # no loop: the file stays, unused
                     asyncio.get_running_loop().call_soon(self._reap_warm, inode.ino)
             tx.put_inode(inode)
+            self._drop_mem_copy(inode.ino)
+            if self.wants_mem(tx, inode.ino):
+                # the new content goes to the pool once committed (and flushed)
+                with contextlib.suppress(RuntimeError):
+                    asyncio.get_running_loop().call_soon(self.admit_mem_later, inode.ino)
             self.hotc.set_resident(inode.ino, inode.size)
             for b in range(bitmap.nblocks(inode.size)):
                 self.hotc.add(inode.ino, b)
@@ -202,6 +247,9 @@ class PlacementCore:
             inode = tx.get_inode(ino)
         if inode is None or WARM not in inode.blocks:
             self._drop_warm_copy(ino)
+
+    def admit_mem_later(self, ino: int) -> None:  # the read path overrides this
+        pass
 
     def wake(self) -> None:  # the persister overrides this
         pass
@@ -326,6 +374,7 @@ class PlacementCore:
         self._whole.discard(ino)
         self._streams.pop(ino, None)
         self._drop_warm_copy(ino)
+        self._drop_mem_copy(ino)
         with contextlib.suppress(OSError):
             await self.hot.punch(ino, 0, 1 << 62)
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from tierd.meta import STATE_CLEAN, MetaStore, PlacementPolicy
 from tierd.placement import bitmap
-from tierd.placement.engine import HOT, MODES, TIERS, WARM, PlacementSettings
+from tierd.placement.engine import HOT, MODES, POLICY_TIERS, WARM, PlacementSettings
+from tierd.placement.memtier import MEM
 from tierd.placement.paths import file_keys, files_under
 from tierd.placement.persister import Placement
 
@@ -51,6 +52,14 @@ class PlacementOps:
     def __init__(self, placement: Placement) -> None:
         self.p = placement
 
+    def check_tier(self, tier: str) -> None:
+        """ValueError unless ``tier`` names a tier files can be brought onto here."""
+        if tier == MEM:
+            if self.p.mem is None:
+                raise ValueError("no memory pool is attached (the daemon's pool_capacity)")
+            return
+        self.p.cache_of(tier)  # ValueError for an unknown or missing tier
+
     def _files(self, prefix: str) -> list[tuple[int, int, list[str]]]:
         with self.p.meta.snapshot() as tx:
             return [(f.ino, f.size, file_keys(tx, f.ino)) for f in files_under(tx, prefix)]
@@ -59,11 +68,14 @@ class PlacementOps:
         """Bytes under ``prefix`` per tier (hot, warm, cold at the current version) and
         dirty, plus each tier's totals."""
         files = total = dirty = clean = 0
-        tiers = {HOT: 0, WARM: 0}
+        tiers = {MEM: 0, HOT: 0, WARM: 0}
+        mem = self.p.mem
         with self.p.meta.snapshot() as tx:
             for inode in files_under(tx, prefix):
                 files += 1
                 total += inode.size
+                if mem is not None and mem.get(inode.ino, inode.version) is not None:
+                    tiers[MEM] += inode.size
                 tiers[HOT] += _bytes(inode.blocks.get(HOT), inode.size)
                 tiers[WARM] += _bytes(inode.blocks.get(WARM, b""), inode.size)
                 if tx.queued(inode.ino) is not None and inode.state != STATE_CLEAN:
@@ -73,26 +85,36 @@ class PlacementOps:
                     clean += inode.size
         doc: dict[str, Any] = {
             "prefix": prefix, "files": files, "bytes": total,
-            "tiers": {HOT: tiers[HOT], WARM: tiers[WARM], "cold": clean}, "dirty": dirty,
+            "tiers": {**tiers, "cold": clean}, "dirty": dirty,
             "hot_used": self.p.used, "hot_capacity": self.p.capacity,
             "dirty_total": self.p.dirty_bytes, "dirty_limit": self.p.settings.dirty_limit}
         doc["totals"] = {tc.name: {"used": tc.used, "capacity": tc.capacity}
                          for tc in self.p.tiers()}
+        if mem is not None:
+            doc["totals"][MEM] = {"used": mem.used, "capacity": mem.capacity}
         return doc
 
     async def evict(self, prefix: str, tier: str = "all") -> dict[str, Any]:
         """Evict the prefix's clean blocks: from hot (``tier="hot"``: demoted to warm when
         there is one), from warm, or from every local tier (``all``: dropped, cold has
-        them).  Pinned, dirty and in-use files stay."""
-        if tier not in (*TIERS, "all"):
-            raise ValueError("tier must be hot, warm or all")
-        freed = {HOT: 0, WARM: 0}
+        them).  Pinned, dirty and in-use files stay.  ``mem`` (and ``all``) drop memory-tier
+        copies, which are never the only copy."""
+        if tier not in (*POLICY_TIERS, "all"):
+            raise ValueError("tier must be mem, hot, warm or all")
+        freed = {MEM: 0, HOT: 0, WARM: 0}
         for ino, _, _ in self._files(prefix):
+            if tier in (MEM, "all") and self.p.mem is not None:
+                c = self.p.mem.get(ino)
+                if c is not None:
+                    freed[MEM] += c.size
+                    self.p.mem.drop(ino)
+            if tier == MEM:
+                continue
             if tier in (HOT, "all"):
                 freed[HOT] += await self.p.evict_file(ino, HOT, demote=tier == HOT)
             if tier in (WARM, "all") and self.p.warmc is not None:
                 freed[WARM] += await self.p.evict_file(ino, WARM)
-        return {"prefix": prefix, "evicted": freed[HOT] + freed[WARM], "tiers": freed}
+        return {"prefix": prefix, "evicted": sum(freed.values()), "tiers": freed}
 
     def policies(self) -> list[dict[str, Any]]:
         return [{"prefix": p.prefix, "mode": p.mode, "pin": p.pin, "tier": p.tier}
@@ -102,10 +124,12 @@ class PlacementOps:
                    tier: str | None = None) -> dict[str, Any]:
         if mode is not None and mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
-        if tier is not None and tier not in TIERS:
-            raise ValueError("tier must be hot or warm")
+        if tier is not None and tier not in POLICY_TIERS:
+            raise ValueError("tier must be mem, hot or warm")
         if tier == WARM and self.p.warmc is None:
             raise ValueError("no warm tier is configured (warm_enabled)")
+        if tier == MEM and self.p.mem is None:
+            raise ValueError("no memory pool is attached (the daemon's pool_capacity)")
         with self.p.meta.write() as tx:
             cur = tx.get_policy(prefix) or PlacementPolicy(prefix)
             if mode is not None:
@@ -120,6 +144,11 @@ class PlacementOps:
             else:
                 tx.put_policy(cur)
                 self.p.policies[prefix] = cur
+        self.p.policies_changed()
+        if self.p.mem is not None and cur.tier != MEM:
+            for ino, _, keys in self._files(prefix):
+                if keys and self.p.policy_for(keys[0]).tier != MEM:
+                    self.p.mem.drop(ino)
         return {"prefix": prefix, "mode": cur.mode, "pin": cur.pin, "tier": cur.tier}
 
     async def warmup(self, prefix: str, tier: str | None = None
@@ -127,7 +156,7 @@ class PlacementOps:
         """Bring every block under ``prefix`` onto ``tier`` (default: each file's policy
         tier, hot unless the policy names warm); yields progress documents."""
         if tier is not None:
-            self.p.cache_of(tier)  # ValueError for an unknown or missing tier
+            self.check_tier(tier)
         await self.import_prefix(prefix)
         files = self._files(prefix)
         total = sum(size for _, size, _ in files)
@@ -137,7 +166,12 @@ class PlacementOps:
             target = tier or (self.p.policy_for(keys[0]).tier if keys else HOT)
             if target == WARM and self.p.warmc is None:
                 target = HOT
-            await self.p.fill(ino, target)
+            if target == MEM:
+                if self.p.mem is None or not await self.p.admit_mem(ino, force=True):
+                    target = HOT  # spilled (or no pool): the file stays on hot
+                    await self.p.fill(ino, HOT)
+            else:
+                await self.p.fill(ino, target)
             done += size
             yield {"done": done, "total": total, "files": len(files), "tier": target,
                    "bytes_per_s": done / max(time.monotonic() - t0, 1e-6)}

@@ -19,6 +19,7 @@ import time
 
 from tierd.meta import STATE_CLEAN, ColdRecord, MetaTxn
 from tierd.placement.engine import WARM
+from tierd.placement.memtier import MEM
 from tierd.placement.paths import file_keys, files_under, resolve
 from tierd.placement.reads import Reading
 from tierd.tiers import KeyConflict, ObjectNotFound, TierError, TierUnavailable
@@ -291,6 +292,8 @@ class Placement(Reading):
             # the prefix's data belongs on warm: writes land on hot (the namespace's open
             # files, staging and S3 sendfile use the hot file) and move down once clean
             await self.demote_file(ino)
+        elif new and policy is not None and policy.tier == MEM:
+            self.admit_mem_later(ino)  # kept in pool memory (a no-op when it has its copy)
         return True
 
     @staticmethod

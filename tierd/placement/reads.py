@@ -34,6 +34,7 @@ from tierd.placement import bitmap
 from tierd.placement.engine import FIRST_WINDOW, HOT, WARM, Stream
 from tierd.placement.evict import Evicting
 from tierd.placement.importer import drop_vanished
+from tierd.placement.memtier import MEM
 from tierd.placement.paths import file_keys
 from tierd.placement.tiercache import TierCache
 from tierd.tiers import (
@@ -101,8 +102,18 @@ class Reading(Evicting):
 
     async def read(self, ino: int, fd: int, offset: int, length: int) -> bytes:
         """The bytes of ``[offset, offset+length)`` (short at end of file), with ``fd`` the
-        namespace's descriptor on the hot file.  Warm-only blocks are served from warm
-        until their second reference promotes them."""
+        namespace's descriptor on the hot file.  A file with a memory-tier copy is served
+        from it; warm-only blocks are served from warm until their second reference
+        promotes them."""
+        if self.mem is not None:
+            data = self.mem.read(ino, offset, length)
+            if data is not None:
+                return data
+            if ino not in self._mem_seen and self.mem_policies():
+                self._mem_seen.add(ino)  # decided once per content (enqueue forgets it)
+                if len(self._mem_seen) > 1 << 16:
+                    self._mem_seen.clear()
+                self.admit_mem_later(ino)
         self.acquire(ino)
         try:
             if ino in self._whole:
@@ -167,6 +178,41 @@ class Reading(Evicting):
         missing = [b for b in range(n) if not bitmap.has(v.warm, b)]
         await self._fetch(v, tc, missing, [])
         return v.size
+
+    def admit_mem_later(self, ino: int) -> None:
+        """Copy the file into the memory tier in the background, if its policy says so."""
+        if self.mem is not None:
+            self.mem.start_admit(ino, lambda: self.admit_mem(ino))
+
+    async def admit_mem(self, ino: int, *, force: bool = False) -> bool:
+        """Make the file's memory-tier copy: the whole file onto hot first (from warm or
+        cold), then into a pool region.  Only files whose policy names ``mem`` unless
+        ``force`` (``warmup --tier mem``); not while it has unflushed writes (its commit
+        calls again).  False when the file stays on hot (spilled, changed, not placed)."""
+        mem = self.mem
+        if mem is None:
+            return False
+        with self.meta.snapshot() as tx:
+            inode = tx.get_inode(ino)
+            if inode is None or not inode.is_reg or not (force or self.wants_mem(tx, ino)):
+                return False
+        if mem.get(ino, inode.version) is not None:
+            return True
+        if self.busy(ino) or inode.size == 0:
+            return False
+        version = inode.version
+
+        def current() -> bool:
+            with self.meta.snapshot() as tx:
+                cur = tx.get_inode(ino)
+            return cur is not None and cur.version == version and not self.busy(ino)
+
+        with self.hold(ino):
+            await self.ensure(ino, 0, inode.size, touch=False)
+            if not current():
+                return False
+            async with self.hot.fd(ino, create=False) as fd:
+                return await mem.admit(ino, version, inode.size, inode.uid, fd, current)
 
     async def quiesce(self, ino: int) -> None:
         """Wait for in-flight fills of ``ino`` (before its content is replaced)."""
@@ -315,8 +361,10 @@ class Reading(Evicting):
                 del self._inflight[k]
 
     def _source(self, v: View, dst: TierCache, b: int) -> str:
-        """Where block ``b`` comes from when filling ``dst``: the other local tier if it
-        has the block, else cold."""
+        """Where block ``b`` comes from when filling ``dst``: the memory tier's copy (for
+        hot), the other local tier if it has the block, else cold."""
+        if dst is self.hotc and self.mem is not None and self.mem.get(v.ino, v.version):
+            return MEM
         if self.warmc is None:
             return "cold"
         if dst is self.hotc:
@@ -372,6 +420,21 @@ class Reading(Evicting):
                        stream: bool) -> None:
         """The bytes of one run onto ``dst``'s file: from the other local tier, or from
         cold (ENOSPC on the local tier: evict and retry once, then ENOSPC)."""
+        for attempt in (0, 1):
+            if src != MEM:
+                break
+            assert self.mem is not None
+            try:
+                async with dst.tier.fd(v.ino, create=True) as fd:
+                    await asyncio.to_thread(self.mem.copy_out, v.ino, v.version, fd, off, n)
+                return
+            except FileNotFoundError:
+                src = "cold"  # the copy was reclaimed meanwhile
+            except OSError as e:
+                if e.errno == errno.ENOSPC and attempt == 0 and await self.evict(
+                        2 * n, tier=dst.name):
+                    continue
+                raise FsError(e.errno or errno.EIO, f"{dst.name} tier: {e}") from e
         rec = v.rec
         if src == "cold" and (rec is None or not rec.keys):
             if v.unlinked:
