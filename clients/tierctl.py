@@ -1,7 +1,13 @@
 """``tierctl``: the operator's command line for a running tierd, over the admin API.
 
-A skeleton for now: ``tierctl status`` and ``tierctl health``.  Later issues add buckets,
-users, pins, checkpoints...
+Status and health, placement (warmup/evict/pin/policy/du/persist/import), the memory pool
+and checkpoints, users and access keys (``tierctl user ...``, ``tierctl key ...``).
+
+Finding the daemon: ``--admin-url``/``TIERD_ADMIN_URL``, else the admin URL in the daemon's
+``endpoints.json`` (in ``--data-dir``/``TIERD_DATA_DIR``, by default the daemon's own default
+data directory), else ``http://127.0.0.1:9001``.  The admin token: ``--token``/
+``TIERD_ADMIN_TOKEN``, else the ``admin-token`` file in that data directory (readable by the
+daemon's user only).
 
 It depends only on the standard library and click (not on the daemon package), so it can be
 installed on machines that only administer tierd.  Plain blocking ``urllib`` is right here:
@@ -22,6 +28,8 @@ from typing import Any, NoReturn
 import click
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:9001"
+TOKEN_FILE = "admin-token"
+ENDPOINTS_FILE = "endpoints.json"
 
 
 class AdminError(Exception):
@@ -31,14 +39,27 @@ class AdminError(Exception):
 class AdminClient:
     """Minimal client of tierd's admin API."""
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, token: str | None = None,
+                 token_hint: str = "") -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.token = token
+        #: what to tell the operator when the API answers 401 (where a token would be found)
+        self.token_hint = token_hint
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def _status_error(self, path: str, status: int, message: str) -> AdminError:
+        if status == 401:
+            message = (f"{message} -- {self.token_hint}" if self.token_hint else message)
+        return AdminError(f"{self.url}{path}: HTTP {status}: {message}")
 
     def get(self, path: str) -> tuple[int, bytes]:
         """GET ``path``; returns (status, body).  HTTP errors are returned, not raised."""
+        req = urllib.request.Request(self.url + path, headers=self._headers())
         try:
-            with urllib.request.urlopen(self.url + path, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return int(resp.status), bytes(resp.read())
         except urllib.error.HTTPError as e:
             return e.code, e.read()
@@ -61,7 +82,7 @@ class AdminClient:
         if status != 200 or not isinstance(doc, dict):
             message = doc.get("message") if isinstance(doc, dict) else None
             text = message or body.decode(errors="replace").strip()
-            raise AdminError(f"{self.url}{path}: HTTP {status}: {text}")
+            raise self._status_error(path, status, text)
         return doc
 
     def send(self, method: str, path: str, doc: dict[str, Any],
@@ -69,7 +90,8 @@ class AdminClient:
         """``method path`` with a JSON body; the response, still open (for streaming)."""
         req = urllib.request.Request(self.url + path, data=json.dumps(doc).encode(),
                                      method=method,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              **self._headers()})
         try:
             return urllib.request.urlopen(req, timeout=timeout or self.timeout)
         except urllib.error.HTTPError as e:
@@ -77,7 +99,7 @@ class AdminClient:
                 message = json.loads(e.read()).get("message", "")
             except ValueError:
                 message = ""
-            raise AdminError(f"{self.url}{path}: HTTP {e.code}: {message}") from None
+            raise self._status_error(path, e.code, message) from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise AdminError(f"cannot reach the tierd admin API at {self.url}: "
                              f"{getattr(e, 'reason', e)}") from None
@@ -145,19 +167,61 @@ def format_status(st: dict[str, Any]) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
+def default_data_dir() -> Path:
+    """The daemon's default data directory (its ``data_dir`` setting's default)."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("tierd"))
+
+
+def find_admin(admin_url: str | None, token: str | None, data_dir: Path | None,
+               timeout: float) -> AdminClient:
+    """The client for the daemon named by the options (see the module docstring)."""
+    data = data_dir if data_dir is not None else default_data_dir()
+    if not admin_url:
+        try:
+            admin_url = str(json.loads((data / ENDPOINTS_FILE).read_text())["admin"]["url"])
+        except (OSError, ValueError, KeyError, TypeError):
+            admin_url = DEFAULT_ADMIN_URL
+    hint = ""
+    if not token:
+        path = data / TOKEN_FILE
+        try:
+            token = path.read_text().strip() or None
+        except FileNotFoundError:
+            hint = (f"no admin token: pass --token or set TIERD_ADMIN_TOKEN (the daemon "
+                    f"writes it to DATA_DIR/{TOKEN_FILE}; {path} does not exist: "
+                    "use --data-dir)")
+        except OSError as e:
+            hint = (f"no admin token: cannot read {path} ({e.strerror}); run as the "
+                    "daemon's user, or pass --token / set TIERD_ADMIN_TOKEN")
+        if token:
+            hint = f"the token in {path} was refused (another daemon's data directory?)"
+    else:
+        hint = "the token given by --token / TIERD_ADMIN_TOKEN was refused"
+    return AdminClient(admin_url, timeout, token, hint)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--admin-url",
     envvar="TIERD_ADMIN_URL",
-    default=DEFAULT_ADMIN_URL,
-    show_default=True,
-    help="Base URL of tierd's admin API [env: TIERD_ADMIN_URL].",
+    default=None,
+    help="Base URL of tierd's admin API [env: TIERD_ADMIN_URL; default: from the data "
+    f"directory's {ENDPOINTS_FILE}, else {DEFAULT_ADMIN_URL}].",
 )
+@click.option("--token", envvar="TIERD_ADMIN_TOKEN", default=None,
+              help=f"Admin API token [env: TIERD_ADMIN_TOKEN; default: DATA_DIR/{TOKEN_FILE}].")
+@click.option("--data-dir", envvar="TIERD_DATA_DIR", default=None,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="The daemon's data directory, where its admin token and endpoints are "
+              "found [env: TIERD_DATA_DIR; default: the daemon's default].")
 @click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait for tierd.")
 @click.pass_context
-def cli(ctx: click.Context, admin_url: str, timeout: float) -> None:
+def cli(ctx: click.Context, admin_url: str | None, token: str | None,
+        data_dir: Path | None, timeout: float) -> None:
     """Administer a running tierd through its admin API."""
-    ctx.obj = AdminClient(admin_url, timeout)
+    ctx.obj = find_admin(admin_url, token, data_dir, timeout)
 
 
 @cli.command()
@@ -406,6 +470,160 @@ def ckpt_list(client: AdminClient, run: str, bucket: str, as_json: bool) -> None
         size = human_bytes(s["size"]) if s["size"] is not None else "?"
         click.echo(f"step {s['step']}\t{s['state']}\t{size}"
                    f"{chr(9) + 'in pool' if s['in_pool'] else ''}")
+
+
+# -- users and access keys ------------------------------------------------------------------
+
+def table(headers: tuple[str, ...], rows: list[tuple[object, ...]]) -> str:
+    """Left-aligned columns for people (scripts use --json)."""
+    cells = [tuple(str(c) for c in headers)] + [tuple(str(c) for c in r) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in cells)
+
+
+def _when(ns: int) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9)) if ns else "-"
+
+
+def _echo_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=True))
+
+
+@cli.group()
+def user() -> None:
+    """Users: a name with a uid, gid, groups and an admin flag; S3 keys map to them."""
+
+
+@user.command("add")
+@click.argument("name")
+@click.option("--uid", type=click.IntRange(0, 2**32 - 2), required=True,
+              help="The user's uid (files it creates are owned by it).")
+@click.option("--gid", type=click.IntRange(0, 2**32 - 2), default=None,
+              help="Primary group (default: the uid).")
+@click.option("--groups", default="", metavar="GID,GID...", help="Supplementary groups.")
+@click.option("--admin", is_flag=True, help="May call the admin API with a signed request.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON document.")
+@click.pass_obj
+def user_add(client: AdminClient, name: str, uid: int, gid: int | None, groups: str,
+             admin: bool, as_json: bool) -> None:
+    """Add user NAME."""
+    try:
+        gids = [int(g) for g in groups.replace(" ", "").split(",") if g]
+    except ValueError:
+        _fail(f"--groups must be comma-separated numbers, not {groups!r}")
+    doc = _run(lambda: client.call("POST", "/v1/users", {
+        "name": name, "uid": uid, "gid": gid, "groups": gids, "admin": admin}))
+    if as_json:
+        _echo_json(doc)
+        return
+    click.echo(f"added user {doc['name']} (uid {doc['uid']}, gid {doc['gid']}"
+               f"{', admin' if doc['admin'] else ''})")
+
+
+@user.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON document.")
+@click.pass_obj
+def user_list(client: AdminClient, as_json: bool) -> None:
+    """List users."""
+    doc = _run(lambda: client.get_json("/v1/users"))
+    if as_json:
+        _echo_json(doc)
+        return
+    click.echo(table(("NAME", "UID", "GID", "GROUPS", "ADMIN", "KEYS", "CREATED"), [
+        (u["name"], u["uid"], u["gid"], ",".join(map(str, u["groups"])) or "-",
+         "yes" if u["admin"] else "no", u.get("keys", 0), _when(u["created_ns"]))
+        for u in doc["users"]]))
+
+
+@user.command("rm")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON document.")
+@click.pass_obj
+def user_rm(client: AdminClient, name: str, as_json: bool) -> None:
+    """Delete user NAME and its access keys (its files stay, owned by its uid)."""
+    from urllib.parse import quote
+
+    doc = _run(lambda: client.call("DELETE", "/v1/users/" + quote(name, safe=""), {}))
+    if as_json:
+        _echo_json(doc)
+        return
+    removed = doc["keys_removed"]
+    click.echo(f"deleted user {name}" + (f" and its keys {', '.join(removed)}" if removed
+                                         else ""))
+
+
+@cli.group()
+def key() -> None:
+    """S3 access keys of users (the secret is shown once, at creation)."""
+
+
+@key.command("add")
+@click.argument("user_name", metavar="USER")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON document.")
+@click.pass_obj
+def key_add(client: AdminClient, user_name: str, as_json: bool) -> None:
+    """Create an access key for USER and print its secret (shown only this once)."""
+    doc = _run(lambda: client.call("POST", "/v1/keys", {"user": user_name}))
+    if as_json:
+        _echo_json(doc)
+        return
+    click.echo(f"access key  {doc['access_key']}\nsecret      {doc['secret']}\n"
+               "(the secret is not shown again: store it now)")
+
+
+@key.command("list")
+@click.option("--user", "user_name", default=None, help="Only this user's keys.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON document.")
+@click.pass_obj
+def key_list(client: AdminClient, user_name: str | None, as_json: bool) -> None:
+    """List access keys (never their secrets)."""
+    from urllib.parse import urlencode
+
+    path = "/v1/keys" + ("?" + urlencode({"user": user_name}) if user_name else "")
+    doc = _run(lambda: client.get_json(path))
+    if as_json:
+        _echo_json(doc)
+        return
+    click.echo(table(("ACCESS KEY", "USER", "STATUS", "CREATED"), [
+        (k["access_key"], k["user"] or "-", "enabled" if k["enabled"] else "disabled",
+         _when(k["created_ns"])) for k in doc["keys"]]))
+
+
+def _key_action(client: AdminClient, access_key: str, method: str, suffix: str) -> Any:
+    from urllib.parse import quote
+
+    return _run(lambda: client.call(method, "/v1/keys/" + quote(access_key, safe="") + suffix,
+                                    {}))
+
+
+@key.command("disable")
+@click.argument("access_key")
+@click.pass_obj
+def key_disable(client: AdminClient, access_key: str) -> None:
+    """Disable ACCESS_KEY (requests signed with it are refused until enabled)."""
+    _key_action(client, access_key, "POST", "/disable")
+    click.echo(f"disabled {access_key}")
+
+
+@key.command("enable")
+@click.argument("access_key")
+@click.pass_obj
+def key_enable(client: AdminClient, access_key: str) -> None:
+    """Enable ACCESS_KEY again."""
+    _key_action(client, access_key, "POST", "/enable")
+    click.echo(f"enabled {access_key}")
+
+
+@key.command("rm")
+@click.argument("access_key")
+@click.pass_obj
+def key_rm(client: AdminClient, access_key: str) -> None:
+    """Delete ACCESS_KEY."""
+    _key_action(client, access_key, "DELETE", "")
+    click.echo(f"deleted {access_key}")
 
 
 def main() -> None:

@@ -45,8 +45,10 @@ class Tierd:
 
     def admin_call(self, method: str, path: str, doc: dict[str, Any] | None = None
                    ) -> tuple[int, dict[str, Any]]:
+        token = (self.data / "admin-token").read_text().strip()
         req = urllib.request.Request(self.admin + path, method=method,
-                                     data=None if doc is None else json.dumps(doc).encode())
+                                     data=None if doc is None else json.dumps(doc).encode(),
+                                     headers={"Authorization": f"Bearer {token}"})
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, json.loads(r.read())

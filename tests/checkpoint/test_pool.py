@@ -174,7 +174,8 @@ def test_tierctl_pool_and_ckpt_commands(tierd: Tierd) -> None:
 
     def tierctl(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "tierd_client.tierctl", "--admin-url",
-                               tierd.admin, *args], capture_output=True, text=True, timeout=60)
+                               tierd.admin, "--data-dir", str(tierd.data), *args],
+                              capture_output=True, text=True, timeout=60)
 
     with Checkpointer(tierd.socket) as ck:
         ck.save("cli", 1, {"w": torch.ones(1000)})

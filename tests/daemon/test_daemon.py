@@ -56,9 +56,12 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 30.0
     )
 
 
-def http_get(url: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
-    """(status, headers, body); HTTP errors are returned, not raised."""
-    req = urllib.request.Request(url, method=method)
+def http_get(url: str, method: str = "GET", token: str | None = None
+             ) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body); HTTP errors are returned, not raised.  ``token``: the admin
+    API's bearer token."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, dict(resp.headers), resp.read()
@@ -163,7 +166,9 @@ def test_serves_health_and_status(spawn: Spawn, data_dir: Path) -> None:
         status, _, body = http_get(t.url(door) + "/healthz")
         assert (status, body.strip()) == (200, b"ok")
 
-    status, headers, body = http_get(t.url("admin") + "/v1/status")
+    token = (data_dir / "admin-token").read_text().strip()
+    assert (data_dir / "admin-token").stat().st_mode & 0o777 == 0o600
+    status, headers, body = http_get(t.url("admin") + "/v1/status", token=token)
     assert status == 200 and headers["Content-Type"].startswith("application/json")
     st = json.loads(body)
     assert st["version"] == tierd.__version__
@@ -188,11 +193,17 @@ def test_serves_health_and_status(spawn: Spawn, data_dir: Path) -> None:
 
 def test_admin_errors_are_json(spawn: Spawn, data_dir: Path) -> None:
     t = spawn(data_dir)
-    status, headers, body = http_get(t.url("admin") + "/no/such/thing")
+    t.wait_ready()
+    token = (data_dir / "admin-token").read_text().strip()
+    status, headers, body = http_get(t.url("admin") + "/no/such/thing", token=token)
     assert status == 404 and headers["Content-Type"].startswith("application/json")
     assert json.loads(body)["error"] == "not_found"
-    status, _, body = http_get(t.url("admin") + "/v1/status", method="DELETE")
+    status, _, body = http_get(t.url("admin") + "/v1/status", method="DELETE", token=token)
     assert status == 405 and json.loads(body)["error"] == "method_not_allowed"
+    # without the token: 401 everywhere but /healthz (unknown paths too: nothing is revealed)
+    for path in ("/v1/status", "/no/such/thing"):
+        status, headers, body = http_get(t.url("admin") + path)
+        assert status == 401 and json.loads(body)["error"] == "unauthorized", path
 
 
 def test_s3_door_refuses_anonymous_requests(spawn: Spawn, data_dir: Path) -> None:
@@ -348,14 +359,26 @@ def test_version_and_help() -> None:
 def test_tierctl_status_and_health(spawn: Spawn, data_dir: Path) -> None:
     t = spawn(data_dir)
     admin = t.url("admin")
-    r = run(tierctl_cmd("--admin-url", admin, "status"))
+    r = run(tierctl_cmd("--admin-url", admin, "--data-dir", str(data_dir), "status"))
     assert r.returncode == 0, r.stderr
     assert f"pid {t.proc.pid}" in r.stdout and str(data_dir) in r.stdout
     assert "inodes" in r.stdout and "lmdb" in r.stdout
 
-    r = run(tierctl_cmd("status", "--json"), env=clean_env(TIERD_ADMIN_URL=admin))
+    token = (data_dir / "admin-token").read_text().strip()
+    r = run(tierctl_cmd("status", "--json"),
+            env=clean_env(TIERD_ADMIN_URL=admin, TIERD_ADMIN_TOKEN=token))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["pid"] == t.proc.pid
+
+    # the data directory alone finds both the daemon (endpoints.json) and the token
+    r = run(tierctl_cmd("status", "--json"), env=clean_env(TIERD_DATA_DIR=str(data_dir)))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["pid"] == t.proc.pid
+
+    # a wrong token: one line, exit 1
+    r = run(tierctl_cmd("--admin-url", admin, "--token", "not-the-token-0123456789", "status"))
+    assert r.returncode == 1 and "HTTP 401" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
     r = run(tierctl_cmd("--admin-url", admin, "health"))
     assert (r.returncode, r.stdout.strip()) == (0, "ok")

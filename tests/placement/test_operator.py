@@ -46,7 +46,7 @@ def test_tierctl_placement_commands(tmp_path: Path) -> None:
         def ctl(*args: str) -> str:
             r = subprocess.run([sys.executable, "-m", "tierd_client.tierctl", *args],
                                capture_output=True, text=True, timeout=60,
-                               env=_env(TIERD_ADMIN_URL=url))
+                               env=_env(TIERD_ADMIN_URL=url, TIERD_DATA_DIR=str(data)))
             assert r.returncode == 0, r.stderr + r.stdout
             return r.stdout
 
