@@ -149,7 +149,6 @@ def test_not_implemented(daemon: Daemon, s3: Any, bucket: str) -> None:
     """Features tierd lacks answer 501, never a wrong success."""
     s3.put_object(Bucket=bucket, Key="k", Body=b"x")
     calls = [
-        (s3.get_bucket_policy, {"Bucket": bucket}),
         (s3.get_bucket_acl, {"Bucket": bucket}),
         (s3.put_bucket_lifecycle_configuration, {"Bucket": bucket, "LifecycleConfiguration": {
             "Rules": [{"ID": "r", "Status": "Enabled", "Filter": {"Prefix": ""},

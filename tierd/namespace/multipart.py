@@ -25,7 +25,8 @@ import secrets
 import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable
 
-from tierd.acl import W_OK, X_OK, Identity, check_access
+from tierd.acl import Identity
+from tierd.acl.s3map import enforce
 from tierd.errors import FsError
 from tierd.meta import Inode, MetaTxn, MultipartUpload, UploadPart
 from tierd.namespace.base import now_ns
@@ -86,12 +87,16 @@ class MultipartOps(ObjectOps):
         dst_bucket: str,
         dst_key: str,
         objmeta: dict[str, str] | None = None,
+        *,
+        src_ident: Identity | None = None,
     ) -> Inode:
-        """Server-side copy; ``objmeta`` None keeps the source's metadata (COPY directive)."""
+        """Server-side copy; ``objmeta`` None keeps the source's metadata (COPY directive).
+        ``src_ident`` reads the source when it differs from the writer (a bucket policy
+        judges the two sides separately); by default ``ident`` does both."""
         segments, marker = split_key(dst_key)
         if marker:
             raise FsError(errno.EINVAL, "cannot copy onto a directory marker key")
-        src = await self.get_object(ident, src_bucket, src_key)
+        src = await self.get_object(src_ident or ident, src_bucket, src_key)
         try:
             if src.inode.is_dir:
                 raise FsError(errno.EINVAL, "cannot copy a directory marker")
@@ -135,14 +140,16 @@ class MultipartOps(ObjectOps):
             raise FsError(errno.EACCES, f"upload {upload_id!r} belongs to another user")
         return up
 
-    def _check_put_allowed(self, ident: Identity, bucket: str, segments: list[bytes]) -> None:
-        """Would a PUT of this key be allowed now?  (Directories are not created yet.)"""
+    def _check_put_allowed(self, ident: Identity, bucket: str, segments: list[bytes],
+                           action: str) -> None:
+        """Would a PUT of this key be allowed now?  (Directories are not created yet.)
+        ``action``: CreateMultipartUpload or CompleteMultipartUpload (:mod:`tierd.acl.s3map`)."""
         with self.meta.snapshot() as tx:
             cur = self._bucket_dir(tx, bucket)
             for seg in segments[:-1]:
                 child = self._child(tx, ident, cur, seg)
                 if child is None:
-                    check_access(ident, cur, W_OK | X_OK, "the key's parent directory")
+                    enforce(ident, action, parent=cur)  # the first directory to create
                     return
                 if child.is_lnk:
                     child = self._resolve(tx, ident, self._path_of(bucket, segments), True)
@@ -153,10 +160,8 @@ class MultipartOps(ObjectOps):
             old = self._child(tx, ident, cur, segments[-1])
             if old is not None and old.is_dir:
                 raise FsError(errno.EISDIR, "the key is a directory (it has keys below it)")
-            if old is not None and old.is_reg:
-                check_access(ident, old, W_OK, "the existing object")
-            else:
-                check_access(ident, cur, W_OK | X_OK, "the key's parent directory")
+            enforce(ident, action, parent=cur, obj=old if old is not None and old.is_reg
+                    else None)
 
     async def create_multipart(
         self, ident: Identity, bucket: str, key: str, objmeta: dict[str, str] | None = None
@@ -164,7 +169,7 @@ class MultipartOps(ObjectOps):
         segments, marker = split_key(key)
         if marker:
             raise FsError(errno.EINVAL, "a directory marker key cannot be uploaded in parts")
-        self._check_put_allowed(ident, bucket, segments)
+        self._check_put_allowed(ident, bucket, segments, "CreateMultipartUpload")
         up = MultipartUpload(
             upload_id=secrets.token_urlsafe(32), bucket=bucket, key=key, uid=ident.uid,
             gid=ident.gid, initiated_ns=now_ns(), objmeta=dict(objmeta or {}),
@@ -260,11 +265,13 @@ class MultipartOps(ObjectOps):
     async def upload_part_copy(
         self, ident: Identity, upload_id: str, number: int, src_bucket: str, src_key: str,
         byte_range: tuple[int, int] | None = None, checksums: dict[str, str] | None = None,
+        *, src_ident: Identity | None = None,
     ) -> UploadPart:
-        """A part copied from an existing object; ``byte_range`` is inclusive (first, last)."""
+        """A part copied from an existing object; ``byte_range`` is inclusive (first, last).
+        ``src_ident`` reads the source (as in :meth:`copy_object`)."""
         self._check_part_number(number)
         self._upload(ident, upload_id)
-        src = await self.get_object(ident, src_bucket, src_key)
+        src = await self.get_object(src_ident or ident, src_bucket, src_key)
         try:
             first, last = byte_range if byte_range is not None else (0, src.size - 1)
             if byte_range is not None and (first < 0 or last < first or last >= src.size):
@@ -361,7 +368,7 @@ class MultipartOps(ObjectOps):
         up = self._upload(ident, upload_id)
         self._chosen(upload_id, parts)  # answer a bad list before pausing the upload
         segments, _ = split_key(up.key)
-        self._check_put_allowed(ident, up.bucket, segments)
+        self._check_put_allowed(ident, up.bucket, segments, "CompleteMultipartUpload")
         st = self._state(upload_id)
         async with st.complete_lock:
             if st.gone:  # another Complete (or an Abort) finished first

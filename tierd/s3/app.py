@@ -19,10 +19,12 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+from tierd.acl.authorize import PolicyStore
 from tierd.acl.keys import KeyStore
 from tierd.errors import FsError
 from tierd.namespace import Namespace
-from tierd.s3 import buckets, listing, multipart, objects
+from tierd.s3 import bucket_policy, buckets, listing, multipart, objects
+from tierd.s3.access import Actions, authorize_request
 from tierd.s3.auth import Authenticator
 from tierd.s3.common import Ctx, S3State
 from tierd.s3.errors import S3Error, from_fs_error
@@ -41,8 +43,8 @@ READ_BUFSIZE = 1 << 20
 UNSUPPORTED = frozenset({
     "acl", "accelerate", "analytics", "attributes", "cors", "encryption",
     "intelligent-tiering", "inventory", "legal-hold", "lifecycle", "logging", "metadataTable",
-    "metrics", "notification", "object-lock", "ownershipControls", "policy", "policyStatus",
-    "publicAccessBlock", "renameObject", "replication", "requestPayment", "restore",
+    "metrics", "notification", "object-lock", "ownershipControls", "publicAccessBlock",
+    "renameObject", "replication", "requestPayment", "restore",
     "retention", "select", "session", "tagging", "torrent", "website",
 })
 
@@ -71,6 +73,12 @@ def route(ctx: Ctx) -> Handler:
             return buckets.list_buckets
         raise _method_not_allowed(ctx)
     if not ctx.key:
+        if "policy" in q:
+            return _policy_route(ctx)
+        if "policyStatus" in q:
+            if method == "GET":
+                return bucket_policy.get_policy_status
+            raise _method_not_allowed(ctx)
         if method == "GET":
             if "location" in q:
                 return buckets.get_location
@@ -127,6 +135,51 @@ def route(ctx: Ctx) -> Handler:
     raise _method_not_allowed(ctx)
 
 
+def _policy_route(ctx: Ctx) -> Handler:
+    method = ctx.request.method
+    if method == "GET":
+        return bucket_policy.get_policy
+    if method == "PUT":
+        return bucket_policy.put_policy
+    if method == "DELETE":
+        return bucket_policy.delete_policy
+    raise _method_not_allowed(ctx)
+
+
+def _actions() -> Actions:
+    """Every handler's IAM action (tierd.s3.access): the name a bucket policy uses."""
+    a = Actions()
+    a.add(buckets.list_buckets, "s3:ListAllMyBuckets", False)
+    a.add(buckets.create_bucket, "s3:CreateBucket", False)
+    a.add(buckets.delete_bucket, "s3:DeleteBucket", False)
+    a.add(buckets.head_bucket, "s3:ListBucket", False)
+    a.add(buckets.get_location, "s3:GetBucketLocation", False)
+    a.add(buckets.get_versioning, "s3:GetBucketVersioning", False)
+    a.add(buckets.put_versioning, "s3:PutBucketVersioning", False)
+    a.add(listing.list_objects_v1, "s3:ListBucket", False)
+    a.add(listing.list_objects_v2, "s3:ListBucket", False)
+    a.add(listing.list_object_versions, "s3:ListBucketVersions", False)
+    a.add(multipart.list_uploads, "s3:ListBucketMultipartUploads", False)
+    a.add(objects.get_object, "s3:GetObject", True)
+    a.add(objects.head_object, "s3:GetObject", True)
+    a.add(objects.put_object, "s3:PutObject", True)
+    a.add(objects.copy_object, "s3:PutObject", True, copy=True)
+    a.add(objects.delete_object, "s3:DeleteObject", True)
+    a.add(multipart.create, "s3:PutObject", True)
+    a.add(multipart.upload_part, "s3:PutObject", True)
+    a.add(multipart.upload_part_copy, "s3:PutObject", True, copy=True)
+    a.add(multipart.complete, "s3:PutObject", True)
+    a.add(multipart.abort, "s3:AbortMultipartUpload", True)
+    a.add(multipart.list_parts, "s3:ListMultipartUploadParts", True)
+    # these judge for themselves: per key, or the bucket owner's operations
+    a.own.update({objects.delete_objects, bucket_policy.get_policy, bucket_policy.put_policy,
+                  bucket_policy.delete_policy, bucket_policy.get_policy_status})
+    return a
+
+
+ACTIONS = _actions()
+
+
 def locate(request: web.Request, domains: tuple[str, ...]) -> tuple[str, str, bool]:
     """(bucket, key, virtual_host) of a request."""
     path = unquote(request.rel_url.raw_path or "/", errors="surrogateescape")
@@ -155,9 +208,13 @@ def error_response(ctx: Ctx, e: S3Error) -> web.Response:
 
 
 def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
-                domains: tuple[str, ...] = (), max_skew: float = 900.0) -> web.Application:
-    """The S3 gateway over ``ns``, authenticating with the access keys in ``keys``."""
+                domains: tuple[str, ...] = (), max_skew: float = 900.0,
+                policies: PolicyStore | None = None) -> web.Application:
+    """The S3 gateway over ``ns``, authenticating with the access keys in ``keys`` and
+    authorizing with the bucket policies in ``policies`` (by default those of the key
+    store's metadata)."""
     state = S3State(ns=ns, keys=keys, auth=Authenticator(keys, region, max_skew),
+                    policies=policies or PolicyStore(keys.meta),
                     region=region, domains=tuple(d.lower().strip(".") for d in domains))
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -175,6 +232,7 @@ def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
             ctx.bucket, ctx.key, _ = locate(request, state.domains)
             ctx.auth = state.auth.authenticate(request)
             handler = route(ctx)
+            authorize_request(ctx, handler, ACTIONS)
             return await handler(ctx)
         except S3Error as e:
             if e.status >= 500 and e.code != "NotImplemented":

@@ -13,6 +13,7 @@ from aiohttp import web
 from multidict import CIMultiDictProxy, MultiDictProxy
 
 from tierd.acl import Identity
+from tierd.acl.authorize import PolicyStore
 from tierd.acl.keys import KeyStore, Owner
 from tierd.meta import Inode
 from tierd.namespace import Namespace
@@ -46,6 +47,7 @@ class S3State:
     ns: Namespace
     keys: KeyStore
     auth: Authenticator
+    policies: PolicyStore
     region: str
     domains: tuple[str, ...] = ()
 
@@ -60,6 +62,11 @@ class Ctx:
     bucket: str = ""
     key: str = ""
     auth: Auth | None = None
+    #: who the namespace sees: the key's identity, with a policy's grant when one allowed
+    #: the request (set by :func:`tierd.s3.access.authorize_request` before the handler)
+    identity: Identity | None = None
+    #: the same for the source of CopyObject/UploadPartCopy, judged separately
+    src_identity: Identity | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
     #: a streamed response that has sent its headers: errors can no longer be answered
     stream: web.StreamResponse | None = None
@@ -79,7 +86,11 @@ class Ctx:
 
     @property
     def ident(self) -> Identity:
-        return self.verified.identity
+        return self.identity if self.identity is not None else self.verified.identity
+
+    @property
+    def src_ident(self) -> Identity:
+        return self.src_identity if self.src_identity is not None else self.ident
 
     @property
     def query(self) -> MultiDictProxy[str]:

@@ -43,6 +43,9 @@ CODES: dict[str, tuple[int, str]] = {
     "InvalidRequest": (400, "Invalid Request"),
     "InvalidStorageClass": (400, "The storage class you specified is not valid"),
     "KeyTooLongError": (400, "Your key is too long"),
+    "MalformedACLError": (400, "The XML you provided was not well-formed or did not "
+                          "validate against our published schema"),
+    "MalformedPolicy": (400, "Policies must be valid JSON and the first byte must be '{'"),
     "MalformedXML": (400, "The XML you provided was not well-formed or did not validate "
                      "against our published schema"),
     "MetadataTooLarge": (400, "Your metadata headers exceed the maximum allowed metadata "
@@ -50,6 +53,7 @@ CODES: dict[str, tuple[int, str]] = {
     "MethodNotAllowed": (405, "The specified method is not allowed against this resource"),
     "MissingContentLength": (411, "You must provide the Content-Length HTTP header"),
     "NoSuchBucket": (404, "The specified bucket does not exist"),
+    "NoSuchBucketPolicy": (404, "The bucket policy does not exist"),
     "NoSuchKey": (404, "The specified key does not exist"),
     "NoSuchUpload": (404, "The specified multipart upload does not exist"),
     "NoSuchVersion": (404, "The specified version does not exist"),

@@ -136,7 +136,7 @@ async def _range_digests(ctx: Ctx, alg: str, bucket: str, key: str, first: int,
     """(checksum ``alg`` base64, MD5 hex) of a source byte range."""
     h = checksums.new_hasher(alg)
     md5 = hashlib.md5()
-    reader = await ctx.ns.get_object(ctx.ident, bucket, key)
+    reader = await ctx.ns.get_object(ctx.src_ident, bucket, key)
     try:
         async for chunk in reader.iter(first, length):
             if len(chunk) > INLINE_HASH:
@@ -162,7 +162,8 @@ async def _copy_part(ctx: Ctx, up: MultipartUpload, number: int, src_bucket: str
         if alg:
             sums[alg], md5 = await _range_digests(ctx, alg, src_bucket, src_key, first, length)
         part = await ctx.ns.upload_part_copy(ctx.ident, up.upload_id, number, src_bucket,
-                                             src_key, byte_range, checksums=sums)
+                                             src_key, byte_range, checksums=sums,
+                                             src_ident=ctx.src_ident)
         if not alg or part.etag == md5:
             return part
     raise S3Error("SlowDown", "the copy source kept changing while it was copied; retry")

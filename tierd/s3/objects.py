@@ -12,7 +12,7 @@ from aiohttp import web
 from tierd.errors import FsError
 from tierd.meta import Inode
 from tierd.namespace import ObjectReader
-from tierd.s3 import checksums, xmlio
+from tierd.s3 import access, checksums, xmlio
 from tierd.s3.body import Body
 from tierd.s3.buckets import xml_response
 from tierd.s3.common import (
@@ -257,16 +257,18 @@ async def delete_objects(ctx: Ctx) -> web.Response:
             raise S3Error("MalformedXML", "every <Object> needs a <Key>")
         asked.append((key, xmlio.child_text(obj, "VersionId")))
     keys = [key for key, vid in asked if vid in (None, "null")]
-    done: list[tuple[str, bool | FsError]] = []
+    # the bucket policy judges every key (s3:DeleteObject); refused keys are not touched
+    refused, groups = access.judge_keys(ctx, "s3:DeleteObject", keys)
+    done: dict[str, bool | FsError] = dict(refused)
     try:
         # the namespace deletes a batch without yielding to the event loop (~0.5 ms a
         # key): batches of DELETE_BATCH keep other requests moving during a large request
-        for i in range(0, max(len(keys), 1), DELETE_BATCH):
-            done += await ctx.ns.delete_objects(ctx.ident, ctx.bucket,
-                                                keys[i:i + DELETE_BATCH])
+        for ident, group in groups or [(ctx.ident, [])]:
+            for i in range(0, max(len(group), 1), DELETE_BATCH):
+                done.update(await ctx.ns.delete_objects(ident, ctx.bucket,
+                                                        group[i:i + DELETE_BATCH]))
     except FsError as e:
         raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
-    results = iter(done)
     out: list[str] = []
     for key, vid in asked:
         vid_xml = el("VersionId", vid) if vid is not None else ""
@@ -274,7 +276,7 @@ async def delete_objects(ctx: Ctx) -> web.Response:
             out.append(f"<Error>{el('Key', key)}{vid_xml}{el('Code', 'NoSuchVersion')}"
                        f"{el('Message', 'buckets are unversioned: only version null')}</Error>")
             continue
-        _, result = next(results)
+        result = done[key]
         if isinstance(result, FsError):
             err = from_fs_error(result, bucket=ctx.bucket, key=key)
             out.append(f"<Error>{el('Key', key)}{vid_xml}{el('Code', err.code)}"
@@ -300,7 +302,7 @@ async def head_source(ctx: Ctx) -> tuple[str, str, Inode]:
     checked."""
     src_bucket, src_key = parse_copy_source(ctx.headers["x-amz-copy-source"])
     try:
-        src = await ctx.ns.head_object(ctx.ident, src_bucket, src_key)
+        src = await ctx.ns.head_object(ctx.src_ident, src_bucket, src_key)
     except FsError as e:
         raise await fs_error(ctx, e, src_bucket, src_key) from None
     check_conditions(ctx.headers, src, prefix="x-amz-copy-source-", copy=True)
@@ -329,7 +331,7 @@ async def copy_object(ctx: Ctx) -> web.Response:
         meta = objmeta_from_headers(ctx.headers) | keep
     try:
         inode = await ctx.ns.copy_object(ctx.ident, src_bucket, src_key, ctx.bucket, ctx.key,
-                                         meta)
+                                         meta, src_ident=ctx.src_ident)
     except FsError as e:
         raise await fs_error(ctx, e) from None
     fields = el("LastModified", iso8601(inode.mtime_ns)) + el("ETag", quoted(etag_of(inode)))

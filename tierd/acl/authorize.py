@@ -1,0 +1,117 @@
+"""The bucket-policy half of every S3 decision: where policies are kept, and what a decision
+does to the identity the namespace sees.
+
+The S3 door describes each request (who, which action, which bucket and key, the condition
+keys: source address, prefix, ...) and calls :func:`authorize` before touching the
+namespace.  An explicit Deny raises :class:`~tierd.acl.AccessDenied` (EACCES, answered 403
+AccessDenied) at once.  An Allow returns the identity with a :class:`~tierd.acl.identity.Grant`,
+so the namespace's own checks (:func:`tierd.acl.may_access`) pass for that one request even
+where modes and ACLs would refuse -- the namespace stays the one place where the operation's
+semantics (parents, sticky bits, key/path rules) are applied.  With no applicable statement,
+the identity goes on unchanged and POSIX decides; an anonymous request is then refused here,
+since it has no POSIX identity to be judged by.
+
+Policies live in the bucket's metadata record (:attr:`tierd.meta.Bucket.policy`, the JSON
+exactly as it was PUT), so they go with the bucket: deleting a bucket deletes its policy.
+They are parsed once per text and cached.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Mapping
+
+from tierd.acl.identity import Grant, Identity
+from tierd.acl.modes import R_OK, W_OK, X_OK, AccessDenied
+from tierd.acl.policy import Decision, MalformedPolicy, Policy, Request, Requester, parse_policy
+from tierd.errors import FsError
+from tierd.meta import MetaStore
+
+#: what an Allow grants: every permission the request's namespace operation checks (the
+#: operation is the action's own, so this is exactly what the action needs)
+GRANT_MASK = R_OK | W_OK | X_OK
+_CACHE_MAX = 256
+
+
+class PolicyStore:
+    """Bucket policies in the metadata store, parsed once per text (one lmdb read per
+    request, like the key lookup)."""
+
+    def __init__(self, meta: MetaStore) -> None:
+        self.meta = meta
+        self._parsed: dict[tuple[str, str], Policy] = {}
+
+    def get(self, bucket: str) -> Policy | None:
+        """The bucket's policy; None when it has none or does not exist."""
+        with self.meta.snapshot() as tx:
+            b = tx.get_bucket(bucket)
+        if b is None or not b.policy:
+            return None
+        ck = (bucket, b.policy)
+        policy = self._parsed.get(ck)
+        if policy is None:
+            try:
+                policy = parse_policy(b.policy, bucket)
+            except MalformedPolicy:
+                # only a policy validated by this module is ever stored; a record damaged
+                # by hand must not open the bucket: deny everything to everyone but root
+                policy = parse_policy('{"Statement":{"Effect":"Deny","Principal":"*",'
+                                      '"NotAction":"s3:ListAllMyBuckets","Resource":"*"}}',
+                                      bucket)
+            if len(self._parsed) >= _CACHE_MAX:
+                self._parsed.clear()
+            self._parsed[ck] = policy
+        return policy
+
+    async def put(self, bucket: str, policy: Policy) -> None:
+        """Store ``policy`` (already validated for ``bucket``); ENOENT when the bucket does
+        not exist.  Durable when this returns."""
+        with self.meta.write() as tx:
+            b = tx.get_bucket(bucket)
+            if b is None:
+                raise FsError(errno.ENOENT, f"bucket {bucket!r} does not exist")
+            b.policy = policy.text
+            tx.put_bucket(b)
+        await self.meta.flush()
+
+    async def delete(self, bucket: str) -> bool:
+        """Remove the bucket's policy; False when it had none.  ENOENT without the bucket."""
+        with self.meta.write() as tx:
+            b = tx.get_bucket(bucket)
+            if b is None:
+                raise FsError(errno.ENOENT, f"bucket {bucket!r} does not exist")
+            had = bool(b.policy)
+            if had:
+                b.policy = ""
+                tx.put_bucket(b)
+        if had:
+            await self.meta.flush()
+        return had
+
+
+def decide(policy: Policy | None, requester: Requester, action: str, bucket: str,
+           key: str | None, context: Mapping[str, str]) -> tuple[Decision, str]:
+    """The policy's decision (and deciding Sid) for one request; NONE without a policy."""
+    if policy is None:
+        return Decision.NONE, ""
+    return policy.evaluate(Request(requester, action, bucket, key, context))
+
+
+def authorize(policy: Policy | None, ident: Identity, requester: Requester, action: str,
+              bucket: str, key: str | None, context: Mapping[str, str]) -> Identity:
+    """The identity the namespace must see for this request (module doc), or
+    :class:`~tierd.acl.AccessDenied`.  A Deny binds root too, as it binds an AWS account's
+    root user; the policy operations themselves are the owner's and root's whatever the
+    policy says (the door checks them), so a policy that locks everyone out can be fixed."""
+    decision, sid = decide(policy, requester, action, bucket, key, context)
+    where = f"{bucket}/{key}" if key is not None else bucket
+    if decision is Decision.DENY:
+        by = f" (statement {sid!r})" if sid else ""
+        raise AccessDenied(errno.EACCES, f"{action} on {where!r} is denied by the bucket "
+                           f"policy{by}")
+    if decision is Decision.ALLOW:
+        return Identity(ident.uid, ident.gid, ident.groups, Grant(GRANT_MASK), ident.anonymous)
+    if ident.anonymous:
+        raise AccessDenied(errno.EACCES, f"anonymous {action} on {where!r}: no bucket policy "
+                           "allows it; sign the request with an access key")
+    return ident

@@ -1,0 +1,136 @@
+"""Bucket policies at the S3 door: which action a request is, what its condition keys are,
+and the identity each handler hands to the namespace.
+
+The decision itself is :func:`tierd.acl.authorize.authorize`'s; this module only translates
+the HTTP request into its inputs (the IAM action name, the bucket and key, the requester,
+``aws:SourceIp`` and the other condition keys) and runs it once per request, before the
+handler touches the namespace.  CopyObject and UploadPartCopy are judged twice (GetObject on
+the source, PutObject on the target) and DeleteObjects once per key, as S3 does.
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from tierd.acl import AccessDenied, Identity
+from tierd.acl.authorize import authorize
+from tierd.acl.keys import canonical_user_id
+from tierd.acl.policy import ANONYMOUS, Request, Requester
+from tierd.s3.common import Ctx, parse_copy_source
+
+Handler = Callable[[Ctx], Awaitable[web.StreamResponse]]
+
+#: list actions: their query parameters are the s3:prefix/delimiter/max-keys keys
+_LISTINGS = frozenset({"s3:ListBucket", "s3:ListBucketVersions",
+                       "s3:ListBucketMultipartUploads"})
+#: headers that are condition keys of the same name (``s3:<header>``)
+_HEADER_KEYS = ("x-amz-acl", "x-amz-content-sha256", "x-amz-copy-source",
+                "x-amz-metadata-directive", "x-amz-storage-class")
+
+
+class Actions:
+    """Handler -> (IAM action, whether it acts on the object ``ctx.key``); filled by
+    :mod:`tierd.s3.app`, which knows the handlers."""
+
+    def __init__(self) -> None:
+        self.table: dict[Handler, tuple[str, bool]] = {}
+        self.copies: set[Handler] = set()
+        #: handlers that judge themselves (per key, or owner-only operations)
+        self.own: set[Handler] = set()
+
+    def add(self, handler: Handler, action: str, on_object: bool, copy: bool = False) -> None:
+        self.table[handler] = (action, on_object)
+        if copy:
+            self.copies.add(handler)
+
+
+def requester(ctx: Ctx) -> Requester:
+    auth = ctx.verified
+    if auth.key is None:
+        return ANONYMOUS
+    return Requester(auth.key.access_key, auth.key.user, canonical_user_id(auth.key.uid))
+
+
+def context(ctx: Ctx, action: str) -> dict[str, str]:
+    """The condition keys of this request (lower-case names, as the policy module wants)."""
+    req = ctx.request
+    auth = ctx.verified
+    c = {
+        "aws:sourceip": req.remote or "",
+        "aws:securetransport": "true" if req.secure else "false",
+        "aws:epochtime": str(int(time.time())),
+        "aws:principaltype": "Anonymous" if auth.key is None else "User",
+    }
+    for name, key in (("User-Agent", "aws:useragent"), ("Referer", "aws:referer")):
+        if name in req.headers:
+            c[key] = req.headers[name]
+    if auth.key is not None:
+        if auth.key.user:
+            c["aws:username"] = auth.key.user
+        c["aws:userid"] = str(auth.key.uid)
+        c["s3:authtype"] = "REST-QUERY-STRING" if auth.presigned else "REST-HEADER"
+        c["s3:signatureversion"] = "AWS4-HMAC-SHA256"
+    for name in _HEADER_KEYS:
+        if name in req.headers:
+            c["s3:" + name] = req.headers[name]
+    if action in _LISTINGS:
+        q = ctx.query
+        c["s3:prefix"] = q.get("prefix", "")
+        for name in ("delimiter", "max-keys"):
+            if name in q:
+                c["s3:" + name] = q[name]
+    return c
+
+
+def request_of(ctx: Ctx, action: str, key: str | None) -> Request:
+    """The policy module's view of ``action`` on ``ctx.bucket`` (and ``key``)."""
+    return Request(requester(ctx), action, ctx.bucket, key, context(ctx, action))
+
+
+def judge(ctx: Ctx, action: str, bucket: str, key: str | None) -> Identity:
+    """The identity for one action on one resource (AccessDenied when refused)."""
+    policy = ctx.state.policies.get(bucket) if bucket else None
+    return authorize(policy, ctx.verified.identity, requester(ctx), action, bucket, key,
+                     context(ctx, action))
+
+
+def authorize_request(ctx: Ctx, handler: Handler, actions: Actions) -> None:
+    """Set ``ctx.identity`` (and ``ctx.src_identity`` for copies) for ``handler``, or raise
+    AccessDenied before anything else happens."""
+    spec = actions.table.get(handler)
+    if spec is None:
+        if handler not in actions.own and ctx.verified.key is None:
+            raise AccessDenied(errno.EACCES, "anonymous requests may not do this; sign the request")
+        return
+    action, on_object = spec
+    if not ctx.bucket:
+        if ctx.verified.key is None:
+            raise AccessDenied(errno.EACCES, f"anonymous requests may not call {action}")
+        return
+    ctx.identity = judge(ctx, action, ctx.bucket, ctx.key if on_object else None)
+    if handler in actions.copies and "x-amz-copy-source" in ctx.headers:
+        src_bucket, src_key = parse_copy_source(ctx.headers["x-amz-copy-source"])
+        ctx.src_identity = judge(ctx, "s3:GetObject", src_bucket, src_key)
+
+
+def judge_keys(ctx: Ctx, action: str, keys: list[str]
+               ) -> tuple[dict[str, AccessDenied], list[tuple[Identity, list[str]]]]:
+    """Per-key decisions of a multi-key request (DeleteObjects): the refused keys with their
+    error, and the others grouped by the identity they run as (order kept in a group)."""
+    refused: dict[str, AccessDenied] = {}
+    groups: dict[bool, tuple[Identity, list[str]]] = {}
+    for key in keys:
+        try:
+            ident = judge(ctx, action, ctx.bucket, key)
+        except AccessDenied as e:
+            refused[key] = e
+            continue
+        granted = ident.grant is not None
+        if granted not in groups:
+            groups[granted] = (ident, [])
+        groups[granted][1].append(key)
+    return refused, list(groups.values())

@@ -1,0 +1,108 @@
+"""GetBucketPolicy, PutBucketPolicy, DeleteBucketPolicy and GetBucketPolicyStatus.
+
+Putting a policy is the bucket owner's (or root's, or an admin user's) right alone, and a
+policy never takes it away: a policy that locks everyone out can always be replaced.  Reading
+and deleting it are the owner's too, and anyone's whom the policy itself allows (and does not
+deny).  Validation is :func:`tierd.acl.policy.parse_policy`'s; its message goes back in the
+``MalformedPolicy`` error.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from aiohttp import web
+
+from tierd.acl import AccessDenied
+from tierd.acl.policy import MAX_POLICY_BYTES, Decision, MalformedPolicy, parse_policy
+from tierd.errors import FsError
+from tierd.meta import Bucket
+from tierd.s3 import access
+from tierd.s3.body import Body
+from tierd.s3.buckets import xml_response
+from tierd.s3.common import Ctx
+from tierd.s3.errors import S3Error, from_fs_error
+from tierd.s3.xmlio import document, el
+
+
+async def _bucket(ctx: Ctx) -> Bucket:
+    try:
+        return await ctx.ns.get_bucket(ctx.bucket)
+    except FsError as e:
+        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
+
+
+def is_manager(ctx: Ctx, bucket: Bucket) -> bool:
+    """The bucket owner, root, or an admin user (never an anonymous request)."""
+    key = ctx.verified.key
+    if key is None:
+        return False
+    ident = ctx.verified.identity
+    return ident.is_root or key.admin or ident.uid == bucket.owner_uid
+
+
+def _may(ctx: Ctx, bucket: Bucket, action: str) -> None:
+    """Owner/root/admin always; others when the policy allows ``action`` on the bucket."""
+    if is_manager(ctx, bucket):
+        return
+    policy = ctx.state.policies.get(ctx.bucket)
+    decision = Decision.NONE
+    if policy is not None:
+        decision, _ = policy.evaluate(access.request_of(ctx, action, None))
+    if decision is not Decision.ALLOW:
+        raise AccessDenied(errno.EACCES, f"only the owner of bucket {ctx.bucket!r} may call "
+                           f"{action}")
+
+
+async def get_policy(ctx: Ctx) -> web.Response:
+    b = await _bucket(ctx)
+    _may(ctx, b, "s3:GetBucketPolicy")
+    policy = ctx.state.policies.get(ctx.bucket)
+    if policy is None:
+        raise S3Error("NoSuchBucketPolicy", BucketName=ctx.bucket)
+    return web.Response(status=200, body=policy.text.encode(), headers=ctx.response_headers,
+                        content_type="application/json")
+
+
+async def put_policy(ctx: Ctx) -> web.Response:
+    b = await _bucket(ctx)
+    if not is_manager(ctx, b):
+        raise AccessDenied(errno.EACCES, f"only the owner of bucket {ctx.bucket!r} (or root) "
+                           "may set its policy")
+    try:
+        raw = await Body(ctx.request, ctx.verified).read_all(MAX_POLICY_BYTES)
+    except S3Error as e:
+        if e.code != "EntityTooLarge":
+            raise
+        raise S3Error("MalformedPolicy", f"the policy is larger than {MAX_POLICY_BYTES} bytes "
+                      "(20 KiB)") from None
+    try:
+        policy = parse_policy(raw, ctx.bucket)
+    except MalformedPolicy as e:
+        raise S3Error("MalformedPolicy", str(e)) from None
+    try:
+        await ctx.state.policies.put(ctx.bucket, policy)
+    except FsError as e:
+        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
+    return web.Response(status=204, headers=ctx.response_headers)
+
+
+async def delete_policy(ctx: Ctx) -> web.Response:
+    b = await _bucket(ctx)
+    _may(ctx, b, "s3:DeleteBucketPolicy")
+    try:
+        await ctx.state.policies.delete(ctx.bucket)
+    except FsError as e:
+        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
+    return web.Response(status=204, headers=ctx.response_headers)
+
+
+async def get_policy_status(ctx: Ctx) -> web.Response:
+    b = await _bucket(ctx)
+    _may(ctx, b, "s3:GetBucketPolicyStatus")
+    policy = ctx.state.policies.get(ctx.bucket)
+    if policy is None:
+        raise S3Error("NoSuchBucketPolicy", BucketName=ctx.bucket)
+    public = "true" if policy.public else "false"
+    return xml_response(ctx, document("PolicyStatus", el("IsPublic", public)))
+
