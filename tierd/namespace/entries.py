@@ -9,6 +9,7 @@ import os
 import stat
 
 from tierd.acl import R_OK, W_OK, X_OK, Identity, check_access, is_owner, may_access, may_delete
+from tierd.acl import posix_acl as pacl
 from tierd.acl.modes import AccessDenied
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
@@ -176,6 +177,9 @@ class EntryOps(NamespaceBase):
                 if not ident.is_root and not ident.in_group(inode.gid):
                     perm &= ~stat.S_ISGID
                 inode.mode = stat.S_IFMT(inode.mode) | perm
+                if inode.acl_access:  # posix_acl_chmod: the group bits set the mask
+                    inode.acl_access = pacl.serialize(
+                        pacl.chmod_acl(pacl.cached_parse(inode.acl_access), perm))
                 changed = True
             of = self._open.get(ino)
             if of is not None:
@@ -267,17 +271,28 @@ class EntryOps(NamespaceBase):
         check_access(ident, d, W_OK | X_OK, f"directory inode {parent}")
         return d
 
+    @staticmethod
+    def _inherit_acl(inode: Inode, d: Inode, umask: int) -> Inode:
+        """``posix_acl_create`` for a new ``inode`` in directory ``d``: the parent's default
+        ACL (if any) masked by the create mode gives the new access ACL and mode, and a new
+        directory inherits the default ACL too; without one, the ``umask`` applies."""
+        inh = pacl.inherit(d.acl_default, inode.mode, umask)
+        inode.mode, inode.acl_access, inode.acl_default = inh.mode, inh.access, inh.default
+        return inode
+
     def _link_new(self, tx: MetaTxn, d: Inode, name: bytes, inode: Inode) -> None:
         tx.put_inode(inode)
         tx.add_dirent(d.ino, name, Dirent(inode.ino, stat.S_IFMT(inode.mode)))
         self._touch_dir(tx, d, 1 if inode.is_dir else 0)
 
     async def mknod(
-        self, ident: Identity, parent: int, name: bytes, mode: int, rdev: int = 0
+        self, ident: Identity, parent: int, name: bytes, mode: int, rdev: int = 0,
+        umask: int = 0,
     ) -> Inode:
+        """``umask`` (of the caller) applies unless the parent has a default ACL."""
         kind = stat.S_IFMT(mode) or stat.S_IFREG
         if kind == stat.S_IFDIR:
-            return await self.mkdir(ident, parent, name, mode)
+            return await self.mkdir(ident, parent, name, mode, umask)
         if kind not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK):
             raise FsError(errno.EINVAL, f"unsupported file type {oct(kind)}")
         with self.meta.write() as tx:
@@ -288,15 +303,20 @@ class EntryOps(NamespaceBase):
                 raise FsError(errno.EPERM, "only root may create device nodes")
             inode = self._new_inode(tx, ident, d, kind | (mode & 0o7777), rdev=rdev,
                                     etag=_EMPTY_MD5 if kind == stat.S_IFREG else "")
+            self._inherit_acl(inode, d, umask)
             self._link_new(tx, d, name, inode)
             self._queue(tx, inode)
         return inode
 
-    async def mkdir(self, ident: Identity, parent: int, name: bytes, mode: int) -> Inode:
+    async def mkdir(
+        self, ident: Identity, parent: int, name: bytes, mode: int, umask: int = 0
+    ) -> Inode:
+        """``umask`` (of the caller) applies unless the parent has a default ACL."""
         with self.meta.write() as tx:
             d = self._creatable(tx, ident, parent, name)
             inode = self._new_inode(tx, ident, d, stat.S_IFDIR | (mode & 0o7777),
                                     nlink=2, parent=parent)
+            self._inherit_acl(inode, d, umask)
             if parent == ROOT_INO:
                 bucket = name.decode("utf-8", "surrogateescape")
                 check_bucket_name(bucket)

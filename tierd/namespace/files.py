@@ -32,9 +32,11 @@ def _access_mask(flags: int) -> tuple[bool, bool]:
 
 class FileOps(EntryOps):
     async def create(
-        self, ident: Identity, parent: int, name: bytes, mode: int, flags: int
+        self, ident: Identity, parent: int, name: bytes, mode: int, flags: int,
+        umask: int = 0,
     ) -> tuple[Inode, int]:
-        """Create and open a regular file (open(2) with O_CREAT)."""
+        """Create and open a regular file (open(2) with O_CREAT); ``umask`` (of the caller)
+        applies unless the parent has a default ACL."""
         readable, writable = _access_mask(flags)
         with self.meta.write() as tx:
             d = self._dir(tx, parent)
@@ -52,6 +54,7 @@ class FileOps(EntryOps):
                 raise FsError(errno.EPERM, "the namespace root holds only buckets (directories)")
             inode = self._new_inode(tx, ident, d, stat.S_IFREG | (mode & 0o7777),
                                     etag=_EMPTY_MD5)
+            self._inherit_acl(inode, d, umask)
             tx.put_inode(inode)
             tx.add_dirent(parent, name, Dirent(inode.ino, stat.S_IFREG))
             self._touch_dir(tx, d)

@@ -19,7 +19,8 @@ import stat
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
-from tierd.acl import R_OK, W_OK, X_OK, Identity, check_access, may_access
+from tierd.acl import Identity
+from tierd.acl.s3map import allowed, enforce
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
 from tierd.namespace.base import IMPLICIT, Change
@@ -154,11 +155,12 @@ class ObjectOps(FileOps):
             if child is None:
                 if not create:
                     raise FsError(errno.ENOENT, "no such key")
-                check_access(ident, cur, W_OK | X_OK, "the key's parent directory")
+                enforce(ident, "PutObject", parent=cur)  # a new entry in cur
                 child = self._new_inode(
-                    tx, ident, cur, stat.S_IFDIR | (0o777 & ~self.umask), nlink=2,
+                    tx, ident, cur, stat.S_IFDIR | 0o777, nlink=2,
                     parent=cur.ino, objmeta={IMPLICIT: "1"} if implicit else {},
                 )
+                self._inherit_acl(child, cur, self.umask)
                 self._link_new(tx, cur, seg, child)
             elif child.is_lnk:
                 child = self._resolve(tx, ident, self._path_of(bucket, segments[: i + 1]), True)
@@ -185,7 +187,7 @@ class ObjectOps(FileOps):
         if marker != inode.is_dir:
             raise FsError(errno.ENOENT, f"no such key {key!r}" + (
                 " (it is a directory: its marker key ends with '/')" if inode.is_dir else ""))
-        check_access(ident, inode, R_OK, f"key {key!r}")
+        enforce(ident, "GetObject", obj=inode, key=key)  # HeadObject's checks are the same
         return inode
 
     # -- whole objects ---------------------------------------------------------------------
@@ -371,17 +373,17 @@ class ObjectOps(FileOps):
             if old is not None and old.is_dir:
                 raise FsError(errno.EISDIR, f"key {key!r} is a directory (it has keys below "
                               "it), so it cannot also be an object")
-            if old is not None and old.is_reg:
-                check_access(ident, old, W_OK, f"key {key!r}")
-            else:
-                check_access(ident, d, W_OK | X_OK, "the key's parent directory")
-            inode = self._new_inode(tx, ident, d, stat.S_IFREG | (0o666 & ~self.umask),
+            enforce(ident, "PutObject", parent=d, obj=old if old is not None and old.is_reg
+                    else None, key=key)
+            inode = self._new_inode(tx, ident, d, stat.S_IFREG | 0o666,
                                     ino=ino, size=size, etag=etag, objmeta=dict(objmeta),
                                     state=STATE_DIRTY)
+            self._inherit_acl(inode, d, self.umask)
             inode.version = tx.next_version()
             if old is not None:
-                if old.is_reg:  # an overwrite keeps who owns the key and its mode
+                if old.is_reg:  # an overwrite keeps who owns the key, its mode and ACL
                     inode.uid, inode.gid, inode.mode = old.uid, old.gid, old.mode
+                    inode.acl_access = old.acl_access
                 tx.remove_dirent(d.ino, name)
                 if self._unref(tx, old):
                     dropped = old.ino
@@ -433,10 +435,10 @@ class ObjectOps(FileOps):
             if child.is_dir:
                 if tx.has_children(child.ino):
                     return True  # the marker is implied by the keys below it
-                d2, child = self._removable(tx, ident, d.ino, name)
-                self._rmdir_locked(tx, d2, name, child)
+                enforce(ident, "DeleteObject", parent=d, obj=child, key=key)
+                self._rmdir_locked(tx, d, name, child)
             else:
-                d, child = self._removable(tx, ident, d.ino, name)
+                enforce(ident, "DeleteObject", parent=d, obj=child, key=key)
                 tx.remove_dirent(d.ino, name)
                 self._touch_dir(tx, d)
                 if self._unref(tx, child):
@@ -484,7 +486,7 @@ class ObjectOps(FileOps):
         p, sa, dl = prefix.encode(), start_after.encode(), delimiter.encode()
         with self.meta.snapshot() as tx:
             root = self._bucket_dir(tx, bucket)
-            check_access(ident, root, R_OK | X_OK, f"bucket {bucket!r}")
+            enforce(ident, "ListObjects", directory=root, key=bucket)
             last_cp = b""
             for key, inode in self._walk(tx, ident, root, b"", p, sa, dl):
                 if dl:
@@ -546,7 +548,7 @@ class ObjectOps(FileOps):
                     continue
                 if not (start_after.startswith(key) or key > start_after):
                     continue
-                if not may_access(ident, inode, R_OK | X_OK):
+                if not allowed(ident, "ListObjects", directory=inode):
                     continue  # like find(1): a subtree the caller cannot read is skipped
                 if delimiter and key.startswith(prefix) and key.find(delimiter, len(prefix)) >= 0:
                     yield key, inode

@@ -1,7 +1,10 @@
-"""Extended attributes with Linux's namespace rules (user., trusted., security.).
+"""Extended attributes with Linux's namespace rules (user., trusted., security.), and POSIX
+ACLs as ``system.posix_acl_access`` / ``system.posix_acl_default``.
 
-``system.posix_acl_*`` arrives with the ACL issue; until then ``system.*`` answers
-EOPNOTSUPP, which cp/rsync/tar treat as "no ACLs here".
+ACLs are not stored as xattrs but on the inode (:attr:`Inode.acl_access`,
+:attr:`Inode.acl_default`), where every permission check finds them; these calls only
+translate, with the kernel's rules for who may set what (``set_posix_acl``).  Other
+``system.*`` names answer EOPNOTSUPP, which cp/rsync/tar treat as "not supported here".
 """
 
 from __future__ import annotations
@@ -10,9 +13,10 @@ import errno
 import stat
 
 from tierd.acl import R_OK, W_OK, Identity, check_access, is_owner
+from tierd.acl import posix_acl as pacl
 from tierd.errors import FsError
 from tierd.meta import Inode
-from tierd.namespace.base import NamespaceBase, now_ns
+from tierd.namespace.base import NamespaceBase, has_privs, now_ns
 from tierd.namespace.names import XATTR_NAME_MAX, XATTR_SIZE_MAX
 
 XATTR_CREATE = 1
@@ -37,8 +41,9 @@ class XattrOps(NamespaceBase):
     def _xattr_allowed(self, ident: Identity, inode: Inode, ns: bytes, write: bool) -> None:
         """Linux's xattr_permission(): which caller may touch which namespace."""
         if ns == b"system.":
-            raise FsError(errno.EOPNOTSUPP, "system.* attributes (POSIX ACLs) are not "
-                          "supported yet")
+            raise FsError(errno.EOPNOTSUPP, "system.* attributes other than "
+                          "system.posix_acl_access and system.posix_acl_default are not "
+                          "supported")
         if ns == b"trusted.":
             if not ident.is_root:
                 raise FsError(errno.EPERM if write else errno.ENODATA,
@@ -57,6 +62,12 @@ class XattrOps(NamespaceBase):
         ns = _check_name(name)
         with self.meta.snapshot() as tx:
             inode = self._get(tx, ino)
+            if name in pacl.ACL_XATTRS:  # readable by anyone who reached the inode
+                acl = inode.acl_access if name == pacl.ACCESS_XATTR else inode.acl_default
+                if not acl:
+                    raise FsError(errno.ENODATA, f"no {name.decode()} (the mode bits are "
+                                  "the whole story)")
+                return acl
             self._xattr_allowed(ident, inode, ns, write=False)
             value = tx.get_xattr(ino, name)
         if value is None:
@@ -72,6 +83,9 @@ class XattrOps(NamespaceBase):
         if len(value) > XATTR_SIZE_MAX:
             raise FsError(errno.E2BIG, f"xattr value is {len(value)} bytes; the limit is "
                           f"{XATTR_SIZE_MAX}")
+        if name in pacl.ACL_XATTRS:
+            await self._set_acl(ident, ino, name, pacl.parse(value))
+            return
         with self.meta.write() as tx:
             inode = self._get(tx, ino)
             self._xattr_allowed(ident, inode, ns, write=True)
@@ -87,14 +101,21 @@ class XattrOps(NamespaceBase):
 
     async def listxattr(self, ident: Identity, ino: int) -> list[bytes]:
         with self.meta.snapshot() as tx:
-            self._get(tx, ino)
+            inode = self._get(tx, ino)
             names = [n for n, _ in tx.list_xattrs(ino)]
+        if inode.acl_access:
+            names.append(pacl.ACCESS_XATTR)
+        if inode.acl_default:
+            names.append(pacl.DEFAULT_XATTR)
         if not ident.is_root:
             names = [n for n in names if not n.startswith(b"trusted.")]
         return names
 
     async def removexattr(self, ident: Identity, ino: int, name: bytes) -> None:
         ns = _check_name(name)
+        if name in pacl.ACL_XATTRS:
+            await self._set_acl(ident, ino, name, ())
+            return
         with self.meta.write() as tx:
             inode = self._get(tx, ino)
             self._xattr_allowed(ident, inode, ns, write=True)
@@ -102,3 +123,41 @@ class XattrOps(NamespaceBase):
                 raise FsError(errno.ENODATA, f"no attribute {name.decode(errors='replace')!r}")
             inode.ctime_ns = now_ns()
             tx.put_inode(inode)
+
+    async def _set_acl(self, ident: Identity, ino: int, name: bytes, acl: pacl.Acl) -> None:
+        """Set (or with an empty ``acl`` remove) an ACL, as Linux's ``set_posix_acl`` and
+        ``posix_acl_update_mode``: a default ACL only on directories (EACCES; removing one
+        elsewhere succeeds), only the owner or root (EPERM); an access ACL sets the mode bits
+        (the group bits become the mask) and is stored only when it says more than they do;
+        setting it clears setgid unless the caller is root or in the file's group."""
+        with self.meta.write() as tx:
+            inode = self._get(tx, ino)
+            if inode.is_lnk:
+                raise FsError(errno.EOPNOTSUPP, "symbolic links have no POSIX ACLs")
+            if name == pacl.DEFAULT_XATTR and not inode.is_dir:
+                if acl:
+                    raise FsError(errno.EACCES, "only directories have a default ACL")
+                return
+            if not is_owner(ident, inode):
+                raise FsError(errno.EPERM, f"only the owner (uid {inode.uid}) or root may "
+                              f"change the ACL of inode {ino}")
+            if name == pacl.DEFAULT_XATTR:
+                if inode.acl_default == (new := pacl.serialize(acl) if acl else b""):
+                    return
+                inode.acl_default = new
+            elif acl:
+                mode, not_equiv = pacl.equiv_mode(acl, inode.mode)
+                if not ident.is_root and not ident.in_group(inode.gid):
+                    mode &= ~stat.S_ISGID
+                inode.mode = mode
+                inode.acl_access = pacl.serialize(acl) if not_equiv else b""
+            elif inode.acl_access:
+                inode.acl_access = b""  # the mode bits stay as they are
+            else:
+                return
+            inode.ctime_ns = now_ns()
+            tx.put_inode(inode)
+            of = self._open.get(ino)
+            if of is not None:
+                of.ctime_ns = inode.ctime_ns
+                of.privs = has_privs(inode.mode)

@@ -1,0 +1,194 @@
+"""The S3 -> POSIX mapping: one table saying what each S3 action needs of the file system.
+
+An S3 request is allowed by the POSIX side exactly when the checks of its action pass for
+the key's user, with the same :func:`tierd.acl.may_access` (mode bits and POSIX ACLs) the
+mount uses, so a user gets the same answer through both doors.  The namespace enforces the
+table (:func:`enforce`); the S3 door and bucket policies read it (:data:`S3_ACTIONS`,
+:func:`requirement`, :func:`describe`) to know which POSIX checks an action stands for.
+
+Targets of a check:
+
+* ``PATH``: every directory walked from the bucket down to the key's parent needs search
+  (``x``).  The namespace's lookup enforces it on each step (``_child``), so a key under a
+  directory the caller cannot search does not exist for them, exactly as ``open`` sees it.
+* ``PARENT``: the directory holding the key.  For a new key also every directory a PUT
+  creates on the way (implicit directories): each is a create in its parent.
+* ``OBJECT``: the key's file (or directory, for ``a/b/`` marker keys).
+* ``DIRECTORY``: the directory a listing reads (the bucket's, and each subdirectory walked;
+  a subtree the caller cannot read and search is skipped, as ``find`` does).
+
+``when`` limits a check to new keys (``NEW``) or existing ones (``EXISTING``): a PUT over an
+existing object needs write on that object only, as ``open(O_WRONLY|O_TRUNC)`` does; a new
+one needs write+search on the parent, as ``creat`` does.  ``sticky`` adds the sticky-bit
+rule of ``unlink`` (in a sticky directory only the owner of the entry or of the directory,
+or root, may remove it).  Composite actions (CopyObject, UploadPartCopy) name the actions
+whose checks apply to their source and destination in ``parts``.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+from enum import Enum
+
+from tierd.acl.identity import Identity
+from tierd.acl.modes import R_OK, W_OK, X_OK, AccessDenied, check_access, may_access, may_delete
+from tierd.meta.records import Inode
+
+
+class Target(Enum):
+    PATH = "every directory above the key"
+    PARENT = "the key's parent directory"
+    OBJECT = "the object"
+    DIRECTORY = "the listed directory"
+
+
+class When(Enum):
+    ALWAYS = "always"
+    NEW = "when the key does not exist yet"
+    EXISTING = "when the key exists"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One POSIX check: ``mask`` (R_OK|W_OK|X_OK) on ``target``."""
+
+    target: Target
+    mask: int
+    when: When = When.ALWAYS
+    sticky: bool = False
+
+    def __str__(self) -> str:
+        need = "+".join(n for n, b in (("read", R_OK), ("write", W_OK), ("search", X_OK))
+                        if self.mask & b)
+        text = f"{need} on {self.target.value}"
+        if self.when is not When.ALWAYS:
+            text += f" ({self.when.value})"
+        if self.sticky:
+            text += ", obeying the sticky bit"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """What an S3 action needs: its own ``checks``, and for composite actions the actions
+    whose requirements apply to each side (``parts``: role -> action)."""
+
+    action: str
+    checks: tuple[Check, ...] = ()
+    parts: tuple[tuple[str, str], ...] = ()
+    note: str = ""
+
+
+_SEARCH = Check(Target.PATH, X_OK)
+_READ_OBJECT = (_SEARCH, Check(Target.OBJECT, R_OK))
+_WRITE_OBJECT = (
+    _SEARCH,
+    Check(Target.PARENT, W_OK | X_OK, When.NEW),
+    Check(Target.OBJECT, W_OK, When.EXISTING),
+)
+_DELETE_OBJECT = (_SEARCH, Check(Target.PARENT, W_OK | X_OK, sticky=True))
+_LIST = (Check(Target.DIRECTORY, R_OK | X_OK),)
+_UPLOAD_OWNER = "only the user who created the upload (or root)"
+
+#: S3 action (without the ``s3:`` prefix) -> what the POSIX side checks
+S3_ACTIONS: dict[str, Requirement] = {
+    r.action: r
+    for r in (
+        Requirement("GetObject", _READ_OBJECT),
+        Requirement("HeadObject", _READ_OBJECT),
+        Requirement("PutObject", _WRITE_OBJECT,
+                    note="an overwrite keeps the object's owner, mode and ACL"),
+        Requirement("DeleteObject", _DELETE_OBJECT,
+                    note="a missing key succeeds without checks on it"),
+        Requirement("DeleteObjects", _DELETE_OBJECT, note="checked per key"),
+        Requirement("ListObjects", _LIST),
+        Requirement("ListObjectsV2", _LIST),
+        Requirement("CopyObject", parts=(("source", "GetObject"), ("destination", "PutObject"))),
+        Requirement("CreateMultipartUpload", _WRITE_OBJECT,
+                    note="checked again at CompleteMultipartUpload"),
+        Requirement("CompleteMultipartUpload", _WRITE_OBJECT),
+        Requirement("UploadPart", note=_UPLOAD_OWNER),
+        Requirement("UploadPartCopy", parts=(("source", "GetObject"),), note=_UPLOAD_OWNER),
+        Requirement("ListParts", note=_UPLOAD_OWNER),
+        Requirement("AbortMultipartUpload", note=_UPLOAD_OWNER),
+        Requirement("CreateBucket", (Check(Target.PARENT, W_OK | X_OK),),
+                    note="the parent is the namespace root (mode 1777)"),
+        Requirement("DeleteBucket", (Check(Target.PARENT, W_OK | X_OK, sticky=True),),
+                    note="the namespace root is sticky: only the bucket's owner or root"),
+        Requirement("ListBuckets", note="every caller with an identity"),
+    )
+}
+
+
+def requirement(action: str) -> Requirement:
+    """The entry of ``action`` ("GetObject" or "s3:GetObject"); KeyError when unknown."""
+    return S3_ACTIONS[action.removeprefix("s3:")]
+
+
+def posix_checks(action: str, role: str = "") -> tuple[Check, ...]:
+    """Every POSIX check of ``action``, composite parts expanded (``role``: only that side
+    of a composite action, e.g. "source" of CopyObject)."""
+    req = requirement(action)
+    out = list(req.checks) if not role else []
+    for part_role, part in req.parts:
+        if not role or role == part_role:
+            out.extend(posix_checks(part))
+    return tuple(out)
+
+
+def describe(action: str) -> list[str]:
+    """The checks of ``action`` in words (for docs, errors and tools)."""
+    req = requirement(action)
+    lines = [str(c) for c in req.checks]
+    lines += [f"{role}: {'; '.join(describe(part))}" for role, part in req.parts]
+    if req.note:
+        lines.append(req.note)
+    return lines
+
+
+def _applies(check: Check, exists: bool) -> bool:
+    return check.when is When.ALWAYS or (check.when is When.NEW) != exists
+
+
+def enforce(
+    ident: Identity, action: str, *, parent: Inode | None = None, obj: Inode | None = None,
+    directory: Inode | None = None, key: str = "",
+) -> None:
+    """Apply the checks of ``action`` to the inodes given (PATH is enforced by the walk that
+    found them).  ``obj`` None means the key does not exist (NEW checks apply).  Raises
+    EACCES, or EPERM for the sticky-bit rule, like the POSIX call the check stands for."""
+    exists = obj is not None
+    for c in requirement(action).checks:
+        if not _applies(c, exists):
+            continue
+        if c.target is Target.OBJECT and obj is not None:
+            check_access(ident, obj, c.mask, f"key {key!r}" if key else "the object")
+        elif c.target is Target.PARENT and parent is not None:
+            check_access(ident, parent, c.mask, "the key's parent directory")
+            if c.sticky and obj is not None and not may_delete(ident, parent, obj):
+                raise AccessDenied(errno.EPERM, "the sticky bit protects this entry: only "
+                                   "its owner, the directory's owner or root may remove it")
+        elif c.target is Target.DIRECTORY and directory is not None:
+            check_access(ident, directory, c.mask, f"{key!r}" if key else "the directory")
+
+
+def allowed(
+    ident: Identity, action: str, *, parent: Inode | None = None, obj: Inode | None = None,
+    directory: Inode | None = None,
+) -> bool:
+    """:func:`enforce` as a yes/no (e.g. whether a listing descends into a subdirectory)."""
+    exists = obj is not None
+    for c in requirement(action).checks:
+        if not _applies(c, exists):
+            continue
+        target = {Target.OBJECT: obj, Target.PARENT: parent, Target.DIRECTORY: directory}.get(
+            c.target)
+        if target is None:
+            continue
+        if not may_access(ident, target, c.mask):
+            return False
+        if c.sticky and c.target is Target.PARENT and obj is not None and not may_delete(
+                ident, target, obj):
+            return False
+    return True
