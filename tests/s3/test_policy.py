@@ -169,16 +169,21 @@ def test_deny_binds_root_but_root_can_repair(s3: Any, bucket: str) -> None:
 
 def test_source_ip_condition(daemon: Daemon, s3: Any, alice: Any, bucket: str) -> None:
     s3.put_object(Bucket=bucket, Key="k", Body=b"v")
-    allow_from = lambda cidr: stmt("Allow", "*", "s3:GetObject", arn(bucket, "*"),  # noqa: E731
-                                   Condition={"IpAddress": {"aws:SourceIp": cidr}})
+
+    def allow_from(cidr: str | list[str]) -> dict[str, Any]:
+        return stmt("Allow", "*", "s3:GetObject", arn(bucket, "*"),
+                    Condition={"IpAddress": {"aws:SourceIp": cidr}})
+
     s3.put_bucket_policy(Bucket=bucket, Policy=doc(allow_from(["127.0.0.0/8", "::1/128"])))
     assert anon_get(daemon, f"{bucket}/k").content == b"v"
     s3.put_bucket_policy(Bucket=bucket, Policy=doc(allow_from("10.0.0.0/8")))
     denied(anon_get(daemon, f"{bucket}/k"))
     # Deny unless from 10/8: alice (from 127.0.0.1) is refused what POSIX allows her
-    deny_unless = lambda cidr: stmt("Deny", {"AWS": "alice"}, "s3:*",  # noqa: E731
-                                    [arn(bucket), arn(bucket, "*")],
-                                    Condition={"NotIpAddress": {"aws:SourceIp": cidr}})
+
+    def deny_unless(cidr: str) -> dict[str, Any]:
+        return stmt("Deny", {"AWS": "alice"}, "s3:*", [arn(bucket), arn(bucket, "*")],
+                    Condition={"NotIpAddress": {"aws:SourceIp": cidr}})
+
     s3.put_bucket_policy(Bucket=bucket, Policy=doc(deny_unless("10.0.0.0/8")))
     assert_error("AccessDenied", 403, alice.get_object, Bucket=bucket, Key="k")
     assert_error("AccessDenied", 403, alice.list_objects_v2, Bucket=bucket)

@@ -49,8 +49,8 @@ class Actions:
 
 
 def requester(ctx: Ctx) -> Requester:
-    auth = ctx.verified
-    if auth.key is None:
+    auth = ctx.auth
+    if auth is None:
         return ANONYMOUS
     return Requester(auth.key.access_key, auth.key.user, canonical_user_id(auth.key.uid))
 
@@ -58,17 +58,17 @@ def requester(ctx: Ctx) -> Requester:
 def context(ctx: Ctx, action: str) -> dict[str, str]:
     """The condition keys of this request (lower-case names, as the policy module wants)."""
     req = ctx.request
-    auth = ctx.verified
+    auth = ctx.auth
     c = {
         "aws:sourceip": req.remote or "",
         "aws:securetransport": "true" if req.secure else "false",
         "aws:epochtime": str(int(time.time())),
-        "aws:principaltype": "Anonymous" if auth.key is None else "User",
+        "aws:principaltype": "Anonymous" if auth is None else "User",
     }
     for name, key in (("User-Agent", "aws:useragent"), ("Referer", "aws:referer")):
         if name in req.headers:
             c[key] = req.headers[name]
-    if auth.key is not None:
+    if auth is not None:
         if auth.key.user:
             c["aws:username"] = auth.key.user
         c["aws:userid"] = str(auth.key.uid)
@@ -94,7 +94,7 @@ def request_of(ctx: Ctx, action: str, key: str | None) -> Request:
 def judge(ctx: Ctx, action: str, bucket: str, key: str | None) -> Identity:
     """The identity for one action on one resource (AccessDenied when refused)."""
     policy = ctx.state.policies.get(bucket) if bucket else None
-    return authorize(policy, ctx.verified.identity, requester(ctx), action, bucket, key,
+    return authorize(policy, ctx.caller, requester(ctx), action, bucket, key,
                      context(ctx, action))
 
 
@@ -103,12 +103,12 @@ def authorize_request(ctx: Ctx, handler: Handler, actions: Actions) -> None:
     AccessDenied before anything else happens."""
     spec = actions.table.get(handler)
     if spec is None:
-        if handler not in actions.own and ctx.verified.key is None:
+        if handler not in actions.own and ctx.anonymous:
             raise AccessDenied(errno.EACCES, "anonymous requests may not do this; sign the request")
         return
     action, on_object = spec
     if not ctx.bucket:
-        if ctx.verified.key is None:
+        if ctx.anonymous:
             raise AccessDenied(errno.EACCES, f"anonymous requests may not call {action}")
         return
     ctx.identity = judge(ctx, action, ctx.bucket, ctx.key if on_object else None)

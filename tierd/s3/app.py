@@ -231,7 +231,13 @@ def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
         try:
             ctx.bucket, ctx.key, _ = locate(request, state.domains)
             ctx.auth = state.auth.authenticate(request)
-            handler = route(ctx)
+            try:
+                handler = route(ctx)
+            except S3Error:
+                if ctx.anonymous:  # nothing a policy could grant: never more than 403
+                    raise S3Error("AccessDenied", "anonymous requests get only what a bucket "
+                                  "policy grants; sign the request") from None
+                raise
             authorize_request(ctx, handler, ACTIONS)
             return await handler(ctx)
         except S3Error as e:

@@ -3,9 +3,9 @@
 :func:`authenticate` checks a request's signature and returns an :class:`Auth` with the
 identity of its access key and what :mod:`tierd.s3.body` needs to verify a streamed body
 (the signing key, scope and seed signature for ``aws-chunked`` chunk signatures, the
-declared ``x-amz-content-sha256``).  An unsigned request is anonymous: its :class:`Auth` has
-no key and the anonymous identity, and gets only what a bucket policy grants to ``*``
-(:mod:`tierd.acl.authorize`, asked by :mod:`tierd.s3.access`).
+declared ``x-amz-content-sha256``).  An unsigned request is anonymous (``None``): it gets
+only what a bucket policy grants to ``*`` (:mod:`tierd.acl.authorize`, asked by
+:mod:`tierd.s3.access`).
 
 Clients encode paths differently (``~``, ``+``, ``!``...), so the canonical URI is computed
 the way AWS does -- decode, then re-encode every byte outside ``A-Za-z0-9-._~/`` -- and, if
@@ -45,7 +45,7 @@ MAX_PRESIGN_EXPIRES = 7 * 24 * 3600
 class Auth:
     """A verified request: who sent it and how to check its body."""
 
-    key: AccessKey | None  # None: an anonymous (unsigned) request
+    key: AccessKey
     identity: Identity
     signing_key: bytes
     amz_date: str
@@ -144,7 +144,9 @@ class Authenticator:
         return ("Authorization" in request.headers or "X-Amz-Signature" in q
                 or "Signature" in q)
 
-    def authenticate(self, request: web.Request) -> Auth:
+    def authenticate(self, request: web.Request) -> Auth | None:
+        """The verified signature of ``request``; None when it is not signed at all (an
+        anonymous request); S3Error when a signature is present but wrong."""
         header = request.headers.get("Authorization")
         q = request.rel_url.query
         if header is not None:
@@ -154,17 +156,7 @@ class Authenticator:
         if "Signature" in q and "AWSAccessKeyId" in q:
             raise S3Error("InvalidRequest", "Signature Version 2 is not supported; use "
                           "AWS4-HMAC-SHA256 (Signature Version 4).")
-        return self.anonymous(request)
-
-    @staticmethod
-    def anonymous(request: web.Request) -> Auth:
-        """An unsigned request: no key, the anonymous identity.  Its body may carry a
-        SHA-256 or unsigned aws-chunked encoding, never signed chunks (nothing to sign
-        them with)."""
-        payload = request.headers.get("X-Amz-Content-SHA256", UNSIGNED_PAYLOAD)
-        if payload in (STREAMING_SIGNED, STREAMING_SIGNED_TRAILER):
-            raise S3Error("AccessDenied", "a signed aws-chunked body needs a signed request")
-        return Auth(None, Identity.ANONYMOUS, b"", "", "", "", payload, False)
+        return None  # anonymous
 
     # -- the two forms -------------------------------------------------------------------
     def _from_header(self, request: web.Request, header: str) -> Auth:

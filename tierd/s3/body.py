@@ -80,13 +80,18 @@ async def _hash(hashers: list[Hasher], pieces: list[Buffer], size: int) -> None:
 class Body:
     """The decoded, verified payload of one request (iterate it exactly once)."""
 
-    def __init__(self, request: web.Request, auth: Auth, *, max_size: int | None = None,
+    def __init__(self, request: web.Request, auth: Auth | None, *,
+                 max_size: int | None = None,
                  checksum_algorithm: str | None = None) -> None:
         self.request = request
-        self.auth = auth
+        self.auth = auth  # None: an anonymous request (tierd.s3.access)
         self.max_size = max_size
         h = request.headers
-        payload = auth.payload
+        payload = auth.payload if auth is not None else h.get("X-Amz-Content-SHA256",
+                                                              UNSIGNED_PAYLOAD)
+        if auth is None and payload in (STREAMING_SIGNED, STREAMING_SIGNED_TRAILER):
+            raise S3Error("AccessDenied", "a signed aws-chunked body needs a signed request")
+        self.declared = payload  # x-amz-content-sha256 (UNSIGNED-PAYLOAD when absent)
         encodings = [e.strip().lower() for e in h.get("Content-Encoding", "").split(",")]
         self.chunked = payload in STREAMING or "aws-chunked" in encodings
         if not self.chunked and payload != UNSIGNED_PAYLOAD and not _HEX64.match(payload):
@@ -278,7 +283,7 @@ class Body:
     async def _chunked(self) -> AsyncIterator[Buffer]:
         """Undo aws-chunked framing: the data of each chunk is yielded as views of the
         socket's pieces; only header lines are copied."""
-        prev_sig = self.auth.signature
+        prev_sig = self.auth.signature if self.auth is not None else ""
         while True:
             line = await self._line()
             head, _, ext = line.partition(b";")
@@ -314,6 +319,7 @@ class Body:
                     await _hash([chunk_hash], [piece], take)
                 yield piece
             if chunk_hash is not None:
+                assert self.auth is not None  # signed chunks are refused without a signature
                 sts = "\n".join(("AWS4-HMAC-SHA256-PAYLOAD", self.auth.amz_date,
                                  self.auth.scope, prev_sig, EMPTY_SHA256,
                                  chunk_hash.hexdigest()))
@@ -369,7 +375,7 @@ class Body:
                 signature = value.lower()
             else:
                 fields.append((name, value))
-        if self.auth.payload == STREAMING_SIGNED_TRAILER:
+        if self.auth is not None and self.declared == STREAMING_SIGNED_TRAILER:
             canonical = "".join(f"{n}:{v}\n" for n, v in fields)
             sts = "\n".join(("AWS4-HMAC-SHA256-TRAILER", self.auth.amz_date, self.auth.scope,
                              prev_sig, hashlib.sha256(canonical.encode()).hexdigest()))
@@ -387,9 +393,9 @@ class Body:
         if self.length is not None and self.size != self.length:
             raise S3Error("IncompleteBody", f"received {self.size} bytes of the "
                           f"{self.length} announced")
-        if self._sha256 is not None and self._sha256.hexdigest() != self.auth.payload:
+        if self._sha256 is not None and self._sha256.hexdigest() != self.declared:
             raise S3Error("XAmzContentSHA256Mismatch",
-                          ClientComputedContentSHA256=self.auth.payload,
+                          ClientComputedContentSHA256=self.declared,
                           S3ComputedContentSHA256=self._sha256.hexdigest())
         if self._md5 is not None and self._md5.digest() != self._md5_expected:
             raise S3Error("BadDigest", "The Content-MD5 you specified did not match what we "

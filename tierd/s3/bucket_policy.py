@@ -34,11 +34,11 @@ async def _bucket(ctx: Ctx) -> Bucket:
 
 def is_manager(ctx: Ctx, bucket: Bucket) -> bool:
     """The bucket owner, root, or an admin user (never an anonymous request)."""
-    key = ctx.verified.key
-    if key is None:
+    auth = ctx.auth
+    if auth is None:
         return False
-    ident = ctx.verified.identity
-    return ident.is_root or key.admin or ident.uid == bucket.owner_uid
+    ident = auth.identity
+    return ident.is_root or auth.key.admin or ident.uid == bucket.owner_uid
 
 
 def _may(ctx: Ctx, bucket: Bucket, action: str) -> None:

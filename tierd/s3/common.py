@@ -80,13 +80,22 @@ class Ctx:
         return self.state.ns
 
     @property
-    def verified(self) -> Auth:
-        assert self.auth is not None, "the request was not authenticated"
+    def verified(self) -> Auth | None:
+        """The request's signature; None for an anonymous (unsigned) request."""
         return self.auth
 
     @property
+    def anonymous(self) -> bool:
+        return self.auth is None
+
+    @property
+    def caller(self) -> Identity:
+        """The requester's own identity (anonymous when unsigned), before any policy."""
+        return self.auth.identity if self.auth is not None else Identity.ANONYMOUS
+
+    @property
     def ident(self) -> Identity:
-        return self.identity if self.identity is not None else self.verified.identity
+        return self.identity if self.identity is not None else self.caller
 
     @property
     def src_ident(self) -> Identity:
