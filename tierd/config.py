@@ -70,7 +70,7 @@ NON_SETTING_ENV: frozenset[str] = frozenset(
         "TIERD_ROOT_ACCESS_KEY",  # bootstrap S3 credentials (S3 gateway issue)
         "TIERD_ROOT_SECRET_KEY",
         "TIERD_ADMIN_URL",  # tierctl: where the admin API listens
-        "TIERD_ADMIN_TOKEN",  # admin API auth token (later issue)
+        "TIERD_ADMIN_TOKEN",  # admin API bearer token (tierd.admin.auth, tierctl)
         "TIERD_VENV",  # dev.sh: location of the virtual environment
     }
 )
@@ -188,6 +188,24 @@ class Config:
             parse=parse_size,
             help='Smallest size of a multipart part other than the last (e.g. "5MiB").',
             metavar="SIZE",
+        ),
+    )
+    s3_idle_timeout: float = field(
+        default=60.0,
+        metadata=setting(
+            parse=parse_float(0.1, 24 * 3600),
+            help="Seconds an S3 connection may stay idle, or take to send a request's "
+            "headers, before it is closed.",
+            metavar="SECONDS",
+        ),
+    )
+    s3_body_timeout: float = field(
+        default=60.0,
+        metadata=setting(
+            parse=parse_float(0.1, 24 * 3600),
+            help="Seconds an S3 request body may stall (no bytes arriving) before the "
+            "request fails with RequestTimeout.",
+            metavar="SECONDS",
         ),
     )
     meta_dir: Path = field(

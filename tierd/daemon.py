@@ -47,6 +47,7 @@ from tierd.meta.store import MetaStore
 from tierd.namespace import Namespace
 from tierd.placement import Placement
 from tierd.placement.ops import PlacementOps, placement_from_config
+from tierd.s3 import limits as s3_limits
 from tierd.s3 import make_s3_app
 from tierd.s3.auth import Authenticator
 
@@ -264,8 +265,10 @@ class Daemon:
         cfg = self.config
         assert self.keys is not None
         ns.min_part_size = cfg.s3_min_part_size
-        return make_s3_app(ns, self.keys, region=cfg.region, domains=cfg.s3_domain,
-                           max_skew=float(cfg.s3_max_clock_skew))
+        app = make_s3_app(ns, self.keys, region=cfg.region, domains=cfg.s3_domain,
+                          max_skew=float(cfg.s3_max_clock_skew))
+        s3_limits.apply(app, cfg.s3_idle_timeout, cfg.s3_body_timeout)
+        return app
 
     @staticmethod
     def _make_dirs(dirs: list[Path]) -> None:
@@ -285,6 +288,7 @@ class Daemon:
             access_log_class=AccessLogger,
             access_log=get_logger(f"{door}.access"),
             shutdown_timeout=SHUTDOWN_GRACE,
+            **app.get(s3_limits.RUNNER_ARGS, {}),
         )
         await runner.setup()
         site = web.TCPSite(runner, addr.host, addr.port, shutdown_timeout=SHUTDOWN_GRACE)

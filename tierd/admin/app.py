@@ -81,6 +81,8 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         else:
             message = exc.reason
         return _error(exc.status, code, message)
+    except RecursionError:  # json.loads of a body nested thousands deep
+        return _error(400, "bad_request", "the body is nested too deeply")
     except Exception:
         log.exception("admin request failed: %s %s", request.method, request.path)
         return _error(500, "internal", "internal error; see the tierd log")

@@ -40,7 +40,7 @@ def _err(e: DirectoryError) -> web.Response:
 async def _body(request: web.Request) -> dict[str, Any]:
     try:
         doc = await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deeply
         raise DirectoryError("invalid", "the body must be a JSON object") from None
     if not isinstance(doc, dict):
         raise DirectoryError("invalid", "the body must be a JSON object")

@@ -62,6 +62,8 @@ CODES: dict[str, tuple[int, str]] = {
     "NotModified": (304, "Not Modified"),
     "PreconditionFailed": (412, "At least one of the pre-conditions you specified did not "
                            "hold"),
+    "RequestTimeout": (400, "Your socket connection to the server was not read from or "
+                       "written to within the timeout period"),
     "RequestTimeTooSkewed": (403, "The difference between the request time and the server's "
                              "time is too large"),
     "SignatureDoesNotMatch": (403, "The request signature we calculated does not match the "

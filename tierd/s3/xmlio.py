@@ -1,5 +1,12 @@
 """XML in and out: request bodies parsed with defusedxml (size-limited), responses built as
-escaped strings (a 1,000-entry listing is a string join, not an element tree)."""
+escaped strings (a 1,000-entry listing is a string join, not an element tree).
+
+Request bodies are limited twice: in bytes (:data:`MAX_XML_BODY` when read, then per
+document in :data:`BODY_LIMITS`) and in elements (:data:`ELEMENT_LIMITS`), so the code that
+walks a parsed document never sees more than its request can legitimately hold.  DTDs,
+entities and external references are refused outright (defusedxml): no billion laughs, no
+file or network reads.  Every refusal is ``MalformedXML``, as S3 answers.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +25,15 @@ S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 HEADER = '<?xml version="1.0" encoding="UTF-8"?>\n'
 #: request bodies larger than this are refused (a 10,000-part Complete list is ~1.5 MB)
 MAX_XML_BODY = 4 << 20
+#: bytes per document root: DeleteObjects names at most 1,000 keys of at most 1,024 bytes
+#: (a few escaped), CompleteMultipartUpload at most 10,000 parts with checksums; anything
+#: else (CreateBucketConfiguration, versioning...) is a few hundred bytes
+BODY_LIMITS = {"Delete": 2 << 20, "CompleteMultipartUpload": MAX_XML_BODY}
+SMALL_BODY = 64 << 10
+#: elements per document root (Delete: 1,000 x Object/Key/VersionId...; Complete: 10,000 x
+#: Part and its children); counts past these are refused before any handler walks the tree
+ELEMENT_LIMITS = {"Delete": 1000 * 4 + 16, "CompleteMultipartUpload": 10000 * 10 + 16}
+SMALL_ELEMENTS = 256
 
 # characters XML 1.0 cannot carry even as references; S3 keys may hold them
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -69,17 +85,24 @@ def _local(tag: str) -> str:
 def parse(body: bytes, root: str) -> ET.Element:
     """Parse a request body whose root element must be ``root`` (namespace ignored).
     Entities, DTDs and external references are refused (defusedxml)."""
-    if len(body) > MAX_XML_BODY:
-        raise S3Error("MalformedXML", f"the XML body is larger than {MAX_XML_BODY} bytes")
+    limit = BODY_LIMITS.get(root, SMALL_BODY)
+    if len(body) > limit:
+        raise S3Error("MalformedXML", f"the XML body is larger than {limit} bytes")
     if not body.strip():
         raise S3Error("MalformedXML", "the request body is empty; an XML document is needed")
     try:
         doc: ET.Element = DET.fromstring(body, forbid_dtd=True)
-    except (ET.ParseError, DefusedXmlException, ValueError) as e:
+    except (ET.ParseError, DefusedXmlException, ValueError, LookupError) as e:
+        # LookupError: an encoding declaration Python does not know
         raise S3Error("MalformedXML", f"the XML body is not well-formed: {e}") from None
     if _local(doc.tag) != root:
         raise S3Error("MalformedXML", f"the XML root element must be <{root}>, "
                       f"not <{_local(doc.tag)}>")
+    most = ELEMENT_LIMITS.get(root, SMALL_ELEMENTS)
+    for n, _ in enumerate(doc.iter()):
+        if n >= most:
+            raise S3Error("MalformedXML", f"the <{root}> document has more than {most} "
+                          "elements")
     return doc
 
 
