@@ -149,20 +149,16 @@ def test_not_implemented(daemon: Daemon, s3: Any, bucket: str) -> None:
     """Features tierd lacks answer 501, never a wrong success."""
     s3.put_object(Bucket=bucket, Key="k", Body=b"x")
     calls = [
-        (s3.get_bucket_acl, {"Bucket": bucket}),
         (s3.put_bucket_lifecycle_configuration, {"Bucket": bucket, "LifecycleConfiguration": {
             "Rules": [{"ID": "r", "Status": "Enabled", "Filter": {"Prefix": ""},
                        "Expiration": {"Days": 1}}]}}),
         (s3.get_bucket_tagging, {"Bucket": bucket}),
         (s3.put_object_tagging, {"Bucket": bucket, "Key": "k",
                                  "Tagging": {"TagSet": [{"Key": "a", "Value": "b"}]}}),
-        (s3.get_object_acl, {"Bucket": bucket, "Key": "k"}),
         (s3.put_bucket_cors, {"Bucket": bucket, "CORSConfiguration": {"CORSRules": [
             {"AllowedMethods": ["GET"], "AllowedOrigins": ["*"]}]}}),
         (s3.put_object, {"Bucket": bucket, "Key": "sse", "Body": b"x",
                          "ServerSideEncryption": "AES256"}),
-        (s3.put_object, {"Bucket": bucket, "Key": "acl", "Body": b"x",
-                         "ACL": "public-read"}),
         (s3.put_object, {"Bucket": bucket, "Key": "cls", "Body": b"x",
                          "StorageClass": "GLACIER"}),
         (s3.put_bucket_versioning, {"Bucket": bucket,

@@ -19,11 +19,11 @@ import stat
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
-from tierd.acl import Identity
+from tierd.acl import Identity, canned
 from tierd.acl.s3map import allowed, enforce
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
-from tierd.namespace.base import IMPLICIT, Change
+from tierd.namespace.base import IMPLICIT, Change, has_privs, now_ns
 from tierd.namespace.entries import _EMPTY_MD5
 from tierd.namespace.files import FileOps
 from tierd.namespace.names import check_bucket_name, split_key
@@ -188,6 +188,33 @@ class ObjectOps(FileOps):
             raise FsError(errno.ENOENT, f"no such key {key!r}" + (
                 " (it is a directory: its marker key ends with '/')" if inode.is_dir else ""))
         enforce(ident, "GetObject", obj=inode, key=key)  # HeadObject's checks are the same
+        return inode
+
+    async def set_canned_acl(self, ident: Identity, bucket: str, key: str, name: str) -> Inode:
+        """PutObjectAcl / PutBucketAcl (``key`` empty: the bucket's directory): the mode
+        bits and access ACL of canned ACL ``name`` (:mod:`tierd.acl.canned`), in one
+        transaction; only the owner or root (EPERM), as chmod."""
+        with self.meta.write() as tx:
+            b = tx.get_bucket(bucket)
+            if b is None:
+                raise FsError(errno.ENOENT, f"bucket {bucket!r} does not exist")
+            if key:
+                segments, marker = split_key(key)
+                inode = self._resolve(tx, ident, self._path_of(bucket, segments), follow=True)
+                if marker != inode.is_dir:
+                    raise FsError(errno.ENOENT, f"no such key {key!r}")
+            else:
+                inode = self._get(tx, b.ino)
+            inode.mode, inode.acl_access = canned.apply_on_commit(
+                ident.uid, ident.is_root, inode.mode, inode.uid, name, b.owner_uid,
+                key or bucket)
+            inode.ctime_ns = now_ns()
+            tx.put_inode(inode)
+        of = self._open.get(inode.ino)
+        if of is not None:
+            of.privs = has_privs(inode.mode)
+        self._notify(Change(ino=inode.ino))
+        await self._sync_meta()
         return inode
 
     # -- whole objects ---------------------------------------------------------------------
@@ -387,6 +414,12 @@ class ObjectOps(FileOps):
                 tx.remove_dirent(d.ino, name)
                 if self._unref(tx, old):
                     dropped = old.ino
+            acl = inode.objmeta.pop(canned.META_KEY, None)
+            if acl is not None:  # x-amz-acl: the new object's mode and ACL, atomically
+                bucket_owner = tx.get_bucket(bucket)
+                inode.mode, inode.acl_access = canned.apply_on_commit(
+                    ident.uid, ident.is_root, inode.mode, inode.uid, acl,
+                    bucket_owner.owner_uid if bucket_owner is not None else inode.uid, key)
             tx.put_inode(inode)
             tx.add_dirent(d.ino, name, Dirent(inode.ino, stat.S_IFREG))
             self._touch_dir(tx, d)

@@ -23,7 +23,7 @@ from tierd.acl.authorize import PolicyStore
 from tierd.acl.keys import KeyStore
 from tierd.errors import FsError
 from tierd.namespace import Namespace
-from tierd.s3 import bucket_policy, buckets, listing, multipart, objects
+from tierd.s3 import acl, bucket_policy, buckets, listing, multipart, objects
 from tierd.s3.access import Actions, authorize_request
 from tierd.s3.auth import Authenticator
 from tierd.s3.common import Ctx, S3State
@@ -41,7 +41,7 @@ READ_BUFSIZE = 1 << 20
 
 #: sub-resources tierd does not implement: answered 501 NotImplemented, never a wrong success
 UNSUPPORTED = frozenset({
-    "acl", "accelerate", "analytics", "attributes", "cors", "encryption",
+    "accelerate", "analytics", "attributes", "cors", "encryption",
     "intelligent-tiering", "inventory", "legal-hold", "lifecycle", "logging", "metadataTable",
     "metrics", "notification", "object-lock", "ownershipControls", "publicAccessBlock",
     "renameObject", "replication", "requestPayment", "restore",
@@ -75,6 +75,10 @@ def route(ctx: Ctx) -> Handler:
     if not ctx.key:
         if "policy" in q:
             return _policy_route(ctx)
+        if "acl" in q:
+            if method in ("GET", "PUT"):
+                return acl.get_bucket_acl if method == "GET" else acl.put_bucket_acl
+            raise _method_not_allowed(ctx)
         if "policyStatus" in q:
             if method == "GET":
                 return bucket_policy.get_policy_status
@@ -107,6 +111,10 @@ def route(ctx: Ctx) -> Handler:
             if "delete" in q:
                 return objects.delete_objects
             raise _not_implemented("POST object (browser form uploads)")
+        raise _method_not_allowed(ctx)
+    if "acl" in q:
+        if method in ("GET", "PUT"):
+            return acl.get_object_acl if method == "GET" else acl.put_object_acl
         raise _method_not_allowed(ctx)
     if method == "GET":
         if "uploadId" in q:
@@ -171,6 +179,10 @@ def _actions() -> Actions:
     a.add(multipart.complete, "s3:PutObject", True)
     a.add(multipart.abort, "s3:AbortMultipartUpload", True)
     a.add(multipart.list_parts, "s3:ListMultipartUploadParts", True)
+    a.add(acl.get_bucket_acl, "s3:GetBucketAcl", False)
+    a.add(acl.put_bucket_acl, "s3:PutBucketAcl", False)
+    a.add(acl.get_object_acl, "s3:GetObjectAcl", True)
+    a.add(acl.put_object_acl, "s3:PutObjectAcl", True)
     # these judge for themselves: per key, or the bucket owner's operations
     a.own.update({objects.delete_objects, bucket_policy.get_policy, bucket_policy.put_policy,
                   bucket_policy.delete_policy, bucket_policy.get_policy_status})

@@ -11,7 +11,7 @@ from tierd.acl import R_OK, X_OK
 from tierd.errors import FsError
 from tierd.s3 import xmlio
 from tierd.s3.body import Body
-from tierd.s3.common import Ctx, reject_unsupported_headers
+from tierd.s3.common import Ctx, canned_acl, reject_unsupported_headers
 from tierd.s3.errors import S3Error, from_fs_error
 from tierd.s3.xmlio import document, el, iso8601
 
@@ -74,6 +74,9 @@ async def create_bucket(ctx: Ctx) -> web.Response:
         if e.errno == errno.EINVAL:
             raise S3Error("InvalidBucketName", e.message, BucketName=ctx.bucket) from None
         raise from_fs_error(e, bucket=ctx.bucket) from None
+    acl = canned_acl(ctx.headers)
+    if acl is not None:  # the creator owns the new bucket, so this cannot be refused
+        await ctx.ns.set_canned_acl(ctx.ident, ctx.bucket, "", acl)
     ctx.response_headers["Location"] = "/" + ctx.bucket
     return web.Response(status=200, headers=ctx.response_headers)
 

@@ -12,7 +12,7 @@ from urllib.parse import unquote
 from aiohttp import web
 from multidict import CIMultiDictProxy, MultiDictProxy
 
-from tierd.acl import Identity
+from tierd.acl import Identity, canned
 from tierd.acl.authorize import PolicyStore
 from tierd.acl.keys import KeyStore, Owner
 from tierd.meta import Inode
@@ -151,12 +151,9 @@ def reject_unsupported_headers(h: CIMultiDictProxy[str]) -> None:
         if name in h:
             raise S3Error("NotImplemented", f"the {name} header is not supported by tierd")
     if any(k.lower().startswith("x-amz-grant-") for k in h):
-        raise S3Error("NotImplemented", "x-amz-grant-* headers (ACLs) are not supported yet")
-    acl = h.get("x-amz-acl")
-    if acl is not None and acl not in ("private", "bucket-owner-full-control",
-                                       "bucket-owner-read"):
-        raise S3Error("NotImplemented", f"canned ACL {acl!r} is not supported yet; only "
-                      "private")
+        raise S3Error("NotImplemented", "x-amz-grant-* headers are not supported: use a canned "
+                      "ACL (x-amz-acl), which tierd stores as mode bits and POSIX ACL entries")
+    canned_acl(h)
     sc = h.get("x-amz-storage-class")
     if sc is not None and sc != "STANDARD":
         if sc not in STORAGE_CLASSES:
@@ -165,10 +162,26 @@ def reject_unsupported_headers(h: CIMultiDictProxy[str]) -> None:
                       "every object as STANDARD")
 
 
+def canned_acl(h: CIMultiDictProxy[str]) -> str | None:
+    """The request's ``x-amz-acl`` (None when absent); InvalidArgument for an unknown one."""
+    acl = h.get("x-amz-acl")
+    if acl is None:
+        return None
+    try:
+        return canned.check(acl.strip())
+    except canned.UnknownCannedAcl as e:
+        raise S3Error("InvalidArgument", str(e), ArgumentName="x-amz-acl",
+                      ArgumentValue=acl) from None
+
+
 def objmeta_from_headers(h: CIMultiDictProxy[str]) -> dict[str, str]:
-    """System and user metadata of a PUT/Create/Copy(REPLACE) request."""
+    """System and user metadata of a PUT/Create/Copy(REPLACE) request; a canned ACL rides
+    along for the namespace to apply in the commit (:data:`tierd.acl.canned.META_KEY`)."""
     reject_unsupported_headers(h)
     meta: dict[str, str] = {}
+    acl = canned_acl(h)
+    if acl is not None:
+        meta[canned.META_KEY] = acl
     for name in STORED_HEADERS:
         if name in h:
             value = h[name]

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from tierd.acl import canned
 from tierd.errors import FsError
 from tierd.meta import Inode
 from tierd.namespace import ObjectReader
@@ -18,6 +19,7 @@ from tierd.s3.buckets import xml_response
 from tierd.s3.common import (
     MAX_PUT_SIZE,
     Ctx,
+    canned_acl,
     check_conditions,
     check_version_id,
     checksum_meta,
@@ -329,6 +331,9 @@ async def copy_object(ctx: Ctx) -> web.Response:
     if directive == "REPLACE":
         keep = {k: v for k, v in meta.items() if k.startswith(checksums.META_PREFIX)}
         meta = objmeta_from_headers(ctx.headers) | keep
+    acl = canned_acl(ctx.headers)
+    if acl is not None:  # applied by the namespace in the commit (tierd.acl.canned)
+        meta[canned.META_KEY] = acl
     try:
         inode = await ctx.ns.copy_object(ctx.ident, src_bucket, src_key, ctx.bucket, ctx.key,
                                          meta, src_ident=ctx.src_ident)

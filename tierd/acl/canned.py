@@ -1,0 +1,170 @@
+"""S3 canned ACLs as POSIX state, and the S3 grants that POSIX state really gives.
+
+tierd has one permission system: a canned ACL (``x-amz-acl`` on PUT, copy, multipart create,
+CreateBucket, PutObjectAcl, PutBucketAcl) is translated into mode bits and, where it names
+a second user, a POSIX access ACL; GetObjectAcl/GetBucketAcl translate the POSIX state back
+(:func:`grants`), so they show what is really allowed, whoever set it and through which door.
+
+========================  =====================  ==================================
+canned ACL                files / directories     POSIX ACL entry
+========================  =====================  ==================================
+private                   0600 / 0700             --
+public-read               0644 / 0755             --
+public-read-write         0666 / 0777             --
+authenticated-read        0644 / 0755             --
+bucket-owner-read         0600 / 0700             ``user:<bucket owner>:r--`` (r-x)
+bucket-owner-full-control 0600 / 0700             ``user:<bucket owner>:rw-`` (rwx)
+========================  =====================  ==================================
+
+"Other" bits are for every user with an identity -- that is every signed request.  An
+anonymous request has no POSIX identity and never gets them (:mod:`tierd.acl.modes`): only
+a bucket policy for ``*`` lets it in.  So ``public-read`` and ``authenticated-read`` give the
+same mode, and GetObjectAcl answers ``AuthenticatedUsers READ`` for other-read, plus
+``AllUsers READ`` only when the bucket policy really lets anonymous requests read the key.
+The bucket-owner ACLs name the bucket owner in an ACL entry (the mask follows, so the
+mode's group bits show it, as ``ls -l`` does); when the writer owns the bucket they are
+``private``.
+"""
+
+from __future__ import annotations
+
+import errno
+import stat
+from dataclasses import dataclass
+
+from tierd.acl import posix_acl as pacl
+from tierd.errors import FsError
+
+CANNED = ("private", "public-read", "public-read-write", "authenticated-read",
+          "bucket-owner-read", "bucket-owner-full-control")
+#: the objmeta key by which an S3 write asks the namespace to apply a canned ACL to the
+#: object it commits (removed before the inode is stored)
+META_KEY = "tierd.acl"
+
+_OTHER = {"private": 0, "public-read": 4, "public-read-write": 6, "authenticated-read": 4,
+          "bucket-owner-read": 0, "bucket-owner-full-control": 0}
+_BUCKET_OWNER = {"bucket-owner-read": 4, "bucket-owner-full-control": 6}
+
+ALL_USERS = "http://acs.amazonaws.com/groups/global/AllUsers"
+AUTHENTICATED_USERS = "http://acs.amazonaws.com/groups/global/AuthenticatedUsers"
+
+
+class UnknownCannedAcl(ValueError):
+    """Not one of :data:`CANNED` (S3's InvalidArgument)."""
+
+
+def check(name: str) -> str:
+    if name not in CANNED:
+        raise UnknownCannedAcl(f"unknown canned ACL {name!r}; use one of {', '.join(CANNED)}")
+    return name
+
+
+def _dirbits(perm: int, is_dir: bool) -> int:
+    """Directories get search wherever they get read."""
+    return perm | 1 if is_dir and perm & 4 else perm
+
+
+def access_acl(name: str, *, is_dir: bool, owner: int, bucket_owner: int) -> pacl.Acl:
+    """The access ACL (mode bits included) of canned ACL ``name`` for an inode of ``owner``
+    in a bucket of ``bucket_owner``.  Base entries only, unless it names the bucket owner."""
+    check(name)
+    own = _dirbits(6, is_dir)
+    other = _dirbits(_OTHER[name], is_dir)
+    group = other  # group members would otherwise get less than everyone else
+    extra = _BUCKET_OWNER.get(name)
+    if extra is None or bucket_owner == owner:
+        return (pacl.AclEntry(pacl.USER_OBJ, own), pacl.AclEntry(pacl.GROUP_OBJ, group),
+                pacl.AclEntry(pacl.OTHER, other))
+    named = _dirbits(extra, is_dir)
+    return (pacl.AclEntry(pacl.USER_OBJ, own), pacl.AclEntry(pacl.USER, named, bucket_owner),
+            pacl.AclEntry(pacl.GROUP_OBJ, group), pacl.AclEntry(pacl.MASK, named | group),
+            pacl.AclEntry(pacl.OTHER, other))
+
+
+def apply(mode: int, name: str, *, owner: int, bucket_owner: int) -> tuple[int, bytes]:
+    """(new mode, stored access-ACL blob) for an inode of ``mode`` getting canned ACL
+    ``name``: the permission bits are replaced (setuid/setgid/sticky cleared), the blob is
+    empty when the mode says it all."""
+    acl = access_acl(name, is_dir=stat.S_ISDIR(mode), owner=owner, bucket_owner=bucket_owner)
+    new, not_equiv = pacl.equiv_mode(acl, stat.S_IFMT(mode))
+    return new, pacl.serialize(acl) if not_equiv else b""
+
+
+# -- POSIX state -> S3 grants ---------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One S3 grant: a user (``uid``) or a group URI, and a permission (READ, WRITE,
+    FULL_CONTROL)."""
+
+    permission: str
+    uid: int | None = None
+    group: str = ""
+
+
+def _perm(bits: int, is_dir: bool) -> list[str]:
+    """S3 permissions of rwx bits for someone who is not the owner (only the owner may
+    chmod, so only the owner has FULL_CONTROL): on objects READ needs r and WRITE w; on
+    buckets (directories) READ (list) needs r+x and WRITE (create/delete keys) w+x."""
+    if is_dir:
+        read, write = bits & 5 == 5, bits & 3 == 3
+    else:
+        read, write = bool(bits & 4), bool(bits & 2)
+    return (["READ"] if read else []) + (["WRITE"] if write else [])
+
+
+def grants(mode: int, owner: int, acl_blob: bytes, *, anonymous_read: bool = False
+           ) -> list[Grant]:
+    """The grants the POSIX state of an inode gives: the owner FULL_CONTROL, named users of
+    its ACL (through the mask) their permissions, ``AuthenticatedUsers`` what "other" gives,
+    ``AllUsers`` READ when ``anonymous_read`` (a bucket policy lets ``*`` read).  Group
+    entries have no S3 equivalent and are not listed (docs/permissions.md)."""
+    is_dir = stat.S_ISDIR(mode)
+    out = [Grant("FULL_CONTROL", uid=owner)]
+    if acl_blob:
+        try:
+            acl = pacl.cached_parse(acl_blob)
+        except FsError:
+            acl = ()
+        mask = next((e.perm for e in acl if e.tag == pacl.MASK), 7)
+        for e in acl:
+            if e.tag == pacl.USER and e.id != owner:
+                out += [Grant(p, uid=e.id) for p in _perm(e.perm & mask, is_dir)]
+    out += [Grant(p, group=AUTHENTICATED_USERS) for p in _perm(mode & 7, is_dir)]
+    if anonymous_read:
+        out.append(Grant("READ", group=ALL_USERS))
+    return out
+
+
+def canned_of(grant_set: list[tuple[str, str]], *, owner_id: str, bucket_owner_id: str
+              ) -> str:
+    """The canned ACL a requested grant list (``(grantee, permission)`` pairs; grantee a
+    canonical id or a group URI) amounts to; :class:`UnknownCannedAcl` when none does (the
+    XML form of PutObjectAcl accepts exactly these)."""
+    rest = {g for g in grant_set if g != (owner_id, "FULL_CONTROL")}
+    table: dict[frozenset[tuple[str, str]], str] = {
+        frozenset(): "private",
+        frozenset({(ALL_USERS, "READ")}): "public-read",
+        frozenset({(ALL_USERS, "READ"), (ALL_USERS, "WRITE")}): "public-read-write",
+        frozenset({(AUTHENTICATED_USERS, "READ")}): "authenticated-read",
+    }
+    if bucket_owner_id != owner_id:
+        table[frozenset({(bucket_owner_id, "READ")})] = "bucket-owner-read"
+        table[frozenset({(bucket_owner_id, "FULL_CONTROL")})] = "bucket-owner-full-control"
+    name = table.get(frozenset(rest))
+    if name is None:
+        raise UnknownCannedAcl("only grant lists that match a canned ACL can be set (tierd "
+                               "stores ACLs as POSIX modes and ACL entries)")
+    return name
+
+
+
+def apply_on_commit(ident_uid: int, ident_is_root: bool, inode_mode: int, inode_uid: int,
+                    name: str, bucket_owner: int, key: str) -> tuple[int, bytes]:
+    """For the namespace, inside the transaction that commits an S3 write carrying
+    ``x-amz-acl``: the inode's new (mode, access-ACL blob).  Setting an ACL is chmod, so
+    only the object's owner or root may (an overwrite keeps the old owner): EPERM else."""
+    if not ident_is_root and ident_uid != inode_uid:
+        raise FsError(errno.EPERM, f"only the owner of key {key!r} (uid {inode_uid}) or root "
+                      "may set its ACL (x-amz-acl)")
+    return apply(inode_mode, check(name), owner=inode_uid, bucket_owner=bucket_owner)

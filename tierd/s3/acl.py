@@ -1,0 +1,150 @@
+"""GetObjectAcl, PutObjectAcl, GetBucketAcl and PutBucketAcl over POSIX state.
+
+An S3 ACL is never stored as such: a canned ACL becomes mode bits and ACL entries
+(:mod:`tierd.acl.canned`), and reading an ACL describes the POSIX state (plus ``AllUsers``
+when the bucket policy lets anonymous requests read), so the answer is the same whether the
+permissions were set by S3, ``chmod`` or ``setfacl`` on the mount.  PutObjectAcl accepts the
+``x-amz-acl`` header, or an ``AccessControlPolicy`` body whose grants amount to a canned ACL;
+other grant lists are NotImplemented (501).
+"""
+
+from __future__ import annotations
+
+import errno
+
+from aiohttp import web
+
+from tierd.acl import canned
+from tierd.acl.keys import canonical_user_id
+from tierd.acl.policy import ANONYMOUS, Decision, Request
+from tierd.errors import FsError
+from tierd.meta import Inode
+from tierd.s3 import xmlio
+from tierd.s3.body import Body
+from tierd.s3.buckets import xml_response
+from tierd.s3.common import Ctx, canned_acl, check_version_id
+from tierd.s3.errors import S3Error, from_fs_error
+from tierd.s3.objects import fs_error
+from tierd.s3.xmlio import document, el
+
+_XSI = "http://www.w3.org/2001/XMLSchema-instance"
+
+
+def _anonymous_read(ctx: Ctx, key: str | None) -> bool:
+    """Does the bucket policy let any anonymous request read ``key`` (list the bucket when
+    None)?  Judged without request context: conditions on the address do not hold."""
+    policy = ctx.state.policies.get(ctx.bucket)
+    if policy is None:
+        return False
+    action = "s3:GetObject" if key is not None else "s3:ListBucket"
+    decision, _ = policy.evaluate(Request(ANONYMOUS, action, ctx.bucket, key, {}))
+    return decision is Decision.ALLOW
+
+
+def _grantee(g: canned.Grant, ctx: Ctx) -> str:
+    if g.uid is not None:
+        o = ctx.owner(g.uid)
+        return (f'<Grantee xmlns:xsi="{_XSI}" xsi:type="CanonicalUser">{el("ID", o.id)}'
+                f'{el("DisplayName", o.display_name)}</Grantee>')
+    return f'<Grantee xmlns:xsi="{_XSI}" xsi:type="Group">{el("URI", g.group)}</Grantee>'
+
+
+def _policy_document(ctx: Ctx, inode: Inode, anonymous_read: bool) -> web.Response:
+    grants = canned.grants(inode.mode, inode.uid, inode.acl_access,
+                           anonymous_read=anonymous_read)
+    rows = "".join(f"<Grant>{_grantee(g, ctx)}{el('Permission', g.permission)}</Grant>"
+                   for g in grants)
+    body = f"{ctx.owner_xml(inode.uid)}<AccessControlList>{rows}</AccessControlList>"
+    return xml_response(ctx, document("AccessControlPolicy", body))
+
+
+async def _stat(ctx: Ctx, key: str) -> Inode:
+    """The inode of the key (or of the bucket when ``key`` is empty); search permission on
+    the way is all reading an ACL needs, as ``stat`` does."""
+    path = f"{ctx.bucket}/{key}".rstrip("/")
+    try:
+        await ctx.ns.get_bucket(ctx.bucket)
+        inode = await ctx.ns.resolve(ctx.ident, path)
+    except FsError as e:
+        if key:
+            raise await fs_error(ctx, e) from None
+        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
+    if key and key.endswith("/") != inode.is_dir:
+        raise S3Error("NoSuchKey", Key=key)
+    return inode
+
+
+async def get_object_acl(ctx: Ctx) -> web.Response:
+    check_version_id(ctx)
+    inode = await _stat(ctx, ctx.key)
+    return _policy_document(ctx, inode, _anonymous_read(ctx, ctx.key))
+
+
+async def get_bucket_acl(ctx: Ctx) -> web.Response:
+    inode = await _stat(ctx, "")
+    return _policy_document(ctx, inode, _anonymous_read(ctx, None))
+
+
+async def _requested(ctx: Ctx, inode: Inode, bucket_owner: int) -> str:
+    """The canned ACL a PutObjectAcl/PutBucketAcl asks for (header or XML body)."""
+    if any(k.lower().startswith("x-amz-grant-") for k in ctx.headers):
+        raise S3Error("NotImplemented", "x-amz-grant-* headers are not supported: use a canned "
+                      "ACL (x-amz-acl)")
+    raw = await Body(ctx.request, ctx.verified).read_all(xmlio.MAX_XML_BODY)
+    header = canned_acl(ctx.headers)
+    if header is not None:
+        if raw.strip():
+            raise S3Error("InvalidRequest", "give either x-amz-acl or an AccessControlPolicy "
+                          "body, not both")
+        return header
+    if not raw.strip():
+        raise S3Error("MalformedACLError", "give a canned ACL (x-amz-acl) or an "
+                      "AccessControlPolicy body")
+    doc = xmlio.parse(raw, "AccessControlPolicy")
+    lists = xmlio.children(doc, "AccessControlList")
+    if len(lists) != 1:
+        raise S3Error("MalformedACLError", "an AccessControlPolicy needs one "
+                      "AccessControlList")
+    pairs: list[tuple[str, str]] = []
+    for g in xmlio.children(lists[0], "Grant"):
+        grantee = xmlio.children(g, "Grantee")
+        perm = xmlio.child_text(g, "Permission")
+        if len(grantee) != 1 or perm not in ("READ", "WRITE", "READ_ACP", "WRITE_ACP",
+                                             "FULL_CONTROL"):
+            raise S3Error("MalformedACLError", "every Grant needs a Grantee and a Permission "
+                          "(READ, WRITE, READ_ACP, WRITE_ACP or FULL_CONTROL)")
+        who = (xmlio.child_text(grantee[0], "ID") or xmlio.child_text(grantee[0], "URI")
+               or xmlio.child_text(grantee[0], "EmailAddress"))
+        if not who:
+            raise S3Error("MalformedACLError", "a Grantee needs an ID or a URI")
+        pairs.append((who.strip(), perm))
+    try:
+        return canned.canned_of(pairs, owner_id=canonical_user_id(inode.uid),
+                                bucket_owner_id=canonical_user_id(bucket_owner))
+    except canned.UnknownCannedAcl as e:
+        raise S3Error("NotImplemented", str(e)) from None
+
+
+async def _put(ctx: Ctx, key: str) -> web.Response:
+    inode = await _stat(ctx, key)
+    try:
+        b = await ctx.ns.get_bucket(ctx.bucket)
+    except FsError as e:
+        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
+    name = await _requested(ctx, inode, b.owner_uid)
+    try:
+        await ctx.ns.set_canned_acl(ctx.ident, ctx.bucket, key, name)
+    except FsError as e:
+        if e.errno == errno.ENOENT and not key:
+            raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
+        raise await fs_error(ctx, e) from None
+    return web.Response(status=200, headers=ctx.response_headers)
+
+
+async def put_object_acl(ctx: Ctx) -> web.Response:
+    check_version_id(ctx)
+    return await _put(ctx, ctx.key)
+
+
+async def put_bucket_acl(ctx: Ctx) -> web.Response:
+    return await _put(ctx, "")
