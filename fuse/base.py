@@ -98,6 +98,13 @@ class OpsBase(pyfuse3.Operations):
     def ident(self, ctx: pyfuse3.RequestContext) -> Identity:
         return self.callers.identity(ctx.uid, ctx.gid, ctx.pid)
 
+    @staticmethod
+    def umask(ctx: pyfuse3.RequestContext) -> int:
+        """The caller's umask (create, mknod, mkdir).  The namespace applies it unless the
+        parent has a default ACL; on a mount without MS_POSIXACL the kernel has already
+        applied it (applying it twice changes nothing)."""
+        return int(ctx.umask)
+
     def _content_changed(self, ino: int) -> None:
         self.kcache.drop(ino)
         self.no_caps.discard(ino)
@@ -112,8 +119,8 @@ class OpsBase(pyfuse3.Operations):
     # children's entries before the chmod returns.
 
     def note(self, inode: Inode) -> None:
-        if inode.is_dir:
-            self.searchable[inode.ino] = inode.mode & 0o111 == 0o111
+        if inode.is_dir:  # an access ACL may refuse search to a named user or group
+            self.searchable[inode.ino] = inode.mode & 0o111 == 0o111 and not inode.acl_access
 
     async def is_searchable(self, ino: int) -> bool:
         known = self.searchable.get(ino)

@@ -71,7 +71,8 @@ class FileOps(OpsBase):
         self, parent_inode: int, name: bytes, mode: int, flags: int,
         ctx: pyfuse3.RequestContext,
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        inode, fh = await self.ns.create(self.ident(ctx), parent_inode, name, mode, flags)
+        inode, fh = await self.ns.create(self.ident(ctx), parent_inode, name, mode, flags,
+                                         self.umask(ctx))
         if flags & os.O_TRUNC and inode.size:
             # an existing file was opened and truncated: its version is the truncated one
             inode = await self.ns.getattr(Identity.ROOT, inode.ino)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import os
 import shutil
@@ -187,6 +188,39 @@ def mount_options(allow_other: bool | None = None) -> set[str]:
     return opts
 
 
+MS_NOSUID, MS_NODEV, MS_NOATIME, MS_POSIXACL = 0x2, 0x4, 0x400, 0x10000
+
+
+def mount_posixacl(mountpoint: Path, allow_other: bool) -> int | None:
+    """Mount a FUSE file system at ``mountpoint`` as libfuse would, plus MS_POSIXACL, and
+    return the ``/dev/fuse`` descriptor for the session; None (libfuse mounts then) unless
+    running as root or when the kernel refuses.
+
+    Why: FUSE applies the caller's umask to the create mode before the daemon sees it,
+    unless the super block was mounted with MS_POSIXACL (then it leaves that to the file
+    system: the kernel's ``dont_mask``).  A default ACL must be combined with the *unmasked*
+    mode (``posix_acl_create``), which only this mount gives the daemon; libfuse cannot
+    pass the flag (pyfuse3 does not ask for FUSE_CAP_DONT_MASK either).  MS_POSIXACL does
+    not make the kernel check permissions: that is ``default_permissions``, never set."""
+    if os.geteuid() != 0:
+        return None
+    fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    data = (f"fd={fd},rootmode=40000,user_id={os.getuid()},group_id={os.getgid()}"
+            + (",allow_other" if allow_other else ""))
+    libc = ctypes.CDLL(None, use_errno=True)
+    rc = libc.mount(FSNAME.encode(), str(mountpoint).encode(), f"fuse.{FSNAME}".encode(),
+                    ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOATIME | MS_POSIXACL),
+                    data.encode())
+    if rc != 0:
+        err = ctypes.get_errno()
+        os.close(fd)
+        log.warning("mounting with MS_POSIXACL failed (%s); libfuse mounts instead, and "
+                    "new files under a default ACL get the umask-masked mode",
+                    os.strerror(err))
+        return None
+    return fd
+
+
 def _user_allow_other() -> bool:
     try:
         with open("/etc/fuse.conf") as f:
@@ -224,7 +258,7 @@ class FuseDoor:
         # after the INIT reply: the kernel clamps the read-ahead while it processes it
         self.ops.after_init = lambda: set_read_ahead(mountpoint)
         try:
-            await asyncio.to_thread(pyfuse3.init, self.ops, str(self.mountpoint), opts)
+            await asyncio.to_thread(self._init, opts)
         except RuntimeError as e:
             raise MountError(f"cannot mount {self.mountpoint}: {e} (is /dev/fuse usable "
                              "and fusermount3 installed?)") from None
@@ -235,6 +269,22 @@ class FuseDoor:
         self._task = asyncio.create_task(self._serve(), name="tierd-fuse")
         log.info("mounted", extra=kv(mountpoint=str(self.mountpoint),
                                         options=",".join(sorted(opts))))
+
+    def _init(self, opts: set[str]) -> None:
+        """Mount and start the session (blocking: runs in a thread).  As root the door
+        mounts by itself with MS_POSIXACL (:func:`mount_posixacl`), so that the kernel
+        hands the umask to the daemon; otherwise libfuse (fusermount3) mounts."""
+        fd = mount_posixacl(self.mountpoint, "allow_other" in opts)
+        if fd is None:
+            pyfuse3.init(self.ops, str(self.mountpoint), opts)
+            return
+        try:
+            pyfuse3.init(self.ops, f"/dev/fd/{fd}", opts)  # libfuse takes the fd as is
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(MountError):
+                unmount(self.mountpoint, lazy=True)
+            raise
 
     async def _serve(self) -> None:
         try:

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 import pyfuse3
 
 from tierd.acl import R_OK, W_OK, Identity, may_access
+from tierd.acl.posix_acl import ACCESS_XATTR
 from tierd.errors import FsError
-from tierd.meta import ROOT_INO
+from tierd.meta import ROOT_INO, Inode
 from tierd.namespace import UTIME_NOW
 
 from .attrs import entry_attributes, negative_entry, statvfs
@@ -91,11 +92,16 @@ class TierdOps(FileOps):
         if size is not None and new.is_reg:
             self.kcache.cached(inode, new.version)  # the kernel truncated its pages itself
         if new.is_dir:
-            was = self.searchable.get(inode, True)
-            self.note(new)
-            if was and not self.searchable[inode]:
-                await self._forget_children(inode)
+            await self._renote(new)
         return entry_attributes(new, self.entry_timeout, self.attr_timeout)
+
+    async def _renote(self, new: Inode) -> None:
+        """A directory's mode or ACL changed: if it stopped being searchable by all, the
+        kernel must forget its children's entries."""
+        was = self.searchable.get(new.ino, True)
+        self.note(new)
+        if was and not self.searchable[new.ino]:
+            await self._forget_children(new.ino)
 
     async def _forget_children(self, ino: int) -> None:
         """The directory stopped being searchable by all: drop the kernel's entries of its
@@ -127,14 +133,16 @@ class TierdOps(FileOps):
         self, parent_inode: int, name: bytes, mode: int, rdev: int,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
-        inode = await self.ns.mknod(self.ident(ctx), parent_inode, name, mode, rdev)
+        inode = await self.ns.mknod(self.ident(ctx), parent_inode, name, mode, rdev,
+                                    self.umask(ctx))
         return self.entry(inode, await self.entry_timeout_in(parent_inode))
 
     @fs_errors
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        inode = await self.ns.mkdir(self.ident(ctx), parent_inode, name, mode)
+        inode = await self.ns.mkdir(self.ident(ctx), parent_inode, name, mode,
+                                    self.umask(ctx))
         return self.entry(inode, await self.entry_timeout_in(parent_inode))
 
     @fs_errors
@@ -278,6 +286,13 @@ class TierdOps(FileOps):
         # pyfuse3 checks XATTR_CREATE/XATTR_REPLACE with getxattr before calling this
         self.no_caps.discard(inode)
         await self.ns.setxattr(self.ident(ctx), inode, name, value, 0)
+        if name == ACCESS_XATTR:
+            await self._acl_changed(inode)
+
+    async def _acl_changed(self, ino: int) -> None:
+        attrs = await self.ns.getattr(Identity.ROOT, ino)
+        if attrs.is_dir:
+            await self._renote(attrs)
 
     @fs_errors
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
@@ -286,4 +301,6 @@ class TierdOps(FileOps):
     @fs_errors
     async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         await self.ns.removexattr(self.ident(ctx), inode, name)
+        if name == ACCESS_XATTR:
+            await self._acl_changed(inode)
 

@@ -1,0 +1,187 @@
+"""One identity, one answer: files with POSIX ACLs (set with setfacl on the mount) read and
+written through S3 with the access key of a user the ACL names give the same allow/deny as
+the same uid through the mount.
+
+One daemon serves both doors (``--mount``); users get access keys whose uid/gid/groups are
+the ones ``setpriv`` uses for the FUSE side.  Needs root and /dev/fuse.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+from public_dir import public_tempdir
+
+from tierd.meta import AccessKey, MetaStore
+
+from .conftest import Daemon, start_daemon
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="switching users and mounting need root"),
+    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse"),
+    pytest.mark.skipif(shutil.which("setfacl") is None or shutil.which("setpriv") is None,
+                       reason="setfacl (acl) or setpriv (util-linux) missing"),
+]
+
+# name -> (uid, gid, supplementary groups)
+USERS = {
+    "alice": (3200, 3200, [3200]),
+    "bob": (3201, 3201, [3201]),  # named in the ACLs
+    "carol": (3202, 3202, [3205]),  # in group 3205, named in the ACLs
+    "dave": (3203, 3200, [3200]),  # alice's group (the owning group)
+    "eve": (3204, 3204, [3204]),  # other
+}
+BUCKET = "aclbucket"
+PYTHON = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin") or sys.executable
+OP = r"""
+import errno, sys
+op, path = sys.argv[1], sys.argv[2]
+try:
+    if op == "read": open(path, "rb").read()
+    elif op == "write": open(path, "r+b").close()
+    elif op == "create":
+        open(path, "xb").close()
+    print("ok")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"""
+
+
+def key_of(name: str) -> tuple[str, str]:
+    return f"ACLTEST{name.upper()}", f"secret-of-{name}-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def both() -> Iterator[tuple[Daemon, Path]]:
+    with public_tempdir("tierd-s3acl-") as base:
+        data = base / "data"
+        (data / "meta").mkdir(parents=True)
+        store = MetaStore.open_lmdb(data / "meta")
+        try:
+            with store.write() as tx:
+                for name, (uid, gid, groups) in USERS.items():
+                    key, secret = key_of(name)
+                    tx.put_access_key(AccessKey(key, secret, uid, gid, groups, name))
+        finally:
+            store.close()
+        mnt = base / "mnt"
+        d = start_daemon(data, "--mount", str(mnt))
+        try:
+            d.client().create_bucket(Bucket=BUCKET)
+            os.chmod(mnt / BUCKET, 0o777)
+            yield d, mnt
+        finally:
+            d.stop()
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fuse_op(name: str, op: str, path: Path) -> bool:
+    uid, gid, groups = USERS[name]
+    r = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={gid}",
+         f"--groups={','.join(map(str, [gid, *groups]))}", "--", PYTHON, "-c", OP, op,
+         str(path)], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+        cwd="/")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.strip()
+    assert out in ("ok", "EACCES", "EPERM"), out
+    return out == "ok"
+
+
+def s3_op(d: Daemon, name: str, op: str, key: str) -> bool:
+    client: Any = d.client(*key_of(name))
+    try:
+        if op == "read":
+            client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        else:  # write (an overwrite) or create: a PUT
+            client.put_object(Bucket=BUCKET, Key=key, Body=b"from " + name.encode())
+    except ClientError as e:
+        assert e.response["Error"]["Code"] == "AccessDenied", e.response
+        assert e.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+        return False
+    return True
+
+
+def make_file(mnt: Path, rel: str, mode: int, *setfacl: str) -> Path:
+    path = mnt / BUCKET / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"content")
+    os.chown(path, *USERS["alice"][:2])
+    os.chmod(path, mode)
+    for args in setfacl:
+        subprocess.run(["setfacl", *args.split(), str(path)], check=True)
+    return path
+
+
+FILES = {
+    # rel path: (mode before the ACL, setfacl argument lists)
+    "named": (0o640, ["-m u:3201:rw,g:3205:r,u:3204:-"]),
+    "masked": (0o640, ["-m u:3201:rw,g:3205:rw", "-m m::r"]),
+    "nomask": (0o640, ["-m u:3201:rw,g:3205:r"]),  # then chmod 604: the ACL is ignored
+    "groupdeny": (0o644, ["-m g:3205:-,g::r"]),
+}
+
+
+def test_same_answer_through_both_doors(both: tuple[Daemon, Path]) -> None:
+    d, mnt = both
+    tag = uuid.uuid4().hex[:8]
+    paths = {}
+    for rel, (mode, acls) in FILES.items():
+        paths[rel] = make_file(mnt, f"{tag}/{rel}", mode, *acls)
+    os.chmod(paths["nomask"], 0o604)
+    answers: dict[tuple[str, str, str], bool] = {}
+    for rel, path in paths.items():
+        for name in USERS:
+            for op in ("read", "write"):
+                via_fuse = fuse_op(name, op, path)
+                via_s3 = s3_op(d, name, op, f"{tag}/{rel}")
+                assert via_fuse == via_s3, (rel, name, op, via_fuse, via_s3)
+                answers[(rel, name, op)] = via_s3
+    # the answers are the ACL's, not the mode's (so this test can fail)
+    assert answers[("named", "bob", "write")] and answers[("named", "carol", "read")]
+    assert not answers[("named", "eve", "read")] and not answers[("named", "carol", "write")]
+    assert answers[("masked", "bob", "read")] and not answers[("masked", "bob", "write")]
+    assert not answers[("masked", "carol", "write")]
+    assert answers[("nomask", "bob", "read")] and not answers[("nomask", "bob", "write")]
+    assert not answers[("nomask", "dave", "read")]  # owning group: --- in the mode
+    assert not answers[("groupdeny", "carol", "read")]  # a matching group that grants nothing
+    assert answers[("groupdeny", "eve", "read")] and answers[("groupdeny", "dave", "read")]
+
+
+def test_directory_acl_and_inheritance_through_s3(both: tuple[Daemon, Path]) -> None:
+    d, mnt = both
+    tag = uuid.uuid4().hex[:8]
+    box = mnt / BUCKET / tag
+    box.mkdir()
+    os.chown(box, *USERS["alice"][:2])
+    os.chmod(box, 0o750)
+    subprocess.run(["setfacl", "-m", "u:3201:rwx,g:3205:x", str(box)], check=True)
+    subprocess.run(["setfacl", "-d", "-m", "u:3201:rwx,g:3205:r", str(box)], check=True)
+    for name in USERS:
+        via_fuse = fuse_op(name, "create", box / f"f-{name}")
+        via_s3 = s3_op(d, name, "create", f"{tag}/s3-{name}")
+        assert via_fuse == via_s3, (name, via_fuse, via_s3)
+    assert s3_op(d, "bob", "create", f"{tag}/deep/er/obj")  # implicit dirs inherit too
+    acl = subprocess.run(["getfacl", "-p", str(box / "deep/er/obj")], capture_output=True,
+                         text=True, check=True).stdout
+    assert "user:3201:rwx" in acl and "group:3205:r--" in acl, acl
+    deep = subprocess.run(["getfacl", "-p", str(box / "deep")], capture_output=True,
+                          text=True, check=True).stdout
+    assert "default:user:3201:rwx" in deep, deep
+    # carol (group 3205: r through the inherited ACL) reads bob's object, eve may not
+    assert s3_op(d, "carol", "read", f"{tag}/deep/er/obj") is False  # dirs: r-- gives no x
+    assert fuse_op("carol", "read", box / "deep/er/obj") is False
+    subprocess.run(["setfacl", "-m", "g:3205:rx", str(box / "deep"), str(box / "deep/er")],
+                   check=True)
+    assert s3_op(d, "carol", "read", f"{tag}/deep/er/obj")
+    assert fuse_op("carol", "read", box / "deep/er/obj")
+    assert not s3_op(d, "eve", "read", f"{tag}/deep/er/obj")
