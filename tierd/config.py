@@ -314,6 +314,15 @@ class Config:
             metavar="N",
         ),
     )
+    cold_s3_checksum: str = field(
+        default="crc32",
+        metadata=setting(
+            parse=parse_choice("crc32", "md5"),
+            help="How the store checks multipart upload parts: crc32 (S3 flexible "
+            "checksums) or md5 (Content-MD5, for stores without flexible checksums).",
+            metavar="crc32|md5",
+        ),
+    )
     cold_multipart_threshold: int = field(
         default=64 << 20,
         metadata=setting(

@@ -87,7 +87,7 @@ def open_object_tier(url: str, **settings: Any) -> ObjectTier:
     * ``file:///path`` (or a plain path) -> :class:`FileObjectTier`;
     * ``s3://bucket/prefix`` or ``s3://`` -> :class:`S3ObjectTier` (settings: endpoint_url,
       region, access_key, secret_key, session_token, addressing, retry_mode, max_attempts,
-      connect_timeout, read_timeout, create_bucket);
+      connect_timeout, read_timeout, create_bucket, checksum);
     * anything else -> :class:`FsspecObjectTier` (settings are fsspec storage options).
 
     ``multipart_threshold``, ``part_size``, ``range_size`` and ``concurrency`` go to
@@ -129,6 +129,7 @@ def object_tier_from_config(config: Config, **overrides: Any) -> ObjectTier:
             addressing=config.cold_s3_addressing,
             retry_mode=config.cold_s3_retry_mode,
             max_attempts=config.cold_s3_max_attempts,
+            checksum=config.cold_s3_checksum,
         )
     settings.update(overrides)
     return open_object_tier(config.cold_url, **settings)

@@ -101,13 +101,21 @@ class S3ObjectTier(ObjectTier):
         connect_timeout: float = 5.0,
         read_timeout: float = 60.0,
         create_bucket: bool = False,
+        checksum: str = "crc32",
         transfer: TransferOptions | None = None,
     ) -> None:
         """``bucket=""`` selects one S3 bucket per tierd bucket.  Empty ``endpoint_url``,
         ``region`` or credentials fall back to boto3's own resolution (environment, config
         files, instance roles).  ``addressing``: ``auto``, ``path`` (MinIO, Ceph) or
         ``virtual``; ``retry_mode``: ``standard`` or ``adaptive`` (client-side rate limiting
-        when throttled)."""
+        when throttled).  ``checksum``: how multipart parts are checked by the store —
+        ``crc32`` (S3's flexible checksums: a CRC32 per part, declared at create, which
+        lets the store combine the part checksums instead of hashing the whole object
+        again at complete, the default) or ``md5`` (``Content-MD5`` per part, for stores
+        without flexible checksums)."""
+        if checksum not in ("crc32", "md5"):
+            raise ValueError(f"checksum must be crc32 or md5, not {checksum!r}")
+        self.checksum = checksum
         if addressing not in ("auto", "path", "virtual"):
             raise ValueError(f"addressing must be auto, path or virtual, not {addressing!r}")
         if retry_mode not in ("standard", "adaptive"):
@@ -360,17 +368,26 @@ class S3ObjectTier(ObjectTier):
 
     async def _put_multipart(self, key: str, src: int, size: int) -> ObjectInfo:
         b, k = self._loc(key)
+        crc = self.checksum == "crc32"
+        algo: dict[str, Any] = {"ChecksumAlgorithm": "CRC32"} if crc else {}
         r = await self._run(functools.partial(
-            self._call, "create_multipart_upload", key, make_bucket=True, Bucket=b, Key=k))
+            self._call, "create_multipart_upload", key, make_bucket=True, Bucket=b, Key=k,
+            **algo))
         upload_id = r["UploadId"]
         psize = part_size_for(size, self.transfer.part_size)
 
         def part(number: int, start: int, length: int, stop: threading.Event) -> dict[str, Any]:
             data = read_exact(src, start, length)
-            md5 = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
+            check: dict[str, Any] = dict(algo) if crc else {"ContentMD5": base64.b64encode(
+                hashlib.md5(data, usedforsecurity=False).digest()).decode()}
+            # with ChecksumAlgorithm botocore computes the part's CRC32 (awscrt) and the
+            # store verifies it, as it verifies Content-MD5
             pr = self._call("upload_part", key, Bucket=b, Key=k, UploadId=upload_id,
-                            PartNumber=number, Body=data, ContentMD5=md5)
-            return {"PartNumber": number, "ETag": pr["ETag"]}
+                            PartNumber=number, Body=data, **check)
+            out = {"PartNumber": number, "ETag": pr["ETag"]}
+            if crc:
+                out["ChecksumCRC32"] = pr["ChecksumCRC32"]
+            return out
 
         return await self._multipart(key, b, k, upload_id, size, psize, part)
 
