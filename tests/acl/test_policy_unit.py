@@ -4,13 +4,19 @@ result is a Policy or MalformedPolicy, never another exception."""
 
 from __future__ import annotations
 
+import errno
 import json
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tierd.acl import canned
+from tierd.acl.authorize import GRANT_MASK
+from tierd.acl.identity import ANONYMOUS_ID, Grant, Identity
 from tierd.acl.policy import (
     ANONYMOUS,
     MAX_POLICY_BYTES,
@@ -21,6 +27,9 @@ from tierd.acl.policy import (
     Requester,
     parse_policy,
 )
+from tierd.errors import FsError
+from tierd.meta import MetaStore
+from tierd.namespace import Namespace
 
 B = "data"
 ALICE = Requester("AKALICE", "alice", "c-alice")
@@ -303,3 +312,52 @@ def test_fuzz_any_json(doc: Any) -> None:
 @given(policy_like)
 def test_fuzz_policy_shaped_json(doc: Any) -> None:
     _parses_or_malformed(json.dumps(doc))
+
+
+# -- the grant in the namespace -----------------------------------------------------------
+
+async def _body(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def test_grant_covers_its_request_only_and_ends_at_symlinks(tmp_path: Path) -> None:
+    """What authorize() hands the namespace: anonymous gets nothing from mode bits (not even
+    "other"), a Grant opens what POSIX would refuse, and following a symlink ends it."""
+    store = MetaStore.open_lmdb(tmp_path / "meta")
+    ns = await Namespace.load(store, tmp_path / "hot", umask=0o022)
+    try:
+        root = Identity.ROOT
+        await ns.create_bucket(root, "bkt")
+        await ns.put_object(root, "bkt", "private/s", _body(b"secret"),
+                            {canned.META_KEY: "private"})
+        await ns.put_object(root, "bkt", "pub/f", _body(b"f"), {canned.META_KEY: "private"})
+        await ns.put_object(root, "bkt", "pub/open", _body(b"o"),
+                            {canned.META_KEY: "public-read"})
+        pub = await ns.resolve(root, "bkt/pub")
+        await ns.symlink(root, pub.ino, b"link", b"../private/s")
+        anon = Identity.ANONYMOUS
+        alice = Identity(1000, 1000)
+        assert (await ns.head_object(alice, "bkt", "pub/open")).size == 1  # other bits
+        for key in ("pub/open", "pub/f"):
+            with pytest.raises(FsError) as e:
+                await ns.head_object(anon, "bkt", key)
+            assert e.value.errno == errno.EACCES
+        with pytest.raises(FsError):
+            await ns.head_object(alice, "bkt", "pub/f")
+
+        def granted(who: Identity) -> Identity:
+            return Identity(who.uid, who.gid, who.groups, Grant(GRANT_MASK), who.anonymous)
+
+        assert (await ns.head_object(granted(anon), "bkt", "pub/f")).size == 1
+        assert (await ns.head_object(granted(alice), "bkt", "pub/f")).size == 1
+        g = granted(alice)
+        with pytest.raises(FsError) as e:
+            await ns.head_object(g, "bkt", "pub/link")
+        assert e.value.errno == errno.EACCES
+        assert g.grant is not None and not g.grant.active  # ended for the rest of it
+        # an anonymous write under a grant is owned by "nobody"
+        made = await ns.put_object(granted(anon), "bkt", "pub/new", _body(b"n"))
+        assert (made.uid, made.gid) == (ANONYMOUS_ID, ANONYMOUS_ID)
+    finally:
+        await ns.close()
+        store.close()
