@@ -62,6 +62,12 @@ def test_anonymous_denied_without_a_policy(daemon: Daemon, s3: Any, bucket: str)
     denied(requests.put(f"{daemon.url}/{bucket}/new", data=b"x", timeout=10))
     denied(requests.delete(f"{daemon.url}/{bucket}/public/a.txt", timeout=10))
     denied(requests.put(f"{daemon.url}/anon-bucket-{uuid.uuid4().hex[:8]}", timeout=10))
+    denied(requests.post(f"{daemon.url}/{bucket}?delete", timeout=10,
+                         data=b"<Delete><Object><Key>public/a.txt</Key></Object></Delete>"))
+    denied(anon_get(daemon, bucket, policy=""))
+    denied(requests.put(f"{daemon.url}/{bucket}?policy", data=b"{}", timeout=10))
+    denied(anon_get(daemon, f"{bucket}/public/a.txt", acl=""))
+    denied(requests.post(f"{daemon.url}/{bucket}", timeout=10))  # no such operation
     r = requests.head(f"{daemon.url}/{bucket}/public/a.txt", timeout=10)
     assert r.status_code == 403
     assert s3.get_object(Bucket=bucket, Key="public/a.txt")["Body"].read() == b"hello"

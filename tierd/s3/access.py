@@ -94,6 +94,8 @@ def request_of(ctx: Ctx, action: str, key: str | None) -> Request:
 def judge(ctx: Ctx, action: str, bucket: str, key: str | None) -> Identity:
     """The identity for one action on one resource (AccessDenied when refused)."""
     policy = ctx.state.policies.get(bucket) if bucket else None
+    if policy is None and not ctx.anonymous:
+        return ctx.caller  # the common case: POSIX decides, nothing to evaluate
     return authorize(policy, ctx.caller, requester(ctx), action, bucket, key,
                      context(ctx, action))
 
@@ -101,6 +103,9 @@ def judge(ctx: Ctx, action: str, bucket: str, key: str | None) -> Identity:
 def authorize_request(ctx: Ctx, handler: Handler, actions: Actions) -> None:
     """Set ``ctx.identity`` (and ``ctx.src_identity`` for copies) for ``handler``, or raise
     AccessDenied before anything else happens."""
+    if ctx.anonymous and (not ctx.bucket or ctx.state.policies.get(ctx.bucket) is None):
+        raise AccessDenied(errno.EACCES, "anonymous requests get only what a bucket policy "
+                           "grants, and this bucket has none; sign the request")
     spec = actions.table.get(handler)
     if spec is None:
         if handler not in actions.own and ctx.anonymous:
