@@ -123,8 +123,8 @@ class AdminAuth:
             return _deny(401, "streaming (aws-chunked) bodies are not accepted here")
         if auth.payload != UNSIGNED_PAYLOAD:
             body = await request.read()  # bounded by the app's client_max_size
-            if not hmac.compare_digest(hashlib.sha256(body).hexdigest(),
-                                       auth.payload.lower()):
+            if not hmac.compare_digest(hashlib.sha256(body).hexdigest().encode(),
+                                       auth.payload.lower().encode(errors="surrogateescape")):
                 return _deny(401, "x-amz-content-sha256 does not match the body")
         return who
 

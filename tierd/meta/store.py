@@ -244,7 +244,8 @@ class MetaTxn:
 
     # -- buckets, keys, multipart uploads, orphans -----------------------------------------
     def get_bucket(self, name: str) -> Bucket | None:
-        raw = self.kv.get(b"B" + name.encode())
+        # surrogateescape: names from a door may carry undecodable bytes (no such bucket)
+        raw = self.kv.get(b"B" + name.encode("utf-8", "surrogateescape"))
         return None if raw is None else Bucket.decode(raw)
 
     def put_bucket(self, bucket: Bucket) -> None:

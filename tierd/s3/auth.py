@@ -261,12 +261,14 @@ class Authenticator:
         skey = self._signing_key(key.secret, date, region)
         canonical = ""
         string_to_sign = ""
+        # bytes: compare_digest refuses str with non-ASCII characters (a TypeError, a 500)
+        given = signature.lower().encode("utf-8", "surrogateescape")
         for path in dict.fromkeys((norm_path, raw_path)):
             canonical = "\n".join((request.method, path, query, headers, signed_headers,
                                    payload))
             string_to_sign = "\n".join((ALGORITHM, amz_date, scope, hashlib.sha256(
                 canonical.encode("utf-8", "surrogateescape")).hexdigest()))
-            if hmac.compare_digest(sign(skey, string_to_sign), signature.lower()):
+            if hmac.compare_digest(sign(skey, string_to_sign).encode(), given):
                 return Auth(key, identity_of(key), skey, amz_date, scope, signature.lower(),
                             payload, presigned)
         raise S3Error("SignatureDoesNotMatch", AWSAccessKeyId=access,

@@ -323,7 +323,8 @@ class Body:
                 sts = "\n".join(("AWS4-HMAC-SHA256-PAYLOAD", self.auth.amz_date,
                                  self.auth.scope, prev_sig, EMPTY_SHA256,
                                  chunk_hash.hexdigest()))
-                if not hmac.compare_digest(sign(self.auth.signing_key, sts), chunk_sig):
+                if not hmac.compare_digest(sign(self.auth.signing_key, sts).encode(),
+                                           chunk_sig.encode("latin-1")):  # str: ASCII only
                     raise S3Error("SignatureDoesNotMatch", "the signature of an aws-chunked "
                                   "chunk does not match", StringToSign=sts)
                 prev_sig = chunk_sig
@@ -379,7 +380,8 @@ class Body:
             canonical = "".join(f"{n}:{v}\n" for n, v in fields)
             sts = "\n".join(("AWS4-HMAC-SHA256-TRAILER", self.auth.amz_date, self.auth.scope,
                              prev_sig, hashlib.sha256(canonical.encode()).hexdigest()))
-            if not hmac.compare_digest(sign(self.auth.signing_key, sts), signature):
+            if not hmac.compare_digest(sign(self.auth.signing_key, sts).encode(),
+                                       signature.encode("latin-1")):
                 raise S3Error("SignatureDoesNotMatch", "the trailer signature does not match",
                               StringToSign=sts)
         values = dict(fields)

@@ -37,6 +37,7 @@ SMALL_ELEMENTS = 256
 
 # characters XML 1.0 cannot carry even as references; S3 keys may hold them
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def text(value: object) -> str:
@@ -68,12 +69,26 @@ def iso8601(ns: int) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
+def _strict(value: object) -> str:
+    """Escaped text that is well-formed XML 1.0 whatever it holds: characters XML cannot
+    carry at all (NUL, most controls, lone surrogates) become ``%XX`` / ``\\uXXXX`` --
+    an error document must parse even when it names a key no listing could show."""
+    s = str(value)
+    if _INVALID_XML.search(s) or _SURROGATE.search(s):
+        s = _INVALID_XML.sub(lambda m: f"%{ord(m.group()):02X}", s)
+        s = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", s)
+    return escape(s)
+
+
 def error_document(code: str, message: str, resource: str, request_id: str,
                    fields: dict[str, str]) -> str:
-    extra = "".join(el(k, v) for k, v in fields.items())
-    return (f"{HEADER}<Error>{el('Code', code)}{el('Message', message)}{extra}"
-            f"{el('Resource', resource)}{el('RequestId', request_id)}"
-            f"{el('HostId', request_id)}</Error>")
+    def e(tag: str, value: object) -> str:
+        return f"<{tag}>{_strict(value)}</{tag}>"
+
+    extra = "".join(e(k, v) for k, v in fields.items())
+    return (f"{HEADER}<Error>{e('Code', code)}{e('Message', message)}{extra}"
+            f"{e('Resource', resource)}{e('RequestId', request_id)}"
+            f"{e('HostId', request_id)}</Error>")
 
 
 # -- request bodies -----------------------------------------------------------------------
