@@ -17,6 +17,7 @@ before any handler runs, as it does for requests its parser refuses).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import string
@@ -239,3 +240,43 @@ def test_non_ascii_signature_is_a_signature_error(box: tuple[Daemon, Path]) -> N
                          f"{time.strftime('%Y%m%d', now)}/us-east-1/s3/aws4_request, "
                          "SignedHeaders=host;x-amz-date, Signature=\u00e9\u00e9"})
     assert r.status_code == 403 and "<Code>SignatureDoesNotMatch</Code>" in r.text
+
+
+json_value = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["name", "uid", "gid", "groups", "admin", "user", "access_key",
+                         "secret", "prefix", "tier", "mode", "pin", "bytes", "timeout"]),
+        inner, max_size=5),
+    max_leaves=12)
+admin_path = st.sampled_from([
+    "/v1/users", "/v1/users/root", "/v1/users/%00", "/v1/users/..", "/v1/keys",
+    "/v1/keys?user=root", "/v1/keys?user=%ff", "/v1/keys/NOPE/disable", "/v1/keys/%2e/enable",
+    "/v1/keys/NOPE", "/v1/status", "/v1/pool", "/v1/pool/quota/x", "/v1/pool/quota/1",
+    "/v1/pool/regions/-1", "/v1/ckpt?run=%00", "/v1/placement/du?prefix=..",
+    "/v1/placement/policy", "/v1/placement/pin", "/v1/placement/evict", "/healthz", "/x",
+])
+
+
+@E2E
+@given(method=st.sampled_from(["GET", "PUT", "POST", "DELETE"]), path=admin_path,
+       doc=st.one_of(json_value.map(lambda v: json.dumps(v).encode()),
+                     st.binary(max_size=50)),
+       with_token=st.booleans())
+def test_random_admin_requests(box: tuple[Daemon, Path], method: str, path: str, doc: bytes,
+                               with_token: bool) -> None:
+    """The admin API answers JSON errors (never a 500, never a change without the token).
+    Deletions of users/keys other than the fuzzer's own cannot happen: only ``root`` exists
+    and it cannot be deleted."""
+    d, _ = box
+    token = (d.data_dir / "admin-token").read_text().strip()
+    url = json.loads((d.data_dir / "endpoints.json").read_text())["admin"]["url"]
+    headers = {"Authorization": f"Bearer {token}"} if with_token else {}
+    r = requests.request(method, url + path, data=doc, headers=headers, timeout=30)
+    assert r.status_code < 500 or r.status_code == 503, (method, path, r.text)
+    if path == "/healthz" and method == "GET":
+        return
+    if not with_token:
+        assert r.status_code == 401, (method, path, r.status_code)
+    if r.status_code >= 400:
+        assert r.json()["error"], r.text
