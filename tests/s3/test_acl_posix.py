@@ -8,6 +8,7 @@ the ones ``setpriv`` uses for the FUSE side.  Needs root and /dev/fuse.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -185,3 +186,124 @@ def test_directory_acl_and_inheritance_through_s3(both: tuple[Daemon, Path]) -> 
     assert s3_op(d, "carol", "read", f"{tag}/deep/er/obj")
     assert fuse_op("carol", "read", box / "deep/er/obj")
     assert not s3_op(d, "eve", "read", f"{tag}/deep/er/obj")
+
+
+# -- the matrix: users x modes and ACLs x operations x doors, with the kernel as referee ----
+# Each config is applied to a directory (first) and to the file "f" in it (second):
+# (mode, setfacl -m argument or "").  Operations: read/write "f", create a new file in the
+# directory, delete this user's own victim file (owned by alice), list the directory with
+# its entries' attributes (what an S3 listing needs), chmod "f" to the mode it has (FUSE and
+# kernel only: S3 has no chmod; an unchanged mode keeps the other users' answers).
+CONFIGS = {
+    "open": ((0o777, ""), (0o666, "")),
+    "named": ((0o750, "u:3201:rwx,g:3205:rx"), (0o640, "u:3201:rw,g:3205:r,u:3204:-")),
+    "masked": ((0o770, "u:3201:rwx,g:3205:rwx,m::rx"), (0o660, "u:3201:rw,m::r")),
+    "groups": ((0o775, "g:3205:-,g::rwx"), (0o664, "g:3205:-")),
+    "sticky": ((0o1777, "u:3201:rwx"), (0o644, "u:3204:rw")),
+}
+OPS = ("read", "write", "create", "delete", "list", "chmod")
+
+MATRIX_OP = r"""
+import errno, json, os, sys
+base, user = sys.argv[1], sys.argv[2]
+out = {}
+for cfg in sys.argv[3:]:
+    d = os.path.join(base, cfg)
+    def attempt(name, fn):
+        try:
+            fn()
+            out[cfg + "/" + name] = "ok"
+        except OSError as e:
+            out[cfg + "/" + name] = errno.errorcode[e.errno]
+    attempt("read", lambda: open(os.path.join(d, "f"), "rb").read())
+    attempt("write", lambda: open(os.path.join(d, "f"), "r+b").close())
+    attempt("create", lambda: open(os.path.join(d, "new-" + user), "xb").close())
+    attempt("delete", lambda: os.unlink(os.path.join(d, "victim-" + user)))
+    attempt("list", lambda: [os.stat(os.path.join(d, n)) for n in os.listdir(d)])
+    f = os.path.join(d, "f")  # to the mode it has: only the permission matters
+    attempt("chmod", lambda: os.chmod(f, os.stat(f).st_mode & 0o7777))
+print(json.dumps(out))
+"""
+
+
+def build(base: Path) -> None:
+    """The configs under ``base`` (owned by alice), made with setfacl as root."""
+    for cfg, ((dmode, dacl), (fmode, facl)) in CONFIGS.items():
+        d = base / cfg
+        d.mkdir()
+        for name in ["f", *(f"victim-{u}" for u in USERS)]:
+            (d / name).write_bytes(b"content")
+            os.chown(d / name, *USERS["alice"][:2])
+            os.chmod(d / name, fmode)
+        if facl:
+            subprocess.run(["setfacl", "-m", facl, str(d / "f")], check=True)
+        os.chown(d, *USERS["alice"][:2])
+        os.chmod(d, dmode)
+        if dacl:
+            subprocess.run(["setfacl", "-m", dacl, str(d)], check=True)
+
+
+def posix_matrix(base: Path) -> dict[tuple[str, str, str], bool]:
+    """Every user's operations on ``base`` (one process per user)."""
+    out = {}
+    for name, (uid, gid, groups) in USERS.items():
+        r = subprocess.run(
+            ["setpriv", f"--reuid={uid}", f"--regid={gid}",
+             f"--groups={','.join(map(str, [gid, *groups]))}", "--", PYTHON, "-c", MATRIX_OP,
+             str(base), name, *CONFIGS], capture_output=True, text=True, timeout=60,
+            stdin=subprocess.DEVNULL, cwd="/")
+        assert r.returncode == 0, r.stderr
+        for k, v in json.loads(r.stdout).items():
+            cfg, op = k.split("/")
+            assert v in ("ok", "EACCES", "EPERM"), (k, v)
+            out[(cfg, name, op)] = v == "ok"
+    return out
+
+
+def s3_matrix(d: Daemon, prefix: str) -> dict[tuple[str, str, str], bool]:
+    out = {}
+    for name in USERS:
+        client: Any = d.client(*key_of(name))
+        for cfg in CONFIGS:
+            k = f"{prefix}/{cfg}"
+            calls = {
+                "read": lambda c=client, k=k: c.get_object(Bucket=BUCKET, Key=f"{k}/f"),
+                "write": lambda c=client, k=k: c.put_object(Bucket=BUCKET, Key=f"{k}/f",
+                                                            Body=b"content"),
+                "create": lambda c=client, k=k, n=name: c.put_object(
+                    Bucket=BUCKET, Key=f"{k}/new-{n}", Body=b"x"),
+                "delete": lambda c=client, k=k, n=name: c.delete_object(
+                    Bucket=BUCKET, Key=f"{k}/victim-{n}"),
+            }
+            for op, call in calls.items():
+                try:
+                    call()
+                    out[(cfg, name, op)] = True
+                except ClientError as e:
+                    assert e.response["Error"]["Code"] == "AccessDenied", e.response
+                    out[(cfg, name, op)] = False
+            listed = client.list_objects_v2(Bucket=BUCKET, Prefix=f"{k}/")
+            out[(cfg, name, "list")] = f"{k}/f" in {o["Key"] for o in listed.get("Contents",
+                                                                                   [])}
+    return out
+
+
+def test_matrix_fuse_s3_and_kernel(both: tuple[Daemon, Path]) -> None:
+    d, mnt = both
+    tag = uuid.uuid4().hex[:8]
+    with public_tempdir("tierd-acl-matrix-") as local:
+        for base in (mnt / BUCKET / f"{tag}-fuse", mnt / BUCKET / f"{tag}-s3", local / "m"):
+            base.mkdir()
+            os.chmod(base, 0o755)
+            build(base)
+        kernel = posix_matrix(local / "m")
+        fuse = posix_matrix(mnt / BUCKET / f"{tag}-fuse")
+        s3 = s3_matrix(d, f"{tag}-s3")
+    diff = {k: (fuse[k], kernel[k]) for k in kernel if fuse[k] != kernel[k]}
+    assert not diff, f"mount vs kernel (cfg, user, op): {diff}"
+    diff = {k: (s3[k], kernel[k]) for k in s3 if s3[k] != kernel[k]}
+    assert not diff, f"S3 vs kernel (cfg, user, op): {diff}"
+    # the matrix is not trivial: every operation is allowed to someone and refused to someone
+    for op in OPS:
+        answers = {v for (_, _, o), v in kernel.items() if o == op}
+        assert answers == {True, False}, op
