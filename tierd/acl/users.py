@@ -168,11 +168,12 @@ class Directory:
             if owned >= MAX_KEYS_PER_USER:
                 raise DirectoryError("conflict", f"user {user_name!r} already has "
                                      f"{MAX_KEYS_PER_USER} keys; delete some first")
-            key = AccessKey(access, plain, user.uid, user.gid, list(user.groups), user.name,
-                            True, user.admin, time.time_ns())
-            tx.put_access_key(seal_key(key, self.keys.box))
+            stored = seal_key(AccessKey(access, plain, user.uid, user.gid, list(user.groups),
+                                        user.name, True, user.admin, time.time_ns()),
+                              self.keys.box)
+            tx.put_access_key(stored)
         self.keys.invalidate()
-        return NewKey(seal_key(key, self.keys.box), plain)
+        return NewKey(stored, plain)
 
     def list_keys(self, user_name: str | None = None) -> list[AccessKey]:
         """Keys (of one user, or all), as stored: secrets stay sealed."""
