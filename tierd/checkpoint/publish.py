@@ -63,6 +63,16 @@ async def publish(ns: Namespace, far: FarMemory, ident: Identity, bucket: str, r
     """Write the step durably to the hot tier and rename it into place; its inodes."""
     size = int(manifest["size"])
     tmp = f"{run}/{tmp_dir(step)}"
+    p = ns.placement
+    # the persister waits for the rename: one upload under the final key, not an upload
+    # of the temporary name and a server-side copy
+    with p.publishing(f"{bucket}/{tmp}/") if p is not None else contextlib.nullcontext():
+        return await _publish(ns, far, ident, bucket, run, step, region, manifest, tmp, size)
+
+
+async def _publish(ns: Namespace, far: FarMemory, ident: Identity, bucket: str, run: str,
+                   step: int, region: Region, manifest: dict[str, Any], tmp: str,
+                   size: int) -> list[int]:
 
     async def fill_data(fd: int) -> None:
         await far.move(size, BATCH, lambda off, n: _sendfile_all(fd, region.fd, off, n))

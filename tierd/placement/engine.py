@@ -107,6 +107,8 @@ class PlacementCore:
         # inodes whose memory-tier placement was decided since their last change (a read
         # of a file without a memory copy looks at its policy once, not on every read)
         self._mem_seen: set[int] = set()
+        # prefixes whose files are about to take their final names (see publishing())
+        self._publishing: Counter[str] = Counter()
 
     # the hot tier's numbers under their pre-warm names (du, tests, the benchmark)
     @property
@@ -131,6 +133,26 @@ class PlacementCore:
     def policies_changed(self) -> None:
         """Reads look at the files' (new) memory-tier placement again."""
         self._mem_seen.clear()
+
+    @contextlib.contextmanager
+    def publishing(self, prefix: str) -> Iterator[None]:
+        """Files under ``prefix`` are written there only to be renamed to their final names
+        (an atomic publish: a checkpoint's temporary step directory).  The persister
+        leaves them alone until then, so cold gets each once, under its final key, rather
+        than an upload and then a server-side copy of the same bytes."""
+        self._publishing[prefix] += 1
+        try:
+            yield
+        finally:
+            self._publishing[prefix] -= 1
+            if self._publishing[prefix] <= 0:
+                del self._publishing[prefix]
+            self.wake()
+
+    def unpublished(self, keys: list[str]) -> bool:
+        """Whether any of a file's keys is under a prefix being published."""
+        return bool(self._publishing) and any(
+            k.startswith(p) for k in keys for p in self._publishing)
 
     def mem_policies(self) -> bool:
         return self.mem is not None and any(p.tier == MEM for p in self.policies.values())

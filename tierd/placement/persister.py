@@ -260,6 +260,8 @@ class Placement(Reading):
         if inode is not None and targets:
             if self.busy(ino):  # unflushed writes: the commit re-queues it
                 return False
+            if self.unpublished(targets):  # renamed into place soon: upload it then
+                return False
             if rec is None or rec.version != inode.version:
                 new[targets[0]] = await self._upload(ino, targets[0], inode.size, inode.etag)
                 version, size = inode.version, inode.size
