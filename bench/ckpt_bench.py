@@ -29,7 +29,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import boto3
 import torch
 import torch.distributed.checkpoint as dcp
+from admin import admin_call
 from moto_server import ACCESS_KEY, REGION, SECRET_KEY, running_moto
 from s3.conftest import start_daemon
 from tierd_client.checkpoint import Checkpointer
@@ -174,10 +174,8 @@ def main() -> None:
                     pre, checkpoint_id=work / f"dcp-{args.rounds - 1}")))
             admin = json.loads((data / "endpoints.json").read_text())["admin"]["url"]
             for _ in range(args.rounds):
-                req = urllib.request.Request(admin + "/v1/placement/evict", method="POST",
-                                             data=json.dumps({"prefix": "checkpoints/bench/",
-                                                              "tier": "all"}).encode())
-                urllib.request.urlopen(req, timeout=600).read()
+                admin_call(admin, data, "POST", "/v1/placement/evict",
+                           {"prefix": "checkpoints/bench/", "tier": "all"})
                 rec("load_cold", timed(lambda: restore(ck.load("bench", last - 1))))
             ck.close()
         finally:

@@ -28,7 +28,6 @@ Usage (root, for drop_caches): python bench/fuse_fio.py [--size-gib 2] [--pairs 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -39,9 +38,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from admin import admin_call
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 600
@@ -68,6 +68,9 @@ os.rmdir(d)
 print(json.dumps(out))
 """
 
+
+#: the running daemon's data directory (its admin token is there)
+DATA_DIR: list[Path] = []
 
 def prefault(leave_gib: float = 2.0) -> float:
     """Touch the machine's available memory once and free it again.  A VM guest's memory is
@@ -103,12 +106,8 @@ def quiesce(admin: str | None, timeout: float = 300.0) -> float:
     the seconds waited (reported as ``settle_s``)."""
     t = time.monotonic()
     if admin:
-        req = urllib.request.Request(
-            f"{admin}/v1/placement/persist", method="POST",
-            data=json.dumps({"prefix": "", "timeout": timeout}).encode(),
-            headers={"Content-Type": "application/json"})
-        with contextlib.suppress(OSError):
-            urllib.request.urlopen(req, timeout=timeout + 10).read()
+        admin_call(admin, DATA_DIR[0], "POST", "/v1/placement/persist",
+                   {"prefix": "", "timeout": timeout}, timeout=timeout + 10)
     os.sync()
     return time.monotonic() - t
 
@@ -116,11 +115,8 @@ def quiesce(admin: str | None, timeout: float = 300.0) -> float:
 def set_policy(admin: str | None, prefix: str, mode: str) -> None:
     if admin is None:
         raise RuntimeError("the daemon has no admin endpoint: cannot set a policy")
-    req = urllib.request.Request(
-        f"{admin}/v1/placement/policy", method="PUT",
-        data=json.dumps({"prefix": prefix, "mode": mode}).encode(),
-        headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=30).read()
+    admin_call(admin, DATA_DIR[0], "PUT", "/v1/placement/policy",
+               {"prefix": prefix, "mode": mode}, timeout=30)
 
 
 def proc_cpu(pid: int) -> float:
@@ -214,6 +210,7 @@ def pairs_of(raw: list[float], mnt: list[float]) -> list[tuple[float, float]]:
 def start_daemon(base: Path, extra: list[str]
                  ) -> tuple[subprocess.Popen[bytes], Path, Path, str | None]:
     data, mnt = base / "data", base / "mnt"
+    DATA_DIR[:] = [data]
     log = open(base / "tierd.log", "wb")  # noqa: SIM115 - the daemon writes until it exits
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
     proc = subprocess.Popen(

@@ -1,0 +1,21 @@
+"""The benchmarks' way to call a daemon's admin API: the token from its data directory."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+def admin_call(url: str, data_dir: Path, method: str, path: str,
+               doc: dict[str, Any] | None = None, timeout: float = 600.0) -> Any:
+    """``method path`` with ``doc`` as the JSON body, authenticated with the token the
+    daemon wrote to ``data_dir/admin-token``; the decoded reply (HTTPError on failure)."""
+    token = (data_dir / "admin-token").read_text().strip()
+    req = urllib.request.Request(
+        url + path, method=method, data=None if doc is None else json.dumps(doc).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        body = r.read()
+    return json.loads(body) if body.strip().startswith((b"{", b"[")) else body
