@@ -10,6 +10,7 @@ kernel's answers.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -19,7 +20,11 @@ from pathlib import Path
 
 import pytest
 from conftest import need, run
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from public_dir import public_tempdir
+
+from tierd.acl import posix_acl as pa
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -33,6 +38,7 @@ CAROL = (3102, 3102, [3102, 3105])  # in group 3105 (named in ACLs) as a supplem
 DAVE = (3103, 3100, [3100])  # alice's primary group
 EVE = (3104, 3104, [3104])  # nobody in particular: the "other" class
 USERS = {"alice": ALICE, "bob": BOB, "carol": CAROL, "dave": DAVE, "eve": EVE}
+_serial = itertools.count()
 
 OP = r"""
 import errno, os, sys
@@ -207,3 +213,67 @@ def test_default_acl_inheritance_with_real_programs(pair: list[Path]) -> None:
         same(pair, lambda d, n=name: getfacl(d / "shared" / n))
         same(pair, lambda d, n=name: oct(os.stat(d / "shared" / n).st_mode))
         same(pair, lambda d, n=name: access_matrix(d / "shared" / n))
+
+
+# -- random ACLs: the mount's access(2) answers against the kernel's ----------------------------
+IDS = [3100, 3101, 3102, 3105]
+PERM = st.integers(0, 7)
+
+
+@st.composite
+def acl_blobs(draw: st.DrawFn) -> bytes:
+    users = sorted(draw(st.sets(st.sampled_from(IDS), max_size=2)))
+    groups = sorted(draw(st.sets(st.sampled_from(IDS), max_size=2)))
+    out = [pa.AclEntry(pa.USER_OBJ, draw(PERM))]
+    out += [pa.AclEntry(pa.USER, draw(PERM), u) for u in users]
+    out.append(pa.AclEntry(pa.GROUP_OBJ, draw(PERM)))
+    out += [pa.AclEntry(pa.GROUP, draw(PERM), g) for g in groups]
+    if users or groups or draw(st.booleans()):
+        out.append(pa.AclEntry(pa.MASK, draw(PERM)))
+    out.append(pa.AclEntry(pa.OTHER, draw(PERM)))
+    return pa.serialize(out)
+
+
+def access_bits(path: Path, uid: int, gid: int, groups: list[int]) -> int:
+    """access(path, m) for m in 1..7 as a forked child with that identity (a bit each)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
+            os.write(w, bytes([sum(1 << m for m in range(1, 8) if os.access(path, m))]))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    try:
+        data = os.read(r, 1)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    assert data, "the access child failed"
+    return data[0]
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(blob=acl_blobs(), chmod=st.none() | st.integers(0, 0o777))
+def test_random_acls_answer_as_the_kernel(pair: list[Path], blob: bytes,
+                                          chmod: int | None) -> None:
+    paths = []
+    for d in pair:
+        p = d / f"r{next(_serial)}"
+        p.write_bytes(b"x")
+        os.chown(p, ALICE[0], ALICE[1])
+        os.setxattr(p, pa.ACCESS_XATTR, blob)
+        if chmod is not None:
+            os.chmod(p, chmod)
+        paths.append(p)
+    same(paths, lambda p: os.stat(p).st_mode)
+    same(paths, lambda p: getfacl(p))
+    for uid, gid, groups in USERS.values():
+        same(paths, lambda p, u=uid, g=gid, gs=groups: access_bits(p, u, g, gs))
