@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from admin import admin_call
+from admin_api import admin_call
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 600
