@@ -204,7 +204,10 @@ def mount_posixacl(mountpoint: Path, allow_other: bool) -> int | None:
     not make the kernel check permissions: that is ``default_permissions``, never set."""
     if os.geteuid() != 0:
         return None
-    fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None  # libfuse then fails with its own message
     data = (f"fd={fd},rootmode=40000,user_id={os.getuid()},group_id={os.getgid()}"
             + (",allow_other" if allow_other else ""))
     libc = ctypes.CDLL(None, use_errno=True)
