@@ -288,3 +288,18 @@ def test_policy_with_awscli(daemon: Daemon, s3: Any, bucket: str, tmp_path: Path
                         f"file://{tmp_path / 'bad.json'}"], env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode != 0 and "MalformedPolicy" in r.stderr, r.stderr
+
+
+def test_presigned_requests_are_judged_as_their_signer(s3: Any, alice: Any, bucket: str
+                                                       ) -> None:
+    """A presigned URL acts as the key that signed it; s3:authtype tells the forms apart."""
+    s3.put_object(Bucket=bucket, Key="k", Body=b"v")
+    url = alice.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "k"})
+    assert requests.get(url, timeout=10).content == b"v"
+    s3.put_bucket_policy(Bucket=bucket, Policy=doc(
+        stmt("Deny", {"AWS": "alice"}, "s3:GetObject", arn(bucket, "*"),
+             Condition={"StringEquals": {"s3:authtype": "REST-QUERY-STRING"}})))
+    denied(requests.get(url, timeout=10))
+    assert alice.get_object(Bucket=bucket, Key="k")["Body"].read() == b"v"
+    root_url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "k"})
+    assert requests.get(root_url, timeout=10).content == b"v"
