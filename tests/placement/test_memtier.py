@@ -6,13 +6,17 @@ engines)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
+from collections.abc import AsyncIterator
 
 import pytest
 
 from tierd.mempool.pool import MemPool, PoolError
-from tierd.placement.memtier import MEM
+from tierd.namespace import Namespace
+from tierd.placement import Placement
+from tierd.placement.memtier import MEM, MemTier
 from tierd.placement.ops import PlacementOps
 from tierd.tiers import BLOCK_SIZE
 
@@ -25,16 +29,33 @@ async def _put(env: Env, key: str, data: bytes) -> int:
     return (await env.ns.resolve(ROOT, f"mem/{key}")).ino
 
 
+@contextlib.asynccontextmanager
+async def _pooled(env: Env, capacity: int, max_share: float = 0.5,
+                  policy: str | None = "mem/", bucket: bool = True,
+                  ) -> AsyncIterator[tuple[Namespace, Placement, MemPool, MemTier]]:
+    """A started namespace over ``env`` with a pool of ``capacity`` attached as the memory
+    tier, bucket ``mem`` made and ``policy`` (a prefix) placed in memory."""
+    ns, p = await env.open()
+    pool = MemPool(capacity)
+    mem = p.attach_pool(pool, max_share)
+    try:
+        if bucket:
+            await ns.create_bucket(ROOT, "mem")
+        if policy is not None:
+            PlacementOps(p).set_policy(policy, tier=MEM)
+        yield ns, p, pool, mem
+    finally:
+        p.detach_pool()
+        pool.close()
+        await env.close()
+
+
 def _regions(pool: MemPool) -> dict[str, int]:
     return {r.name: r.size for r in pool.regions.values()}
 
 
 async def test_mem_policy_files_are_copied_into_the_pool_and_served_from_it(env: Env) -> None:
-    ns, p = await env.open()
-    pool = MemPool(64 * MiB)
-    mem = p.attach_pool(pool)
-    try:
-        await ns.create_bucket(ROOT, "mem")
+    async with _pooled(env, 64 * MiB, policy=None) as (ns, p, pool, mem):
         ops = PlacementOps(p)
         ops.set_policy("mem/ckpt/", tier=MEM)
         data = os.urandom(3 * MiB + 17)
@@ -68,21 +89,13 @@ async def test_mem_policy_files_are_copied_into_the_pool_and_served_from_it(env:
         await ns.delete_object(ROOT, "mem", "ckpt/a.bin")
         await until(lambda: not pool.regions)
         assert mem.used == 0
-    finally:
-        p.detach_pool()
-        pool.close()
-        await env.close()
 
 
 async def test_written_through_the_file_api_and_renamed(file_env: Env) -> None:
     """The torch.save pattern: write a temporary file, close, rename into place."""
-    ns, p = await file_env.open()
-    pool = MemPool(64 * MiB)
-    mem = p.attach_pool(pool)
-    try:
-        b = await ns.create_bucket(ROOT, "mem")
-        PlacementOps(p).set_policy("mem/", tier=MEM)
+    async with _pooled(file_env, 64 * MiB) as (ns, p, _pool, mem):
         data = os.urandom(5 * MiB)
+        b = await ns.resolve(ROOT, "mem")
         ino = await write_file(ns, b.ino, b"ckpt.pt.tmp", data)
         await until(lambda: mem.get(ino) is not None)
         await ns.rename(ROOT, b.ino, b"ckpt.pt.tmp", b.ino, b"ckpt.pt")
@@ -90,19 +103,10 @@ async def test_written_through_the_file_api_and_renamed(file_env: Env) -> None:
         assert await read_file(ns, ino) == data
         assert await p.drain(timeout=30)
         assert file_env.raw_get("mem/ckpt.pt") == data
-    finally:
-        p.detach_pool()
-        pool.close()
-        await file_env.close()
 
 
 async def test_hot_refilled_from_the_pool_not_cold(env: Env) -> None:
-    ns, p = await env.open()
-    pool = MemPool(64 * MiB)
-    mem = p.attach_pool(pool)
-    try:
-        await ns.create_bucket(ROOT, "mem")
-        PlacementOps(p).set_policy("mem/", tier=MEM)
+    async with _pooled(env, 64 * MiB) as (ns, p, _pool, mem):
         data = os.urandom(2 * BLOCK_SIZE + 5)
         ino = await _put(env, "x", data)
         await until(lambda: mem.get(ino) is not None)
@@ -118,19 +122,10 @@ async def test_hot_refilled_from_the_pool_not_cold(env: Env) -> None:
         assert got == data
         assert p.stats["filled_hot_from_mem"] == len(data)
         assert p.stats["fetched_bytes"] == fetched  # cold was not asked
-    finally:
-        p.detach_pool()
-        pool.close()
-        await env.close()
 
 
 async def test_spill_to_hot_when_the_pool_cannot_hold_a_file(file_env: Env) -> None:
-    ns, p = await file_env.open()
-    pool = MemPool(8 * MiB)
-    mem = p.attach_pool(pool, max_share=0.5)
-    try:
-        await ns.create_bucket(ROOT, "mem")
-        PlacementOps(p).set_policy("mem/", tier=MEM)
+    async with _pooled(file_env, 8 * MiB, max_share=0.5) as (ns, _p, pool, mem):
         big = os.urandom(6 * MiB)  # over half of the pool
         ino = await _put(file_env, "big", big)
         await until(lambda: mem.stats["spilled"] >= 1)
@@ -143,19 +138,10 @@ async def test_spill_to_hot_when_the_pool_cannot_hold_a_file(file_env: Env) -> N
         await until(lambda: mem.stats["spilled"] >= 2)
         assert mem.get(ino2) is None
         assert await read_file(ns, ino2) == small
-    finally:
-        p.detach_pool()
-        pool.close()
-        await file_env.close()
 
 
 async def test_checkpoint_regions_reclaim_memory_copies_lru(file_env: Env) -> None:
-    ns, p = await file_env.open()
-    pool = MemPool(16 * MiB)
-    mem = p.attach_pool(pool)
-    try:
-        await ns.create_bucket(ROOT, "mem")
-        PlacementOps(p).set_policy("mem/", tier=MEM)
+    async with _pooled(file_env, 16 * MiB) as (ns, _p, pool, mem):
         inos = []
         for i in range(4):  # four 4 MiB copies fill the pool
             inos.append(await _put(file_env, f"f{i}", os.urandom(3 * MiB)))
@@ -181,20 +167,11 @@ async def test_checkpoint_regions_reclaim_memory_copies_lru(file_env: Env) -> No
         pool.check_room(0, 2 * MiB)  # tenant 0 at its quota: its own copies make room
         assert pool.used_by(0) + 2 * MiB <= pool.quota_of(0)
         pool.free(region.id)
-    finally:
-        p.detach_pool()
-        pool.close()
-        await file_env.close()
 
 
 async def test_an_admin_free_and_a_restart_lose_only_the_cache(file_env: Env) -> None:
-    ns, p = await file_env.open()
-    pool = MemPool(32 * MiB)
-    mem = p.attach_pool(pool)
     data = os.urandom(3 * MiB)
-    try:
-        await ns.create_bucket(ROOT, "mem")
-        PlacementOps(p).set_policy("mem/", tier=MEM)
+    async with _pooled(file_env, 32 * MiB) as (ns, p, pool, mem):
         ino = await _put(file_env, "x", data)
         await until(lambda: mem.get(ino) is not None)
         (rid,) = pool.regions
@@ -203,34 +180,21 @@ async def test_an_admin_free_and_a_restart_lose_only_the_cache(file_env: Env) ->
         assert await read_file(ns, ino) == data  # from hot; and it comes back
         await until(lambda: mem.get(ino) is not None)
         assert await p.drain(timeout=30)
-    finally:
-        p.detach_pool()
-        pool.close()
-        await file_env.close()
-    # a restart: the pool is new and empty; the first read brings the file back into it
-    ns, p = await file_env.open()
-    pool = MemPool(32 * MiB)
-    mem = p.attach_pool(pool)
-    try:
+    # a restart: the pool is new and empty (the policy is kept in the metadata); the first
+    # read brings the file back into it
+    async with _pooled(file_env, 32 * MiB, policy=None, bucket=False) as (ns, p, pool, mem):
+        assert p.policy_for("mem/x").tier == MEM
         ino = (await ns.resolve(ROOT, "mem/x")).ino
         assert mem.get(ino) is None
         assert await read_file(ns, ino) == data
         await until(lambda: mem.get(ino) is not None)
         assert await read_file(ns, ino) == data
         assert mem.stats["hits"] >= 1
-    finally:
-        p.detach_pool()
-        pool.close()
-        await file_env.close()
 
 
 async def test_warmup_evict_and_policy_change(env: Env) -> None:
-    ns, p = await env.open()
-    pool = MemPool(64 * MiB)
-    mem = p.attach_pool(pool)
-    ops = PlacementOps(p)
-    try:
-        await ns.create_bucket(ROOT, "mem")
+    async with _pooled(env, 64 * MiB, policy=None) as (ns, p, pool, mem):
+        ops = PlacementOps(p)
         payloads = {f"d/{i}": os.urandom(MiB + i) for i in range(3)}
         for k, v in payloads.items():
             env.raw_put(f"mem/{k}", v)
@@ -251,10 +215,6 @@ async def test_warmup_evict_and_policy_change(env: Env) -> None:
         await until(lambda: all(mem.get(i) is not None for i in inos.values()))
         ops.set_policy("mem/d/", tier="hot")
         assert not mem.copies and not pool.regions
-    finally:
-        p.detach_pool()
-        pool.close()
-        await env.close()
 
 
 async def test_policy_needs_a_pool(file_env: Env) -> None:
@@ -273,12 +233,7 @@ async def test_policy_needs_a_pool(file_env: Env) -> None:
 async def test_concurrent_readers_while_copies_churn(file_env: Env) -> None:
     """Readers of files whose copies are being made, reclaimed and rewritten always get
     the file's current bytes."""
-    ns, p = await file_env.open()
-    pool = MemPool(12 * MiB)
-    mem = p.attach_pool(pool)
-    try:
-        await ns.create_bucket(ROOT, "mem")
-        PlacementOps(p).set_policy("mem/", tier=MEM)
+    async with _pooled(file_env, 12 * MiB) as (ns, _p, pool, mem):
         history: dict[str, list[bytes]] = {}
         for i in range(5):
             history[f"k{i}"] = [os.urandom(2 * MiB + i)]
@@ -310,7 +265,3 @@ async def test_concurrent_readers_while_copies_churn(file_env: Env) -> None:
             assert await read_file(ns, (await ns.resolve(ROOT, f"mem/{k}")).ino) == v
         assert mem.used <= pool.capacity
         assert mem.stats["hits"] > 0 and mem.stats["admitted"] > 5
-    finally:
-        p.detach_pool()
-        pool.close()
-        await file_env.close()
