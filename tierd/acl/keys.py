@@ -68,16 +68,14 @@ def identity_of(key: AccessKey) -> Identity:
     return Identity(key.uid, key.gid, frozenset(key.groups))
 
 
-def resolve(key: AccessKey, user: User | None, box: SecretBox) -> AccessKey:
-    """The in-memory form of a stored key: plaintext secret, and the identity and admin
-    flag of its user (the user record is authoritative; legacy keys without one keep their
-    own fields).  Raises :class:`SecretError` when the secret does not decrypt."""
+def resolve(key: AccessKey, box: SecretBox) -> AccessKey:
+    """The in-memory form of a stored key: the secret in clear.  The identity is the key's
+    own copy of its user's (made when the key was created: users are never changed, only
+    deleted with their keys), so a key written by an older version or a tool keeps exactly
+    the identity it was given.  Raises :class:`SecretError` when the secret does not
+    decrypt."""
     secret = box.open(key.secret_enc, key.access_key) if key.secret_enc else key.secret
-    out = dataclasses.replace(key, secret=secret, secret_enc=b"")
-    if user is not None:
-        out.uid, out.gid, out.groups, out.admin = (user.uid, user.gid, list(user.groups),
-                                                   user.admin)
-    return out
+    return dataclasses.replace(key, secret=secret, secret_enc=b"")
 
 
 class KeyStore:
@@ -102,8 +100,8 @@ class KeyStore:
             self._names.clear()
 
     def lookup(self, access_key: str) -> AccessKey | None:
-        """The enabled key (secret in clear, identity of its user), or None (unknown,
-        disabled, or its secret does not decrypt)."""
+        """The enabled key (secret in clear), or None (unknown, disabled, or its secret does
+        not decrypt)."""
         if not access_key:
             return None
         cached = self._cache.get(access_key)
@@ -111,11 +109,10 @@ class KeyStore:
             return cached
         with self.meta.snapshot() as tx:
             key = tx.get_access_key(access_key)
-            user = tx.get_user(key.user) if key is not None and key.user else None
         if key is None or not key.enabled:
             return None
         try:
-            resolved = resolve(key, user, self.box)
+            resolved = resolve(key, self.box)
         except SecretError as e:
             if access_key not in self._warned:
                 self._warned.add(access_key)
@@ -247,7 +244,7 @@ def bootstrap_root_key(meta: MetaStore, data_dir: Path,
     key: AccessKey | None = None
     with meta.write() as tx:
         existing = sorted(_root_keys(tx), key=lambda k: k.created_ns)
-        user = _root_user(tx)
+        _root_user(tx)
         if access:
             key = AccessKey(access_key=access, secret=secret, uid=0, gid=0, groups=[],
                             user=ROOT_USER, enabled=True, admin=True,
@@ -266,7 +263,7 @@ def bootstrap_root_key(meta: MetaStore, data_dir: Path,
         else:
             for old in existing:
                 try:
-                    key = resolve(old, user, box)
+                    key = resolve(old, box)
                     break
                 except SecretError as e:
                     log.warning("root access key %s is unusable (%s); replacing it",
