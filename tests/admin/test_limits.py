@@ -172,14 +172,14 @@ def test_a_slow_but_moving_body_is_fine(limited: Admin, bucket: str) -> None:
     """Only silence counts: a body trickling in slower than the timeout in total, but with
     bytes arriving within every period, completes."""
     url = f"{limited.d.url}/{bucket}/slow"
-    body = b"z" * 40
+    body = b"z" * 60  # 6 pieces, 1.8 s in all: longer than the timeout
     headers = signed_headers("PUT", url, None, {"Content-Length": str(len(body))})
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     with socket.create_connection(addr(url), timeout=10) as s:
         s.sendall(f"PUT /{bucket}/slow HTTP/1.1\r\nHost: {urlsplit(url).netloc}\r\n"
                   f"{head}\r\n".encode())
         for i in range(0, len(body), 10):
-            time.sleep(TIMEOUT * 0.5)
+            time.sleep(TIMEOUT * 0.3)
             s.sendall(body[i:i + 10])
         reply = s.recv(65536)
     assert status_of(reply) == 200, reply
