@@ -7,6 +7,7 @@ import os
 import stat
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from tierd.acl.keys import KeyStore, bootstrap_root_key, migrate_keys, seal_key
@@ -67,6 +68,28 @@ def test_migration_and_lookup() -> None:
     with meta.write() as tx:
         tx.put_access_key(seal_key(AccessKey("FOREIGN", "x" * 20, 1, 1), SecretBox.ephemeral()))
     assert keys.lookup("FOREIGN") is None
+
+
+def test_records_from_before_encryption() -> None:
+    """An AccessKey record as older versions wrote it (nine fields, secret in clear) decodes,
+    works, and is encrypted by the migration."""
+    meta = MetaStore.open_memory()
+    box = SecretBox.ephemeral()
+    old = msgpack.packb(["OLDFORM", "old-form-secret", 1200, 1200, [7], "olduser", True, False,
+                         123], use_bin_type=True)
+    with meta.write() as tx:
+        tx.kv.put(b"KOLDFORM", old)
+    keys = KeyStore(meta, box)
+    k = keys.lookup("OLDFORM")
+    assert k is not None and (k.secret, k.uid, k.groups, k.user) == (
+        "old-form-secret", 1200, [7], "olduser")
+    assert migrate_keys(meta, box) == (1, 1)
+    with meta.snapshot() as tx:
+        raw = tx.kv.get(b"KOLDFORM")
+    assert raw is not None and b"old-form-secret" not in raw
+    keys.invalidate()
+    k = keys.lookup("OLDFORM")
+    assert k is not None and k.secret == "old-form-secret" and k.uid == 1200
 
 
 def test_directory_rules_and_cache() -> None:

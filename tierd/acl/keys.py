@@ -92,10 +92,14 @@ class KeyStore:
         self._cache: dict[str, AccessKey] = {}
         self._lock = threading.Lock()  # lookups may come from worker threads too
         self._warned: set[str] = set()
+        #: bumped by :meth:`invalidate`: a lookup that read the store before a change does
+        #: not cache what it read after the change was made
+        self._generation = 0
 
     def invalidate(self) -> None:
         """Forget cached keys and owner names (after any user or key change)."""
         with self._lock:
+            self._generation += 1
             self._cache.clear()
             self._names.clear()
 
@@ -107,6 +111,7 @@ class KeyStore:
         cached = self._cache.get(access_key)
         if cached is not None:
             return cached
+        generation = self._generation
         with self.meta.snapshot() as tx:
             key = tx.get_access_key(access_key)
         if key is None or not key.enabled:
@@ -119,9 +124,10 @@ class KeyStore:
                 log.warning("access key %s is unusable: %s", access_key, e)
             return None
         with self._lock:
-            if len(self._cache) >= _CACHE_MAX:
-                self._cache.clear()
-            self._cache[access_key] = resolved
+            if generation == self._generation:
+                if len(self._cache) >= _CACHE_MAX:
+                    self._cache.clear()
+                self._cache[access_key] = resolved
         return resolved
 
     def owner(self, uid: int) -> Owner:
