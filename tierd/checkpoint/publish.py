@@ -28,6 +28,7 @@ from tierd.checkpoint.manifest import DATA, MANIFEST, step_dir, tmp_dir
 from tierd.errors import FsError
 from tierd.mempool.pool import FarMemory, Region
 from tierd.namespace.entries import RENAME_NOREPLACE
+from tierd.tiers import fileio
 
 if TYPE_CHECKING:
     from tierd.namespace import Namespace
@@ -36,12 +37,16 @@ BATCH = 64 << 20
 
 
 def _sendfile_all(out_fd: int, in_fd: int, offset: int, count: int) -> None:
+    """One batch from the region into the staging file, its writeback started at once (the
+    final fdatasync then finds most of the file on the device)."""
+    start, total = offset, count
     while count:
         n = os.sendfile(out_fd, in_fd, offset, count)
         if n == 0:
             raise OSError(f"sendfile from the pool stopped {count} bytes short")
         offset += n
         count -= n
+    fileio.start_writeback(out_fd, start, total)
 
 
 async def _write_temp(ns: Namespace, fill: Callable[[int], Awaitable[None]]) -> str:
