@@ -7,6 +7,10 @@
   ``pread`` loop over the hot tier file, alternating, several rounds per pair, each round
   reading >= 1 GiB (one pass of 256 MiB is ~20 ms: one scheduling hiccup on a shared machine
   would decide a single-shot ratio); page cache warm for both (said so in the JSON).
+* ``mem_read``: reads of the same file from the memory tier (a ``tier = "mem"`` policy: a
+  copy in a pool region) vs a raw ``pread`` loop over the hot file, alternating; when root,
+  the page cache is dropped before every round of both sides (the memory tier's point: its
+  bytes do not depend on the page cache), else both are warm (said so in the JSON).
 * ``policy``: hot hit ratio of 2Q vs plain LRU on a working-set-plus-scan block trace.
 
     .venv/bin/python bench/tiers_bench.py --pairs 3 --out bench/results/tiers.json
@@ -41,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from moto_server import ACCESS_KEY, REGION, SECRET_KEY, running_moto
 
 from tierd.acl import Identity
+from tierd.mempool import MemPool
 from tierd.meta import MetaStore
 from tierd.namespace import Namespace
 from tierd.placement import LRU, Placement, PlacementSettings, TwoQ
@@ -59,12 +64,56 @@ def cpu() -> float:
 
 HOT_ROUNDS = 7  # alternating (raw, tierd) rounds per pair...
 HOT_BYTES = 1 << 30  # ...each reading the file as often as it takes to read >= 1 GiB
+MEM_ROUNDS = 3  # alternating (raw from disk, tierd from the pool) rounds per pair
+
+
+def drop_caches() -> bool:
+    if os.geteuid() != 0:
+        return False
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+    return True
+
+
+async def read_all(ns: Namespace, fh: int, size: int) -> None:
+    pos = 0
+    while data := await ns.read(fh, pos, CHUNK):
+        pos += len(data)
+    assert pos == size, pos
+
+
+async def mem_rounds(ns: Namespace, p: Placement, fh: int, ino: int, hot_path: Path,
+                     size: int) -> tuple[list[float], list[float]]:
+    """MEM_ROUNDS alternating (raw pread loop over the hot file, tierd read served from the
+    memory tier) rounds, the page cache dropped before each when root."""
+    pool = MemPool(2 * size + (64 << 20))
+    mem = p.attach_pool(pool, max_share=1.0)
+    try:
+        assert await p.admit_mem(ino, force=True), "the file did not go into the pool"
+        raw_s: list[float] = []
+        mem_s: list[float] = []
+        for _ in range(MEM_ROUNDS):
+            drop_caches()
+            raw_s.append(raw_read(hot_path))
+            drop_caches()
+            hits = mem.stats["hits"]
+            t0 = time.perf_counter()
+            await read_all(ns, fh, size)
+            mem_s.append(time.perf_counter() - t0)
+            assert mem.stats["hits"] > hits, "reads were not served from the memory tier"
+        return raw_s, mem_s
+    finally:
+        p.detach_pool()
+        pool.close()
 
 
 async def tierd_read(url: str, settings: dict[str, Any], base: Path, size: int
-                     ) -> tuple[float, float, list[float], list[float]]:
+                     ) -> tuple[float, float, list[float], list[float], list[float],
+                                list[float]]:
     """Cold read, then HOT_ROUNDS alternating (raw ``pread`` loop over the hot file, tierd
-    read) rounds; returns the cold time and CPU time, and the hot times of each side."""
+    read) rounds, then the memory-tier rounds; returns the cold time and CPU time, the hot
+    times of each side and the memory-tier rounds' (raw, tierd) times."""
     meta = MetaStore.open_lmdb(base / "meta")
     hot = LocalTier(base / "hot", name="hot")
     p = Placement(meta, open_object_tier(url, **settings), hot,
@@ -93,8 +142,10 @@ async def tierd_read(url: str, settings: dict[str, Any], base: Path, size: int
                 assert pos == size, pos
             hot_s.append((time.perf_counter() - t0) / passes)
             raw_s[-1] /= passes
+        mem_raw, mem_s = await mem_rounds(ns, p, fh, inode.ino, Path(hot.path(inode.ino)),
+                                          size)
         await ns.release(fh)
-        return cold_s, cold_cpu, raw_s, hot_s
+        return cold_s, cold_cpu, raw_s, hot_s, mem_raw, mem_s
     finally:
         await ns.close()
         await p.shutdown()
@@ -167,13 +218,17 @@ async def main() -> None:
             boto_s, boto_cpu = time.perf_counter() - t0, cpu() - c0
             dst.unlink()
             base = work / f"run{i}"
-            cold_s, tierd_cpu, raw_s, hot_s = await tierd_read(url, settings, base, size)
+            cold_s, tierd_cpu, raw_s, hot_s, mem_raw, mem_s = await tierd_read(
+                url, settings, base, size)
             runs.append({"pair": i, "boto3_download_s": boto_s, "boto3_cpu_s": boto_cpu,
                          "tierd_cold_read_s": cold_s, "tierd_cold_cpu_s": tierd_cpu,
                          "tierd_hot_read_s": statistics.median(hot_s),
                          "raw_hot_read_s": statistics.median(raw_s),
                          "hot_rounds": {"raw_s": raw_s, "tierd_s": hot_s},
                          "hot_ratio": statistics.median(r / t for r, t in zip(raw_s, hot_s,
+                                                                             strict=True)),
+                         "mem_rounds": {"raw_s": mem_raw, "tierd_mem_s": mem_s},
+                         "mem_ratio": statistics.median(r / t for r, t in zip(mem_raw, mem_s,
                                                                              strict=True))})
             shutil.rmtree(base)
     gib = size / (1 << 30)
@@ -184,8 +239,11 @@ async def main() -> None:
         "notes": "cold: first read through tierd from moto (s3://, HTTP) vs boto3 download_file;"
                  " hot: later reads through the same handle vs a raw pread loop over the hot"
                  f" file, {HOT_ROUNDS} alternating rounds of >= 1 GiB per pair, page cache"
-                 " warm for both (no drop_caches); CPU is this process's (user+sys), moto's"
-                 " is not counted",
+                 " warm for both (no drop_caches); mem: reads served from the memory tier vs"
+                 " a raw pread loop over the hot file, page cache "
+                 + ("dropped before every round of both" if os.geteuid() == 0 else
+                    "warm (not root: no drop_caches)")
+                 + "; CPU is this process's (user+sys), moto's is not counted",
         "nproc": os.cpu_count(),
         "mem_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         "python": sys.version.split()[0], "runs": runs,
@@ -196,7 +254,8 @@ async def main() -> None:
             "raw_hot_GiB_s": gib / statistics.median(r["raw_hot_read_s"] for r in runs),
         },
         "ratio": {"cold_tierd_vs_boto3": statistics.median(cold_ratios),
-                  "hot_tierd_vs_raw": statistics.median(hot_ratios)},
+                  "hot_tierd_vs_raw": statistics.median(hot_ratios),
+                  "mem_tierd_vs_raw_disk": statistics.median(r["mem_ratio"] for r in runs)},
         "cpu_s_per_GiB": {  # this process only (moto's CPU is not counted)
             "boto3_download": statistics.median(r["boto3_cpu_s"] for r in runs) / gib,
             "tierd_cold_read": statistics.median(r["tierd_cold_cpu_s"] for r in runs) / gib,
