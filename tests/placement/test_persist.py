@@ -295,3 +295,29 @@ async def test_concurrent_readers_share_one_fetch_and_streams_read_ahead(env: En
         assert await read_file(ns, b.ino, chunk=3 * MiB) == payload[::-1]
     finally:
         await env.close()
+
+
+async def test_imported_objects_inherit_the_default_acl(file_env: Env) -> None:
+    """Objects found in cold get what a create in their directory would: the default ACL
+    (directories keep it as their own default too), else the umask."""
+    from tierd.acl import posix_acl as pa
+
+    default = pa.serialize((pa.AclEntry(pa.USER_OBJ, 7), pa.AclEntry(pa.USER, 5, 1001),
+                            pa.AclEntry(pa.GROUP_OBJ, 5), pa.AclEntry(pa.MASK, 5),
+                            pa.AclEntry(pa.OTHER, 0)))
+    ns, _ = await file_env.open()
+    try:
+        b = await ns.create_bucket(ROOT, "acls")
+        await ns.setxattr(ROOT, b.ino, pa.DEFAULT_XATTR, default)
+        file_env.raw_put("acls/sub/f.bin", b"from cold")
+        file_env.raw_put("acls/top.bin", b"top")
+        await ns.list_objects(ROOT, "acls")
+        f = await ns.resolve(ROOT, "acls/sub/f.bin")
+        sub = await ns.resolve(ROOT, "acls/sub")
+        top = await ns.resolve(ROOT, "acls/top.bin")
+        assert f.perm == 0o640 and top.perm == 0o640  # rw from u::rwx & 0666, mask r-x & rw-
+        assert {(e.tag, e.perm, e.id) for e in pa.parse(f.acl_access)} >= {(pa.USER, 5, 1001)}
+        assert sub.acl_default == default and sub.perm == 0o750
+        assert await ns.getxattr(ROOT, f.ino, pa.ACCESS_XATTR) == f.acl_access
+    finally:
+        await file_env.close()

@@ -14,6 +14,7 @@ import stat
 import time
 from collections.abc import Callable
 
+from tierd.acl.posix_acl import inherit
 from tierd.meta import (
     ROOT_INO,
     STATE_CLEAN,
@@ -228,20 +229,24 @@ class Importer:
             t = time.time_ns()
             if last and info is not None:
                 version = tx.next_version()
-                f = Inode(ino=tx.next_ino(), mode=stat.S_IFREG | (0o666 & ~self.umask),
+                # as a create in that directory would: its default ACL, else the umask
+                got = inherit(d.acl_default, stat.S_IFREG | 0o666, self.umask)
+                f = Inode(ino=tx.next_ino(), mode=got.mode,
                           uid=d.uid, gid=d.gid, size=info.size, atime_ns=info.mtime_ns,
                           mtime_ns=info.mtime_ns, ctime_ns=info.mtime_ns, btime_ns=t,
                           version=version, etag=info.etag, state=STATE_CLEAN,
-                          blocks={"hot": b""})
+                          blocks={"hot": b""}, acl_access=got.access)
                 tx.put_inode(f)
                 tx.add_dirent(d.ino, name, Dirent(f.ino, stat.S_IFREG))
                 tx.put_cold(f.ino, ColdRecord(version, info.size, {key: info.etag},
                                               info.mtime_ns))
                 added += 1
                 break
-            sub = Inode(ino=tx.next_ino(), mode=stat.S_IFDIR | (0o777 & ~self.umask),
+            got = inherit(d.acl_default, stat.S_IFDIR | 0o777, self.umask)
+            sub = Inode(ino=tx.next_ino(), mode=got.mode,
                         uid=d.uid, gid=d.gid, nlink=2, atime_ns=t, mtime_ns=t, ctime_ns=t,
-                        btime_ns=t, parent=d.ino, objmeta={IMPLICIT: "1"})
+                        btime_ns=t, parent=d.ino, objmeta={IMPLICIT: "1"},
+                        acl_access=got.access, acl_default=got.default)
             tx.put_inode(sub)
             tx.add_dirent(d.ino, name, Dirent(sub.ino, stat.S_IFDIR))
             d.nlink += 1
