@@ -288,6 +288,9 @@ class Daemon:
             access_log_class=AccessLogger,
             access_log=get_logger(f"{door}.access"),
             shutdown_timeout=SHUTDOWN_GRACE,
+            # bodies are stored as sent: Content-Encoding is an object's metadata to S3 (a
+            # gzip object keeps its bytes and ETag), and no door takes compressed requests
+            auto_decompress=False,
             **app.get(s3_limits.RUNNER_ARGS, {}),
         )
         await runner.setup()
