@@ -1,0 +1,323 @@
+"""The daemon's Prometheus metrics (``GET /metrics`` on the admin listener).
+
+One :class:`Metrics` per daemon, with its **own** :class:`~prometheus_client.CollectorRegistry`
+(never the process-wide default one): tests run several daemons in one process, and a
+library that registers into the default registry must not end up in tierd's exposition.
+
+Two kinds of metrics live here:
+
+* **events** the doors report as they happen -- requests per door and operation
+  (:meth:`Metrics.observe_request`), requests in flight, checkpoint phase durations
+  (:meth:`Metrics.observe_checkpoint`);
+* **state** read at scrape time by :class:`StateCollector` from the objects that already keep
+  it (the placement engine's ``stats`` counter and tier caches, the memory tier, the memory
+  pool, the persist queue in metadata).  Reading at scrape time, rather than incrementing
+  metrics inside the placement code, keeps one source of truth and costs nothing between
+  scrapes.
+
+Everything runs on the daemon's loop except the persist-queue scan (a metadata read that
+grows with the queue), which :meth:`Metrics.render` does in a worker thread first.
+
+Label values are bounded: ``door`` is ``s3``/``admin``/``fuse``, ``operation`` an S3 API name
+(``GetObject``), an admin route (``GET /v1/status``) or a FUSE operation (``read``), and
+``status`` a class (``2xx``, ``4xx``, ``5xx``) for HTTP doors, ``ok`` or an errno name
+(``ENOENT``) for FUSE.  See docs/observability.md for the full list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from tierd.mempool.pool import MemPool
+    from tierd.meta.store import MetaStore
+    from tierd.placement import Placement
+
+#: the exposition's content type (text format 0.0.4)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+DOORS = ("s3", "admin", "fuse")
+#: request latency buckets, seconds: sub-millisecond metadata calls up to minute-long PUTs
+REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0, 10.0, 30.0, 60.0)
+#: checkpoint phase buckets, seconds: a stall of milliseconds up to a slow cold upload
+CHECKPOINT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                      60.0, 120.0, 300.0, 600.0, 1800.0)
+#: checkpoint phases (:meth:`Metrics.observe_checkpoint`)
+CHECKPOINT_PHASES = ("stall", "local", "persisted")
+
+
+def status_class(status: int) -> str:
+    """``404`` -> ``4xx``: counts per class keep the label set small."""
+    return f"{status // 100}xx" if 100 <= status < 600 else "other"
+
+
+def errno_status(err: int | None) -> str:
+    """A FUSE reply's status label: ``ok`` or the errno's name (``ENOENT``)."""
+    if not err:
+        return "ok"
+    return errno.errorcode.get(err, "EOTHER")
+
+
+@dataclass
+class QueueSnapshot:
+    """The persist queue as the last scrape saw it."""
+
+    depth: int = 0
+    oldest_age: float = 0.0
+
+
+def scan_queue(meta: MetaStore) -> QueueSnapshot:
+    """Depth and age of the oldest entry of the persist queue (``Q`` keys; a token starts
+    with the wall-clock nanoseconds the file was first queued).  Blocking: run in a thread
+    (an lmdb read transaction of its own)."""
+    from tierd.meta.kv import prefix_end
+
+    depth, oldest = 0, 0
+    with meta.snapshot() as tx:
+        for _, token in tx.kv.scan(b"Q", prefix_end(b"Q")):
+            depth += 1
+            if len(token) >= 8:
+                stamp = int.from_bytes(token[:8], "big")
+                oldest = stamp if oldest == 0 else min(oldest, stamp)
+    age = max(0.0, (time.time_ns() - oldest) / 1e9) if oldest else 0.0
+    return QueueSnapshot(depth, age)
+
+
+class Metrics:
+    """The daemon's registry and the metrics the doors update; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.requests = Counter(
+            "tierd_requests", "Requests answered, per door, operation and status class",
+            ["door", "operation", "status"], registry=r)
+        self.request_seconds = Histogram(
+            "tierd_request_duration_seconds",
+            "Time from a request's arrival to its handler's return, per door and operation",
+            ["door", "operation"], buckets=REQUEST_BUCKETS, registry=r)
+        self.in_flight = Gauge(
+            "tierd_requests_in_flight",
+            "Requests being handled now, per door (door=fuse: outstanding FUSE requests)",
+            ["door"], registry=r)
+        self.checkpoint_seconds = Histogram(
+            "tierd_checkpoint_duration_seconds",
+            "Checkpoint phases: stall = stage to commit (training waits), local = commit to "
+            "durable on the hot tier, persisted = commit to in the cold store",
+            ["phase"], buckets=CHECKPOINT_BUCKETS, registry=r)
+        for door in DOORS:
+            self.in_flight.labels(door)
+        self.state = StateCollector()
+        r.register(self.state)
+
+    # -- what the daemon hands over once started ------------------------------------------
+    def attach(self, *, placement: Placement | None = None, pool: MemPool | None = None,
+               meta: MetaStore | None = None) -> None:
+        """The objects whose state is read at scrape time (None detaches)."""
+        self.state.placement, self.state.pool, self.state.meta = placement, pool, meta
+
+    # -- events ---------------------------------------------------------------------------
+    def observe_request(self, door: str, operation: str, status: str, seconds: float) -> None:
+        """One answered request (``status``: :func:`status_class` or :func:`errno_status`)."""
+        self.requests.labels(door, operation, status).inc()
+        self.request_seconds.labels(door, operation).observe(max(seconds, 0.0))
+
+    def observe_checkpoint(self, phase: str, seconds: float) -> None:
+        """A checkpoint step finished ``phase`` (one of :data:`CHECKPOINT_PHASES`)."""
+        self.checkpoint_seconds.labels(phase).observe(max(seconds, 0.0))
+
+    # -- reading back (tierctl status through the admin API) ------------------------------
+    def request_counts(self) -> dict[str, dict[str, dict[str, int]]]:
+        """door -> operation -> status -> requests answered since start (only non-zero)."""
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        for family in self.requests.collect():
+            for s in family.samples:
+                if not s.name.endswith("_total") or not s.value:
+                    continue
+                lb = s.labels
+                ops = out.setdefault(lb["door"], {})
+                ops.setdefault(lb["operation"], {})[lb["status"]] = int(s.value)
+        return out
+
+    def door_totals(self) -> dict[str, int]:
+        """door -> requests answered since start (every door, zeros included)."""
+        totals = dict.fromkeys(DOORS, 0)
+        for door, ops in self.request_counts().items():
+            totals[door] = totals.get(door, 0) + sum(n for st in ops.values() for n in st.values())
+        return totals
+
+    # -- exposition -----------------------------------------------------------------------
+    async def refresh(self) -> None:
+        """Read what cannot be read on the loop (the persist queue) into the collector."""
+        meta = self.state.meta
+        if meta is not None:
+            self.state.queue = await asyncio.to_thread(scan_queue, meta)
+
+    async def render(self) -> bytes:
+        """The text exposition of every metric (what ``GET /metrics`` answers)."""
+        await self.refresh()
+        return generate_latest(self.registry)
+
+
+def _gauge(name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def _counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=list(labels))
+
+
+class StateCollector(Collector):
+    """Tier, placement, persister and pool state, read when scraped."""
+
+    def __init__(self) -> None:
+        self.placement: Placement | None = None
+        self.pool: MemPool | None = None
+        self.meta: MetaStore | None = None
+        self.queue = QueueSnapshot()
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # dynamic: nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        if self.placement is not None:
+            yield from _placement_metrics(self.placement, self.queue)
+        if self.pool is not None:
+            yield from _pool_metrics(self.pool.stats())
+
+
+def _placement_metrics(p: Placement, queue: QueueSnapshot) -> Iterator[Metric]:
+    st: dict[str, int] = dict(p.stats)
+    used = _gauge("tierd_tier_used_bytes", "Bytes resident on a local tier", ["tier"])
+    cap = _gauge("tierd_tier_capacity_bytes", "Capacity of a local tier", ["tier"])
+    mem = p.mem
+    mst: dict[str, Any] = mem.describe() if mem is not None else {}
+    if mem is not None:
+        used.add_metric(["mem"], mst.get("used", 0))
+        cap.add_metric(["mem"], mst.get("capacity", 0))
+    for tc in p.tiers():
+        used.add_metric([tc.name], tc.used)
+        cap.add_metric([tc.name], tc.capacity)
+    yield used
+    yield cap
+
+    hits = _counter("tierd_tier_hits", "Reads served by a tier without going further down "
+                    "(hot: no cold fetch needed)", ["tier"])
+    hits.add_metric(["hot"], st.get("hits", 0))
+    if mem is not None:
+        hits.add_metric(["mem"], mst.get("hits", 0))
+    yield hits
+    misses = _counter("tierd_tier_misses", "Reads that had to fetch blocks from the cold "
+                      "store", ["tier"])
+    misses.add_metric(["hot"], st.get("misses", 0))
+    yield misses
+
+    promoted = _counter("tierd_tier_promoted_blocks", "Warm blocks promoted to hot on "
+                        "their second reference")
+    promoted.add_metric([], st.get("promoted_blocks", 0))
+    yield promoted
+    filled = _counter("tierd_tier_filled_bytes", "Bytes brought onto a tier from a lower "
+                      "one (reads, readahead, warmup)", ["tier", "source"])
+    for k, v in sorted(st.items()):
+        if k.startswith("filled_") and "_from_" in k:
+            dst, _, src = k[len("filled_"):].partition("_from_")
+            filled.add_metric([dst, src], v)
+    yield filled
+    demoted = _counter("tierd_tier_demoted_bytes", "Bytes moved from hot to warm on "
+                       "eviction")
+    demoted.add_metric([], st.get("demoted_bytes", 0))
+    yield demoted
+    evicted = _counter("tierd_tier_evicted_bytes", "Bytes evicted from a tier", ["tier"])
+    for tc in p.tiers():
+        evicted.add_metric([tc.name], st.get(f"evicted_{tc.name}_bytes", 0))
+    if mem is not None:
+        evicted.add_metric(["mem"], mst.get("evicted_bytes", 0))
+    yield evicted
+    if mem is not None:
+        admitted = _counter("tierd_tier_admitted_bytes", "Bytes copied into the memory "
+                            "tier", ["tier"])
+        admitted.add_metric(["mem"], mst.get("admitted_bytes", 0))
+        yield admitted
+
+    dirty = _gauge("tierd_dirty_bytes", "Committed bytes the cold store does not have yet")
+    dirty.add_metric([], p.dirty_bytes)
+    yield dirty
+    dirty_files = _gauge("tierd_dirty_files", "Files with bytes the cold store lacks")
+    dirty_files.add_metric([], len(p.dirty))
+    yield dirty_files
+    depth = _gauge("tierd_persist_queue_depth", "Files queued for the cold store (deletes "
+                   "and renames included)")
+    depth.add_metric([], queue.depth)
+    yield depth
+    age = _gauge("tierd_persist_queue_oldest_age_seconds", "Age of the oldest queued file "
+                 "(0 when the queue is empty)")
+    age.add_metric([], queue.oldest_age)
+    yield age
+    active = _gauge("tierd_persist_active", "Files being uploaded now")
+    active.add_metric([], len(getattr(p, "_active", ())))
+    yield active
+    persisted = _counter("tierd_persisted_files", "Files brought in line with the cold store")
+    persisted.add_metric([], st.get("persisted", 0))
+    yield persisted
+    uploaded = _counter("tierd_cold_uploaded_bytes", "Bytes uploaded to the cold store")
+    uploaded.add_metric([], st.get("uploaded_bytes", 0))
+    yield uploaded
+    up = _gauge("tierd_cold_store_up", "1 while the cold store answers, 0 while the "
+                "persister backs off")
+    up.add_metric([], 0 if getattr(p, "cold_down", False) else 1)
+    yield up
+    errors = _counter("tierd_cold_store_errors", "Failed cold-store calls: uploads (retried) "
+                      "and reads", ["operation"])
+    errors.add_metric(["persist"], st.get("persist_failures", 0))
+    errors.add_metric(["read"], st.get("cold_read_errors", 0))
+    yield errors
+    waits = _counter("tierd_dirty_limit_waits", "Writes that waited for dirty data to drain "
+                     "below dirty_limit")
+    waits.add_metric([], st.get("write_waits", 0))
+    yield waits
+
+
+def _pool_metrics(ps: dict[str, Any]) -> Iterator[Metric]:
+    for key, name, doc in (
+        ("capacity", "tierd_pool_capacity_bytes", "Size of the memory pool"),
+        ("used", "tierd_pool_used_bytes", "Bytes of the memory pool allocated"),
+        ("free", "tierd_pool_free_bytes", "Bytes of the memory pool free"),
+        ("largest_free", "tierd_pool_largest_free_bytes", "Largest free extent"),
+        ("fragmentation", "tierd_pool_fragmentation_ratio", "1 - largest free / free"),
+        ("regions", "tierd_pool_regions", "Regions allocated"),
+    ):
+        g = _gauge(name, doc)
+        g.add_metric([], float(ps.get(key, 0) or 0))
+        yield g
+    tenants: dict[str, dict[str, int]] = ps.get("tenants", {})
+    t_used = _gauge("tierd_pool_tenant_used_bytes", "Pool bytes allocated per tenant (uid)",
+                    ["tenant"])
+    t_quota = _gauge("tierd_pool_tenant_quota_bytes", "Pool quota per tenant (uid)",
+                     ["tenant"])
+    t_regions = _gauge("tierd_pool_tenant_regions", "Pool regions per tenant (uid)",
+                       ["tenant"])
+    for tenant, t in tenants.items():
+        t_used.add_metric([tenant], t.get("used", 0))
+        t_quota.add_metric([tenant], t.get("quota", 0))
+        t_regions.add_metric([tenant], t.get("regions", 0))
+    yield t_used
+    yield t_quota
+    yield t_regions
+    for key, name, doc in (
+        ("bytes_moved_in", "tierd_pool_far_moved_in_bytes", "Bytes copied into far memory"),
+        ("bytes_moved_out", "tierd_pool_far_moved_out_bytes", "Bytes copied out of far "
+         "memory"),
+    ):
+        c = _counter(name, doc)
+        c.add_metric([], float(ps.get(key, 0) or 0))
+        yield c
