@@ -496,3 +496,15 @@ def test_systemd_config_files_load_with_tierds_loader(tmp_path: Path) -> None:
                      for line in (SYSTEMD / "tierd.env").read_text().splitlines()
                      if re.match(r"#TIERD_", line)}
     assert commented_env <= TIERD_ENV
+
+
+# --- docs/operations.md ------------------------------------------------------------------------
+
+
+def test_operations_guide_names_only_tests_and_files_that_exist() -> None:
+    text = (ROOT / "docs" / "operations.md").read_text()
+    sources = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
+    for name in set(re.findall(r"`(test_[a-z0-9_]+)`", text)):
+        assert f"def {name}(" in sources, f"docs/operations.md names a missing test {name}"
+    for path in set(re.findall(r"`((?:deploy|tests|tierd)/[\w./-]+)`", text)):
+        assert (ROOT / path).exists(), f"docs/operations.md names a missing file {path}"
