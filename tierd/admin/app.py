@@ -108,6 +108,9 @@ def make_admin_app(backend: AdminBackend, auth: AdminAuth) -> web.Application:
         from tierd.admin.placement import add_placement_routes
 
         add_placement_routes(app, placement_ops)
+        from tierd.admin.jobs import add_job_routes
+
+        add_job_routes(app, placement_ops)
     memory = getattr(backend, "memory_door", None)
     if memory is not None:
         from tierd.admin.pool import add_pool_routes
