@@ -204,7 +204,7 @@ def test_lost_node_replaced_by_an_empty_data_directory_on_the_same_cold_store(
 
 
 @pytest.mark.xfail(strict=True, reason="tierd trusts the hot-tier bitmaps of a restored "
-                   "store: a missing hot file is not read from cold (truncated responses)")
+                   "store: a missing hot file is not read from cold (reads hang or are cut short)")
 def test_metadata_copy_restored_without_the_hot_tier_reads_from_cold(
     tmp_path: Path, nodes: Any
 ) -> None:

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -382,6 +383,36 @@ def test_dockerfile_installs_this_repository_with_pip_like_dev_sh() -> None:
     assert (int(m.group(1)), int(m.group(2))) >= (3, 11)
     assert shlex.split(stages[-1][0][1])[0] == base  # same python where it runs
 
+
+
+def test_the_files_the_dockerfile_copies_are_enough_to_build_tierd(tmp_path: Path) -> None:
+    """``pip install .`` of the build stage, with exactly what its COPY lines bring in (the
+    wheel only: dependencies come from the index in the image build)."""
+    ctx = tmp_path / "src"
+    ctx.mkdir()
+    for instr, rest in dockerfile_stages()[0]:
+        if instr != "COPY":
+            continue
+        *sources, _dest = shlex.split(rest)
+        for src in sources:
+            path = ROOT / src
+            if path.is_dir():
+                shutil.copytree(path, ctx / src, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(path, ctx / src)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                        "--no-build-isolation", "-w", str(tmp_path / "out"), str(ctx)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    (wheel,) = (tmp_path / "out").glob("tierd-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        entry_points = next(z.read(n).decode() for n in names if n.endswith("entry_points.txt"))
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for pkg in packages["packages"]:
+        assert f"{pkg.replace('.', '/')}/__init__.py" in names, pkg
+    assert "tierd = tierd.cli:main" in entry_points
+    assert "tierctl = " in entry_points
 
 def test_dockerfile_runs_tierd_serve_like_the_readme_with_options_that_exist() -> None:
     readme = (ROOT / "README.md").read_text()
