@@ -12,6 +12,7 @@ import asyncio
 import errno
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
@@ -19,6 +20,7 @@ import pyfuse3
 
 from tierd.acl import Identity
 from tierd.meta import Inode
+from tierd.metrics import Metrics, errno_status
 from tierd.namespace import Namespace
 
 from .attrs import entry_attributes
@@ -33,10 +35,12 @@ R = TypeVar("R")
 
 
 def fs_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-    """Translate exceptions of a handler into the errno the kernel passes to the caller."""
+    """Translate exceptions of a handler into the errno the kernel passes to the caller,
+    and count and time the request in the operations' :attr:`OpsBase.metrics` (FUSE door,
+    operation = the handler's name, status = ``ok`` or the errno's name)."""
+    op = fn.__name__
 
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+    async def call(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -44,8 +48,28 @@ def fs_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, 
         except OSError as e:
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
         except Exception:
-            log.exception("FUSE %s failed", fn.__name__)
+            log.exception("FUSE %s failed", op)
             raise pyfuse3.FUSEError(errno.EIO) from None
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        metrics: Metrics | None = getattr(args[0], "metrics", None) if args else None
+        if metrics is None:
+            return await call(*args, **kwargs)
+        gauge = metrics.in_flight.labels("fuse")
+        gauge.inc()
+        start = time.monotonic()
+        err = errno.EINTR  # cancelled: the kernel interrupted the request
+        try:
+            result = await call(*args, **kwargs)
+            err = 0
+            return result
+        except pyfuse3.FUSEError as e:
+            err = e.errno
+            raise
+        finally:
+            gauge.dec()
+            metrics.observe_request("fuse", op, errno_status(err), time.monotonic() - start)
 
     return wrapper
 
@@ -94,6 +118,8 @@ class OpsBase(pyfuse3.Operations):
         self.protected_hardlinks = _sysctl("fs/protected_hardlinks") == 1
         #: called on the loop after the INIT reply (see :meth:`init`)
         self.after_init: Callable[[], object] | None = None
+        #: the daemon's metrics: every :func:`fs_errors` handler is counted there when set
+        self.metrics: Metrics | None = None
 
     def ident(self, ctx: pyfuse3.RequestContext) -> Identity:
         return self.callers.identity(ctx.uid, ctx.gid, ctx.pid)

@@ -26,6 +26,7 @@ import pyfuse3
 import pyfuse3.asyncio
 
 from tierd.logs import get_logger, kv
+from tierd.metrics import Metrics
 from tierd.namespace import Namespace
 
 from .ops import TierdOps
@@ -242,10 +243,12 @@ class FuseDoor:
         *,
         on_unmounted: Callable[[], None] | None = None,
         max_tasks: int = 64,
+        metrics: Metrics | None = None,
     ) -> None:
         self.ns = ns
         self.mountpoint = Path(os.path.abspath(mountpoint))
         self.ops = TierdOps(ns)
+        self.ops.metrics = metrics  # requests per operation, outstanding requests
         self.invalidator = self.ops.invalidator
         self.on_unmounted = on_unmounted
         self.max_tasks = max_tasks

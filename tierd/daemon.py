@@ -40,10 +40,12 @@ from tierd.acl.secrets import SecretBox, SecretError
 from tierd.acl.users import Directory
 from tierd.admin import AdminAuth, bootstrap_admin_token, make_admin_app
 from tierd.admin.auth import TokenError
+from tierd.admin.metrics import instrument_admin
 from tierd.config import Config, HostPort
 from tierd.logs import AccessLogger, get_logger, kv
 from tierd.mempool.door import MemoryDoor
 from tierd.meta.store import MetaStore
+from tierd.metrics import Metrics
 from tierd.namespace import Namespace
 from tierd.placement import Placement
 from tierd.placement.ops import PlacementOps, placement_from_config
@@ -136,6 +138,8 @@ class Daemon:
         self.users: Directory | None = None
         #: door name -> bound (host, port) of its first socket; filled once listening
         self.bound: dict[str, HostPort] = {}
+        #: this daemon's Prometheus registry (GET /metrics on the admin listener)
+        self.metrics = Metrics()
         self._stop = asyncio.Event()
         self._stop_signal: str | None = None
 
@@ -217,6 +221,9 @@ class Daemon:
             # the pool is also a placement tier (policies naming "mem")
             self.placement.attach_pool(self.memory.pool, cfg.pool_mem_tier_share)
             stack.callback(self.placement.detach_pool)
+            self.metrics.attach(placement=self.placement, pool=self.memory.pool, meta=self.meta)
+            stack.callback(self.metrics.attach)  # nothing to read once they are closed
+            self.memory.ckpt.observe = self.metrics.observe_checkpoint
 
             if cfg.mount is not None:
                 await self._mount(cfg.mount)
@@ -224,6 +231,7 @@ class Daemon:
 
             admin_auth = await self._setup_identity(self.meta)
             admin = make_admin_app(self, admin_auth)
+            instrument_admin(admin, self.metrics)
             s3 = await self._make_s3(self.meta, self.namespace)
             for door, app, addr, key in (
                 ("s3", s3, cfg.s3_listen, "s3_listen"),
@@ -266,7 +274,7 @@ class Daemon:
         assert self.keys is not None
         ns.min_part_size = cfg.s3_min_part_size
         app = make_s3_app(ns, self.keys, region=cfg.region, domains=cfg.s3_domain,
-                          max_skew=float(cfg.s3_max_clock_skew))
+                          max_skew=float(cfg.s3_max_clock_skew), metrics=self.metrics)
         s3_limits.apply(app, cfg.s3_idle_timeout, cfg.s3_body_timeout)
         return app
 
@@ -326,7 +334,8 @@ class Daemon:
         from tierd_fuse import FuseDoor, MountError
 
         assert self.namespace is not None
-        door = FuseDoor(self.namespace, mountpoint, on_unmounted=self._on_unmounted)
+        door = FuseDoor(self.namespace, mountpoint, on_unmounted=self._on_unmounted,
+                        metrics=self.metrics)
         try:
             await door.start()
         except MountError as e:

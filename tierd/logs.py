@@ -13,12 +13,20 @@ logs as ``component=s3``); records from other libraries use their logger name
 
     log = get_logger("daemon")
     log.info("listening", extra=kv(door="s3", address="127.0.0.1:9000"))
+
+**Request ids**: while a door handles a request, :data:`request_id_var` holds its id (the S3
+door's ``x-amz-request-id``, the admin API's ``X-Request-Id``), set by the request middleware
+(:func:`tierd.metrics.request_middleware`).  Every record emitted meanwhile -- by tierd or a
+library, in the handler or in a thread started with ``asyncio.to_thread`` -- carries
+``request_id=...``, so one grep finds everything a failed request did.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
+import os
 import sys
 import time
 from typing import IO, Any
@@ -29,6 +37,17 @@ from aiohttp.web_response import StreamResponse
 
 _FIELDS = "tierd_fields"
 _RESERVED = ("ts", "level", "component", "msg")
+
+#: the id of the request being handled (None outside requests); see the module docstring
+request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "tierd_request_id", default=None)
+#: where a request's id is kept on the aiohttp request (the access log reads it there)
+REQUEST_ID = "tierd.request_id"
+
+
+def new_request_id() -> str:
+    """A request id in the S3 style: 16 upper-case hex digits."""
+    return os.urandom(8).hex().upper()
 
 
 def get_logger(component: str) -> logging.Logger:
@@ -58,6 +77,9 @@ def _fields(record: logging.LogRecord) -> dict[str, object]:
         "component": _component(record),
         "msg": record.getMessage(),
     }
+    rid = request_id_var.get()
+    if rid is not None:
+        out["request_id"] = rid
     extra = getattr(record, _FIELDS, None)
     if isinstance(extra, dict):
         for k, v in extra.items():
@@ -125,6 +147,8 @@ class AccessLogger(AbstractAccessLogger):
                 status=response.status,
                 ms=round(time * 1000, 3),
                 remote=request.remote,
+                # the access line is written after the handler's context is gone
+                request_id=request.get(REQUEST_ID, "-"),
             ),
         )
 

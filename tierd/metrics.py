@@ -29,22 +29,28 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
+
+from tierd.logs import REQUEST_ID, new_request_id, request_id_var
 
 if TYPE_CHECKING:
     from tierd.mempool.pool import MemPool
     from tierd.meta.store import MetaStore
     from tierd.placement import Placement
 
-#: the exposition's content type (text format 0.0.4)
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+#: the exposition's content type: the classic text format every Prometheus version reads
+#: (prometheus_client's CONTENT_TYPE_LATEST names 1.0.0 since 0.22; our names and label
+#: values are plain ASCII, so the body is the same)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DOORS = ("s3", "admin", "fuse")
 #: request latency buckets, seconds: sub-millisecond metadata calls up to minute-long PUTs
 REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -54,6 +60,10 @@ CHECKPOINT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 1
                       60.0, 120.0, 300.0, 600.0, 1800.0)
 #: checkpoint phases (:meth:`Metrics.observe_checkpoint`)
 CHECKPOINT_PHASES = ("stall", "local", "persisted")
+#: where a door's handler records the operation it ran (the S3 door: ``GetObject``)
+OPERATION = "tierd.operation"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def status_class(status: int) -> str:
@@ -321,3 +331,64 @@ def _pool_metrics(ps: dict[str, Any]) -> Iterator[Metric]:
         c = _counter(name, doc)
         c.add_metric([], float(ps.get(key, 0) or 0))
         yield c
+
+
+# -- the HTTP doors' middleware ---------------------------------------------------------------
+
+def admin_operation(request: web.Request) -> str:
+    """An admin request's operation: method and route template (``GET /v1/users/{name}``),
+    never the raw path (unbounded label values)."""
+    op = request.get(OPERATION)
+    if isinstance(op, str):
+        return op
+    resource = request.match_info.route.resource
+    if resource is None:
+        return f"{request.method} unmatched"
+    return f"{request.method} {resource.canonical}"
+
+
+def s3_operation(request: web.Request) -> str:
+    """An S3 request's operation as its handler recorded it (``unknown`` when the request
+    was refused before routing, e.g. a bad signature)."""
+    op = request.get(OPERATION)
+    return op if isinstance(op, str) else "unknown"
+
+
+def request_middleware(metrics: Metrics | None, door: str,
+                       operation: Callable[[web.Request], str],
+                       header: str | None = None) -> Middleware:
+    """The outermost middleware of an HTTP door: gives the request its id (on the request
+    under :data:`~tierd.logs.REQUEST_ID` and in :data:`~tierd.logs.request_id_var` for
+    the logs; echoed in ``header`` when given), and counts and times it in ``metrics``."""
+
+    @web.middleware
+    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+        rid = new_request_id()
+        request[REQUEST_ID] = rid
+        token = request_id_var.set(rid)
+        start = time.monotonic()
+        status = 500
+        if metrics is not None:
+            metrics.in_flight.labels(door).inc()
+        try:
+            resp = await handler(request)
+            status = resp.status
+            if header is not None and not resp.prepared:
+                resp.headers[header] = rid
+            return resp
+        except web.HTTPException as e:
+            status = e.status
+            if header is not None:
+                e.headers[header] = rid
+            raise
+        except (ConnectionError, asyncio.CancelledError):
+            status = 499  # the client went away (nginx's code): not the daemon's failure
+            raise
+        finally:
+            request_id_var.reset(token)
+            if metrics is not None:
+                metrics.in_flight.labels(door).dec()
+                metrics.observe_request(door, operation(request), status_class(status),
+                                        time.monotonic() - start)
+
+    return observe

@@ -22,7 +22,9 @@ import asyncio
 import contextlib
 import errno
 import os
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +71,9 @@ class Step:
     error: str = ""
     local: asyncio.Event = field(default_factory=asyncio.Event)
     persisted: asyncio.Event = field(default_factory=asyncio.Event)
+    #: monotonic times of stage and commit (the phase durations tierd.metrics observes)
+    staged_at: float = field(default_factory=time.monotonic)
+    committed_at: float = 0.0
 
     def describe(self) -> dict[str, Any]:
         return {"step": self.step, "state": self.state, "in_pool": self.region is not None,
@@ -110,6 +115,8 @@ class CheckpointService:
         self._tasks: set[asyncio.Task[None]] = set()
         #: placement holds taken for readers, per connection
         self._holds: dict[int, list[int]] = defaultdict(list)
+        #: (phase, seconds) of each step: stall, local, persisted (the daemon's metrics)
+        self.observe: Callable[[str, float], None] | None = None
 
     def register(self, server: PoolServer) -> None:
         for op, fn in (("ckpt.stage", self._stage), ("ckpt.commit", self._commit),
@@ -282,6 +289,9 @@ class CheckpointService:
         doc.update(format=FORMAT, run=run.name, step=s.step)
         s.manifest = doc
         s.state = COMMITTED
+        s.committed_at = time.monotonic()
+        if self.observe is not None:
+            self.observe("stall", s.committed_at - s.staged_at)
         s.region.conn, s.region.persistent = 0, True  # the daemon's now, until published
         t = asyncio.create_task(self._persist(run, s), name=f"ckpt-{run.name}-{s.step}")
         self._tasks.add(t)
@@ -319,6 +329,8 @@ class CheckpointService:
                                            run.name, s.step, s.region, s.manifest)
             s.state = LOCAL
             s.local.set()
+            if self.observe is not None:
+                self.observe("local", time.monotonic() - s.committed_at)
             run.signal()
             await self._retain(run)
             p = self.ns.placement
@@ -328,6 +340,8 @@ class CheckpointService:
             if s.state == LOCAL:
                 s.state = PERSISTED
             s.persisted.set()
+            if self.observe is not None:
+                self.observe("persisted", time.monotonic() - s.committed_at)
             await self._retain(run)
         except asyncio.CancelledError:
             raise

@@ -217,6 +217,7 @@ class Placement(Reading):
             self._failures.pop(ino, None)
             self._not_before.pop(ino)
         except TierUnavailable as e:
+            self.stats["persist_failures"] += 1  # tierd_cold_store_errors_total
             if not self.cold_down:
                 log.warning("persisting inode %d failed: cold store unavailable: %s "
                             "(dirty data stays local; retrying)", ino, e)
@@ -224,9 +225,11 @@ class Placement(Reading):
             self._backoff(ino)
         except (TierError, OSError) as e:  # KeyConflict until a pending delete ran, ...
             log.warning("persisting inode %d failed, will retry: %s", ino, e)
+            self.stats["persist_failures"] += 1
             self._backoff(ino)
         except Exception:
             log.exception("persisting inode %d failed", ino)
+            self.stats["persist_failures"] += 1
             self._backoff(ino)
         finally:
             self._active.pop(ino, None)

@@ -463,6 +463,7 @@ class Reading(Evicting):
                     log.warning("%s tier full and nothing evictable: %s", dst.name, e)
                 raise FsError(e.errno or errno.EIO, f"{dst.name} tier: {e}") from e
             except TierUnavailable as e:
+                self.stats["cold_read_errors"] += 1  # tierd_cold_store_errors_total
                 log.warning("read of %s failed: cold store unavailable: %s", key, e)
                 raise FsError(errno.EIO, f"cold store unavailable: {e}",
                               reason="ServiceUnavailable") from e
@@ -471,10 +472,12 @@ class Reading(Evicting):
                 raise FsError(errno.ENOENT, f"{key}: deleted from the cold store outside "
                               "tierd", reason="NoSuchKey") from e
             except ObjectChanged as e:
+                self.stats["cold_read_errors"] += 1
                 log.warning("read of %s failed: the cold object was replaced outside tierd "
                             "(expected ETag %s): %s", key, etag, e)
                 raise FsError(errno.EIO, f"cold object {key} changed: {e}") from e
             except TierError as e:
+                self.stats["cold_read_errors"] += 1
                 log.warning("read of %s failed: %s", key, e)
                 raise FsError(errno.EIO, str(e)) from e
 

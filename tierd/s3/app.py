@@ -13,7 +13,6 @@ id, authentication, the ``<Error>`` document for :class:`S3Error` and
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
 
@@ -22,6 +21,8 @@ from aiohttp import web
 from tierd.acl.authorize import PolicyStore
 from tierd.acl.keys import KeyStore
 from tierd.errors import FsError
+from tierd.logs import REQUEST_ID, new_request_id
+from tierd.metrics import OPERATION, Metrics, request_middleware, s3_operation
 from tierd.namespace import Namespace
 from tierd.s3 import acl, bucket_policy, buckets, listing, multipart, objects
 from tierd.s3.access import Actions, authorize_request
@@ -191,6 +192,41 @@ def _actions() -> Actions:
 
 ACTIONS = _actions()
 
+#: every handler's S3 API operation name: the ``operation`` label of tierd_requests_total
+OPERATIONS: dict[Handler, str] = {
+    buckets.list_buckets: "ListBuckets",
+    buckets.create_bucket: "CreateBucket",
+    buckets.delete_bucket: "DeleteBucket",
+    buckets.head_bucket: "HeadBucket",
+    buckets.get_location: "GetBucketLocation",
+    buckets.get_versioning: "GetBucketVersioning",
+    buckets.put_versioning: "PutBucketVersioning",
+    listing.list_objects_v1: "ListObjects",
+    listing.list_objects_v2: "ListObjectsV2",
+    listing.list_object_versions: "ListObjectVersions",
+    multipart.list_uploads: "ListMultipartUploads",
+    objects.get_object: "GetObject",
+    objects.head_object: "HeadObject",
+    objects.put_object: "PutObject",
+    objects.copy_object: "CopyObject",
+    objects.delete_object: "DeleteObject",
+    objects.delete_objects: "DeleteObjects",
+    multipart.create: "CreateMultipartUpload",
+    multipart.upload_part: "UploadPart",
+    multipart.upload_part_copy: "UploadPartCopy",
+    multipart.complete: "CompleteMultipartUpload",
+    multipart.abort: "AbortMultipartUpload",
+    multipart.list_parts: "ListParts",
+    acl.get_bucket_acl: "GetBucketAcl",
+    acl.put_bucket_acl: "PutBucketAcl",
+    acl.get_object_acl: "GetObjectAcl",
+    acl.put_object_acl: "PutObjectAcl",
+    bucket_policy.get_policy: "GetBucketPolicy",
+    bucket_policy.put_policy: "PutBucketPolicy",
+    bucket_policy.delete_policy: "DeleteBucketPolicy",
+    bucket_policy.get_policy_status: "GetBucketPolicyStatus",
+}
+
 
 def locate(request: web.Request, domains: tuple[str, ...]) -> tuple[str, str, bool]:
     """(bucket, key, virtual_host) of a request."""
@@ -221,21 +257,24 @@ def error_response(ctx: Ctx, e: S3Error) -> web.Response:
 
 def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
                 domains: tuple[str, ...] = (), max_skew: float = 900.0,
-                policies: PolicyStore | None = None) -> web.Application:
+                policies: PolicyStore | None = None,
+                metrics: Metrics | None = None) -> web.Application:
     """The S3 gateway over ``ns``, authenticating with the access keys in ``keys`` and
     authorizing with the bucket policies in ``policies`` (by default those of the key
-    store's metadata)."""
+    store's metadata); requests are counted and timed in ``metrics`` when given."""
     state = S3State(ns=ns, keys=keys, auth=Authenticator(keys, region, max_skew),
                     policies=policies or PolicyStore(keys.meta),
                     region=region, domains=tuple(d.lower().strip(".") for d in domains))
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        request_id = os.urandom(8).hex().upper()
+        # the id the request middleware gave it (the logs carry the same one)
+        request_id = request.get(REQUEST_ID) or new_request_id()
         if (request.method in ("GET", "HEAD") and request.rel_url.raw_path == "/healthz"
                 and not request.rel_url.raw_query_string
                 and not Authenticator.is_signed(request)):
             bucket, _, _ = locate(request, state.domains)
             if bucket == "healthz":
+                request[OPERATION] = "Healthz"
                 return web.Response(text="ok\n", headers={"x-amz-request-id": request_id})
         ctx = Ctx(request, state, request_id)
         ctx.response_headers.update({"x-amz-request-id": request_id,
@@ -250,6 +289,7 @@ def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
                     raise S3Error("AccessDenied", "anonymous requests get only what a bucket "
                                   "policy grants; sign the request") from None
                 raise
+            request[OPERATION] = OPERATIONS.get(handler, handler.__name__)
             authorize_request(ctx, handler, ACTIONS)
             return await handler(ctx)
         except S3Error as e:
@@ -281,6 +321,7 @@ def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
             raise ConnectionResetError(f"failed after the response started: {e}")
         return error_response(ctx, e)
 
-    app = web.Application(client_max_size=1 << 20, handler_args={"read_bufsize": READ_BUFSIZE})
+    app = web.Application(client_max_size=1 << 20, handler_args={"read_bufsize": READ_BUFSIZE},
+                          middlewares=[request_middleware(metrics, "s3", s3_operation)])
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
