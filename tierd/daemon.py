@@ -429,4 +429,39 @@ class Daemon:
                 k: v for k, v in self.memory.pool.stats().items() if k != "tenants"},
             "mem_tier": (None if self.placement is None or self.placement.mem is None
                          else self.placement.mem.describe()),
+            "placement": self._placement_status(),
+            "requests": self._request_totals(),
         }
+
+    def _placement_status(self) -> dict[str, Any] | None:
+        """Tiers, dirty bytes, the persist queue and the cold store for ``tierctl status``
+        (cheap figures the engine keeps; the queue scan is bounded, see queue_summary)."""
+        p = self.placement
+        if p is None:
+            return None
+        tiers = {tc.name: {"used": tc.used, "capacity": tc.capacity} for tc in p.tiers()}
+        if p.mem is not None:
+            tiers = {"mem": {"used": p.mem.used, "capacity": p.mem.capacity}, **tiers}
+        return {
+            "tiers": tiers,
+            "dirty": {"bytes": p.dirty_bytes, "files": len(p.dirty),
+                      "limit": p.settings.dirty_limit},
+            "queue": p.queue_summary(),
+            "cold": {"url": _no_userinfo(str(getattr(p.cold, "url", ""))),
+                     "reachable": not getattr(p, "cold_down", False)},
+            "stats": dict(sorted(p.stats.items())),
+        }
+
+    def _request_totals(self) -> dict[str, int] | None:
+        """Requests answered per door since start (the metrics' counters), None without
+        metrics."""
+        metrics = getattr(self, "metrics", None)
+        return None if metrics is None else dict(metrics.door_totals())
+
+
+def _no_userinfo(url: str) -> str:
+    """``scheme://user:secret@host/x`` -> ``scheme://host/x`` (status documents are shown
+    to operators and pasted into tickets)."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{netloc.rpartition('@')[2]}{slash}{path}" if sep else url

@@ -55,7 +55,9 @@ def test_tierctl_placement_commands(tmp_path: Path) -> None:
         du = json.loads(ctl("du", "opsx/", "--json"))
         assert du["tiers"]["hot"] == len(payload) and du["files"] == 1
         ctl("pin", "opsx/ds/")
-        assert "pin=True" in ctl("policy", "get")
+        header, *rows = ctl("policy", "get").splitlines()
+        assert header.split() == ["PREFIX", "MODE", "PIN", "TIER"]
+        assert ["opsx/ds/", "write-back", "yes", "hot"] in [r.split() for r in rows]
         assert "evicted 0 B" in ctl("evict", "opsx/")
         ctl("unpin", "opsx/ds/")
         assert "evicted 8.0 MiB" in ctl("evict", "opsx/")
@@ -63,14 +65,19 @@ def test_tierctl_placement_commands(tmp_path: Path) -> None:
         ctl("warmup", "opsx/ds/", "--tier", "warm")
         du = json.loads(ctl("du", "opsx/", "--json"))
         assert du["tiers"]["warm"] == len(payload) and du["tiers"]["hot"] == 0
-        assert "warm 8.0 MiB" in ctl("du", "opsx/")
+        header, row = ctl("du", "opsx/").splitlines()
+        cols = dict(zip(header.split(), row.replace(" MiB", "MiB").replace(" B", "B").split(),
+                        strict=True))
+        assert (cols["WARM"], cols["HOT"], cols["FILES"]) == ("8.0MiB", "0B", "1")
         ctl("warmup", "opsx/ds/")  # hot again: copied up from warm
         assert "evicted 8.0 MiB" in ctl("evict", "opsx/", "--tier", "hot")  # warm has it
         assert "evicted 8.0 MiB" in ctl("evict", "opsx/", "--tier", "warm")
         du = json.loads(ctl("du", "opsx/", "--json"))
         assert du["tiers"]["warm"] == du["tiers"]["hot"] == 0
-        assert "tier=warm" in ctl("policy", "set", "opsx/ds/", "--tier", "warm").replace(
-            '"tier": "warm"', "tier=warm")
+        assert json.loads(ctl("policy", "set", "opsx/ds/", "--tier", "warm", "--json")
+                          )["tier"] == "warm"
+        assert ctl("policy", "set", "opsx/ds/", "--tier", "warm").splitlines()[1].split() == [
+            "opsx/ds/", "write-back", "no", "warm"]
         ctl("policy", "set", "opsx/tmp/", "--mode", "cache-only")
         assert "persisted" in ctl("persist", "--wait", "opsx/")
     finally:

@@ -18,6 +18,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from tierd.mempool.pool import MemPool
 from tierd.meta import STATE_CLEAN, Inode, MetaStore, MetaTxn, PlacementPolicy
@@ -310,6 +311,22 @@ class PlacementCore:
 
     def over_dirty_limit(self) -> bool:
         return self.dirty_bytes > self.settings.dirty_limit
+
+    def queue_summary(self, limit: int = 2000) -> dict[str, Any]:
+        """The persist queue at a glance (``/v1/status``): its depth and the age of its
+        oldest entry (a token starts with the file's first-queued time, :func:`_token`).
+        It runs on the loop, so only the first ``limit`` tokens are read: beyond that the
+        age is of those and ``truncated`` says so (``/metrics`` reads all, in a thread)."""
+        oldest, now = 0, time.time_ns()
+        with self.meta.snapshot() as tx:
+            queue = tx.list_queue()
+            for ino in queue[:limit]:
+                token = tx.queued(ino) or b""
+                if len(token) >= 8:
+                    stamp = int.from_bytes(token[:8], "big")
+                    oldest = stamp if not oldest else min(oldest, stamp)
+        return {"depth": len(queue), "truncated": len(queue) > limit,
+                "oldest_age_seconds": round(max(0, now - oldest) / 1e9, 3) if oldest else 0.0}
 
     # -- readers' holds ----------------------------------------------------------------
     @contextlib.contextmanager
