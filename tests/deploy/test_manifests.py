@@ -5,6 +5,7 @@ systemd-analyze, and the Dockerfile runs what the README and dev.sh run."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -163,7 +164,7 @@ def test_configmap_toml_loads_with_tierds_loader_and_the_secret(tmp_path: Path) 
     env |= secret_env()
     env["TIERD_CONFIG"] = str(tmp_path / "tierd.toml")  # where the ConfigMap is mounted
     cfg = load_config(env=env)
-    assert cfg.mount == Path("/mnt/tierd")
+    assert cfg.mount == Path("/mnt/tierd/fs")
     assert cfg.cold_url.startswith("s3://") and cfg.cold_s3_addressing == "path"
     assert cfg.warm_enabled
     assert cfg.cold_s3_access_key == env["TIERD_COLD_S3_ACCESS_KEY"]
@@ -184,9 +185,12 @@ def test_daemonset_is_privileged_and_propagates_the_mount_to_the_node() -> None:
     assert c["securityContext"]["privileged"] is True
     volumes = {v["name"]: v for v in spec["volumes"]}
     by_path = {m["mountPath"]: m for m in c["volumeMounts"]}
-    mount = by_path[toml["mount"]]
+    # a volume is a mount point in the container and tierd refuses to mount over one
+    # (test_mount_propagation.py): it mounts a directory of the Bidirectional volume
+    assert toml["mount"] not in by_path
+    mount = by_path[str(Path(toml["mount"]).parent)]
     assert mount["mountPropagation"] == "Bidirectional"
-    assert volumes[mount["name"]]["hostPath"]["path"] == toml["mount"]
+    assert volumes[mount["name"]]["hostPath"]["path"] == mount["mountPath"]
     # every directory tierd writes is a hostPath: the metadata, tiers and pool outlive the pod
     pool_dir = str(Path(toml["pool_socket"]).parent)
     for path in (toml["data_dir"], toml["hot_dir"], toml["warm_dir"], pool_dir):
@@ -252,8 +256,13 @@ def test_example_pod_sees_the_mount_with_host_to_container_propagation() -> None
     pod = k8s_objects()["Pod/example-training"]["spec"]
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     mounts = [m for c in pod["containers"] for m in c["volumeMounts"]]
-    (data,) = [m for m in mounts if volumes[m["name"]] == toml["mount"]]
+    # the directory above the FUSE mount, so that a remount after a tierd restart reaches
+    # the pod; a hostPath of the mount itself would stay on the dead connection
+    (data,) = [m for m in mounts if volumes[m["name"]] == str(Path(toml["mount"]).parent)]
     assert data["mountPropagation"] == "HostToContainer"
+    assert toml["mount"] not in volumes.values()
+    script = "\n".join(" ".join(c.get("command", [])) for c in pod["containers"])
+    assert f'{data["mountPath"]}/{Path(toml["mount"]).name}' in script
     # a training pod gets the mount and the pool socket, never the data directory (the admin
     # token and secrets.key are there)
     assert toml["data_dir"] not in volumes.values()
@@ -376,6 +385,16 @@ def test_dockerfile_installs_this_repository_with_pip_like_dev_sh() -> None:
     assert ignore[ignore.index("*") if "*" in ignore else 0] == "*"
     for name in dirs | {"pyproject.toml", "README.md"}:
         assert f"!{name}" in ignore or f"!{name}/" in ignore, name
+    # every file COPY takes from the context exists and is let through
+    for stage in stages:
+        for instr, rest in stage:
+            if instr == "COPY" and not rest.startswith("--from"):
+                for src in shlex.split(rest)[:-1]:
+                    assert (ROOT / src).exists(), src
+                    assert f"!{src}" in ignore or f"!{src}/" in ignore, src
+    backup = ROOT / "deploy" / "backup" / "tierd-meta-backup.py"
+    assert os.access(backup, os.X_OK)
+    assert backup.read_text().startswith("#!/usr/bin/env python3\n")
     # the base image's python satisfies requires-python
     base = shlex.split(stages[0][0][1])[0]
     m = re.match(r"python:(\d+)\.(\d+)", base)
