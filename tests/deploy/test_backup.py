@@ -226,3 +226,24 @@ def test_metadata_copy_restored_without_the_hot_tier_reads_from_cold(
     b = nodes(tmp_path / "b", cold)
     # today: the response's headers come, its body never does (read timeout)
     assert b.s3(timeout=5).get_object(Bucket="restore", Key="big")["Body"].read() == body(1)
+
+
+def test_the_daemonsets_prestop_hook_pushes_dirty_data_to_cold(tmp_path: Path,
+                                                                nodes: Any) -> None:
+    """The DaemonSet's preStop command, run as the kubelet would (in the container, where
+    ``--data-dir`` is the daemon's data directory)."""
+    from .test_manifests import tierd_container
+
+    cold = tmp_path / "cold"
+    node = nodes(tmp_path / "a", cold, "--persist-delay", "3600")
+    s3 = node.s3()
+    s3.create_bucket(Bucket="prestop")
+    s3.put_object(Bucket="prestop", Key="ckpt/step-1", Body=body(7))
+    assert not (cold / "prestop" / "ckpt" / "step-1").exists()  # dirty: waits an hour
+    cmd = list(tierd_container()["lifecycle"]["preStop"]["exec"]["command"])
+    cmd[cmd.index("--data-dir") + 1] = str(node.data_dir)
+    cmd[0] = str(BIN / cmd[0])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("TIERD_")})
+    assert r.returncode == 0, r.stderr
+    assert (cold / "prestop" / "ckpt" / "step-1").read_bytes() == body(7)
