@@ -165,7 +165,11 @@ def test_counters_move_with_an_s3_workload(daemon: tuple[Admin, Path | None]) ->
     assert after.get("tierd_cold_store_up") == 1
     assert after.get("tierd_cold_store_errors_total", operation="persist") == 0
     assert after.types["tierd_tier_hits"] == "counter"
-    assert after.has("tierd_tier_hits_total") and after.has("tierd_tier_misses_total")
+    # the GETs read data hot holds: hits, no cold fetch
+    assert after.get("tierd_tier_hits_total", tier="hot") - \
+        before.get("tierd_tier_hits_total", tier="hot") >= 2
+    assert after.get("tierd_tier_misses_total", tier="hot") == \
+        before.get("tierd_tier_misses_total", tier="hot")
     assert after.has("tierd_tier_evicted_bytes_total")
     # the memory pool and its tier
     assert after.get("tierd_pool_capacity_bytes") > 0
@@ -266,3 +270,22 @@ def test_fuse_requests_counted(daemon: tuple[Admin, Path | None]) -> None:
     assert (after.get("tierd_request_duration_seconds_count", door="fuse", operation="create")
             - before.get("tierd_request_duration_seconds_count", door="fuse",
                          operation="create")) == 1
+
+
+def test_checkpoint_phases_observed(daemon: tuple[Admin, Path | None]) -> None:
+    torch = pytest.importorskip("torch")
+    from tierd_client.checkpoint import Checkpointer
+
+    a, _ = daemon
+    socket = json.loads((a.data / "endpoints.json").read_text())["pool_socket"]
+    before = scrape(a)
+    with Checkpointer(socket) as ck:
+        ck.save("metrics-run", 1, {"w": torch.arange(1000, dtype=torch.float32)})
+        assert ck.wait_persisted("metrics-run", 1, level="cold") == "persisted"
+    after = scrape(a)
+    for phase in ("stall", "local", "persisted"):
+        key = "tierd_checkpoint_duration_seconds_count"
+        assert after.get(key, phase=phase) - before.get(key, phase=phase) == 1, phase
+    # the saving connection's tenant shows up in the pool's per-tenant figures
+    assert after.labelled("tierd_pool_tenant_used_bytes"), "no tenant in the pool metrics"
+    assert after.get("tierd_persisted_files_total") > before.get("tierd_persisted_files_total")
