@@ -97,11 +97,22 @@ def make_admin_app(backend: AdminBackend, auth: AdminAuth) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return web.json_response(backend.status())
 
+    async def mounts(request: web.Request) -> web.Response:
+        # the daemon's FUSE door (None without ``mount``); getattr: backends without one
+        fuse = getattr(backend, "fuse", None)
+        found = [] if fuse is None else [{"door": "fuse", "mountpoint": str(fuse.mountpoint),
+                                          "source": "/"}]
+        return web.json_response({"mounts": found})
+
     app = web.Application(middlewares=[_json_errors, auth_middleware(auth)],
                           client_max_size=MAX_BODY,
                           handler_args={"keepalive_timeout": IDLE_TIMEOUT, **LIMITS})
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/status", status)
+    app.router.add_get("/v1/mounts", mounts)
+    from tierd.admin.openapi import add_openapi_route
+
+    add_openapi_route(app)
     # placement (docs/placement.md): only when the backend has it (the daemon does)
     placement_ops = getattr(backend, "placement_ops", None)
     if placement_ops is not None:
@@ -121,4 +132,7 @@ def make_admin_app(backend: AdminBackend, auth: AdminAuth) -> web.Application:
         from tierd.admin.users import add_user_routes
 
         add_user_routes(app, directory)
+        from tierd.admin.buckets import add_bucket_routes
+
+        add_bucket_routes(app, directory)
     return app

@@ -106,6 +106,10 @@ def add_placement_routes(app: web.Application, get_ops: Ops) -> None:
         await resp.write_eof()
         return resp
 
+    async def tiers(request: web.Request) -> web.Response:
+        return web.json_response(tiers_doc(ops()))
+
+    app.router.add_get("/v1/tiers", tiers)
     app.router.add_get("/v1/placement/du", du)
     app.router.add_post("/v1/placement/evict", evict)
     app.router.add_post("/v1/placement/pin", pin)
@@ -115,6 +119,53 @@ def add_placement_routes(app: web.Application, get_ops: Ops) -> None:
     app.router.add_post("/v1/placement/persist", persist)
     app.router.add_post("/v1/placement/import", import_)
     app.router.add_post("/v1/placement/warmup", warmup)
+
+
+def _ratio(hits: int, misses: int) -> float | None:
+    return round(hits / (hits + misses), 4) if hits + misses else None
+
+
+def _redacted(url: str) -> str:
+    """``url`` without a ``user:password@`` part (fsspec URLs may carry one)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    host, slash, path = rest.partition("/")
+    return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
+
+
+def tiers_doc(o: PlacementOps) -> dict[str, Any]:
+    """``GET /v1/tiers``: each tier's capacity and use from placement's running accounts
+    (no walk of the namespace: ``du`` does that), dirty bytes (they are on hot until
+    persisted) and read hits: ``hits`` are reads served without fetching (hot, or mem for
+    the memory tier), ``misses`` reads that had to fetch blocks from warm or cold."""
+    p = o.p
+    hits, misses = int(p.stats["hits"]), int(p.stats["misses"])
+    out: list[dict[str, Any]] = []
+    if p.mem is not None:
+        mem = p.mem
+        out.append({"name": "mem", "kind": "memory", "capacity": mem.capacity,
+                    "used": mem.used, "free": max(0, mem.capacity - mem.used),
+                    "files": len(mem.copies), "dirty": 0, "hits": int(mem.stats["hits"]),
+                    "misses": None, "hit_ratio": None})
+    for tc in p.tiers():
+        doc: dict[str, Any] = {
+            "name": tc.name, "kind": "local", "capacity": tc.capacity, "used": tc.used,
+            "free": max(0, tc.capacity - tc.used), "files": len(tc.resident),
+            "high_watermark": tc.high, "low_watermark": tc.low,
+            "dirty": p.dirty_bytes if tc is p.hotc else 0,
+            "hits": None, "misses": None, "hit_ratio": None}
+        if tc is p.hotc:
+            doc.update(hits=hits, misses=misses, hit_ratio=_ratio(hits, misses))
+        out.append(doc)
+    out.append({"name": "cold", "kind": "object",
+                "url": _redacted(str(getattr(p.cold, "url", ""))),
+                "reachable": not p.cold_down, "capacity": None, "used": None, "free": None,
+                "dirty": 0, "hits": None, "misses": None, "hit_ratio": None,
+                "uploaded_bytes": int(p.stats["uploaded_bytes"]),
+                "fetched_bytes": int(p.stats["fetched_bytes"])})
+    return {"tiers": out, "dirty": p.dirty_bytes, "dirty_limit": p.settings.dirty_limit,
+            "hits": hits, "misses": misses, "hit_ratio": _ratio(hits, misses)}
 
 
 async def _ready(value: dict[str, Any]) -> dict[str, Any]:

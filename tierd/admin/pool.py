@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from tierd.acl import Identity
+from tierd.acl.users import MAX_ID
 from tierd.errors import FsError
 from tierd.mempool.pool import PoolError
 
@@ -43,6 +44,8 @@ def add_pool_routes(app: web.Application, get_door: Callable[[], MemoryDoor | No
             tenant = int(request.match_info["tenant"])
             doc = await request.json()
             nbytes = int(doc["bytes"])
+            if not (0 <= tenant <= MAX_ID and 0 <= nbytes < 1 << 63):
+                raise ValueError(f"tenant is 0 to {MAX_ID}, bytes 0 to 2^63-1")
             return web.json_response(door().set_quota(tenant, nbytes))
         except (ValueError, KeyError, TypeError) as e:
             return web.json_response({"error": "bad_request", "message": f"need a numeric "

@@ -1,0 +1,150 @@
+"""Admin endpoints of buckets and bucket policies (``tierctl bucket ...``).
+
+* ``GET /v1/buckets`` -- ``{"buckets": [bucket, ...]}`` by name; a bucket is ``{name,
+  owner_uid, owner, created_ns, created, region, acl, policy, public}`` (``owner`` is the
+  user name of ``owner_uid`` when a user has it, ``policy`` whether it has one, ``public``
+  whether that policy allows everyone something unconditionally).  Object counts and bytes
+  are not here: counting walks the bucket, which ``GET /v1/placement/du?prefix=NAME/``
+  does on request;
+* ``GET /v1/buckets/{name}`` -- one bucket;
+* ``GET /v1/buckets/{name}/policy`` -- ``{"bucket", "policy": {...}, "public"}``;
+* ``PUT /v1/buckets/{name}/policy`` -- the body is the policy document itself, as for S3's
+  PutBucketPolicy; answers like GET;
+* ``DELETE /v1/buckets/{name}/policy`` -- ``{"bucket", "deleted": true|false}``.
+
+These are the S3 door's policies, not a copy: validation is
+:func:`tierd.acl.policy.parse_policy` (what PutBucketPolicy calls, with the same messages) and
+storage is :class:`tierd.acl.authorize.PolicyStore` (the JSON in the bucket's metadata
+record), so a policy put here is enforced by the next S3 request.  The admin token manages
+every bucket's policy, as root or an admin user does through S3.
+
+Errors: 400 ``malformed_policy``, 404 ``no_such_bucket`` / ``no_such_policy``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from tierd.acl.authorize import PolicyStore
+from tierd.acl.policy import MalformedPolicy, parse_policy
+from tierd.acl.users import Directory
+from tierd.admin.auth import identity
+from tierd.errors import FsError
+from tierd.logs import get_logger, kv
+from tierd.meta import Bucket, MetaStore
+
+log = get_logger("admin")
+
+GetDirectory = Callable[[], Directory | None]
+
+
+def _err(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": code, "message": message}, status=status)
+
+
+def _no_bucket(name: str) -> web.Response:
+    return _err(404, "no_such_bucket", f"bucket {name!r} does not exist")
+
+
+def bucket_doc(b: Bucket, store: PolicyStore, owners: dict[int, str]) -> dict[str, Any]:
+    policy = store.get(b.name) if b.policy else None
+    return {
+        "name": b.name, "owner_uid": b.owner_uid, "owner": owners.get(b.owner_uid),
+        "created_ns": b.created_ns,
+        "created": datetime.fromtimestamp(b.created_ns / 1e9, UTC).isoformat(
+            timespec="seconds").replace("+00:00", "Z"),
+        "region": b.region, "acl": b.acl, "policy": bool(b.policy),
+        "public": policy is not None and policy.public,
+    }
+
+
+def add_bucket_routes(app: web.Application, get_directory: GetDirectory) -> None:
+    stores: list[PolicyStore] = []  # made on first use: the directory comes up with the daemon
+
+    def directory() -> Directory:
+        d = get_directory()
+        if d is None:
+            raise web.HTTPServiceUnavailable(reason="the metadata store is not ready")
+        return d
+
+    def store() -> PolicyStore:
+        meta: MetaStore = directory().meta
+        if not stores or stores[0].meta is not meta:
+            stores[:] = [PolicyStore(meta)]
+        return stores[0]
+
+    def owners() -> dict[int, str]:
+        names: dict[int, str] = {}
+        for user, _ in directory().list_users():
+            names.setdefault(user.uid, user.name)
+        return names
+
+    def get_bucket(s: PolicyStore, name: str) -> Bucket | None:
+        with s.meta.snapshot() as tx:
+            return tx.get_bucket(name)
+
+    async def listing(request: web.Request) -> web.Response:
+        s = store()
+        with s.meta.snapshot() as tx:
+            buckets = list(tx.list_buckets())
+        names = owners()
+        return web.json_response({"buckets": [bucket_doc(b, s, names)
+                                              for b in sorted(buckets, key=lambda b: b.name)]})
+
+    async def one(request: web.Request) -> web.Response:
+        s, name = store(), request.match_info["name"]
+        b = get_bucket(s, name)
+        if b is None:
+            return _no_bucket(name)
+        return web.json_response(bucket_doc(b, s, owners()))
+
+    def policy_answer(name: str, s: PolicyStore) -> web.Response:
+        policy = s.get(name)
+        if policy is None:
+            return _err(404, "no_such_policy", f"bucket {name!r} has no policy")
+        return web.json_response({"bucket": name, "policy": json.loads(policy.text),
+                                  "public": policy.public})
+
+    async def policy_get(request: web.Request) -> web.Response:
+        s, name = store(), request.match_info["name"]
+        if get_bucket(s, name) is None:
+            return _no_bucket(name)
+        return policy_answer(name, s)
+
+    async def policy_put(request: web.Request) -> web.Response:
+        s, name = store(), request.match_info["name"]
+        raw = await request.read()
+        if get_bucket(s, name) is None:
+            return _no_bucket(name)
+        try:
+            policy = parse_policy(raw, name)
+        except MalformedPolicy as e:
+            return _err(400, "malformed_policy", str(e))
+        try:
+            await s.put(name, policy)
+        except FsError:
+            return _no_bucket(name)
+        log.info("bucket policy set", extra=kv(identity=identity(request), bucket=name,
+                                               public=policy.public))
+        return policy_answer(name, s)
+
+    async def policy_delete(request: web.Request) -> web.Response:
+        s, name = store(), request.match_info["name"]
+        try:
+            had = await s.delete(name)
+        except FsError:
+            return _no_bucket(name)
+        log.info("bucket policy deleted", extra=kv(identity=identity(request), bucket=name,
+                                                   had_policy=had))
+        return web.json_response({"bucket": name, "deleted": had})
+
+    app.router.add_get("/v1/buckets", listing)
+    app.router.add_get("/v1/buckets/{name}", one)
+    app.router.add_get("/v1/buckets/{name}/policy", policy_get)
+    app.router.add_put("/v1/buckets/{name}/policy", policy_put)
+    app.router.add_delete("/v1/buckets/{name}/policy", policy_delete)
