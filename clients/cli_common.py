@@ -327,7 +327,7 @@ def usage_bar(used: float, capacity: float, width: int = 24) -> Text:
     style = "green" if frac < 0.7 else "yellow" if frac < 0.9 else "red"
     t = Text(full * n, style=style)
     t.append(empty * (width - n), style="dim")
-    t.append(f" {frac * 100:3.0f}%")
+    t.append(f" {frac * 100:.0f}%")
     return t
 
 
