@@ -1,6 +1,7 @@
 """A real ``tierd serve`` for the tierctl suite: a ``file://`` cold store with a small data
-set, a warm tier and a memory pool, so every tier and the pool show in ``tierctl status``.  Writes wait 60 s before upload (a
-persist command hurries them), so what is dirty stays dirty while a test looks."""
+set, a warm tier and a memory pool, so every tier and the pool show in ``tierctl status``.
+Writes wait 60 s before upload (a persist command hurries them), so what is dirty stays
+dirty while a test looks."""
 
 from __future__ import annotations
 

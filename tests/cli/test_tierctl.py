@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 from admin.conftest import Admin
-
 from tierd_client.cli_common import human_bytes
 
 from .conftest import FILES, run_ctl
