@@ -56,7 +56,7 @@ def fs_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, 
         metrics: Metrics | None = getattr(args[0], "metrics", None) if args else None
         if metrics is None:
             return await call(*args, **kwargs)
-        gauge = metrics.in_flight.labels("fuse")
+        gauge = metrics.in_flight_of["fuse"]
         gauge.inc()
         start = time.monotonic()
         err = errno.EINTR  # cancelled: the kernel interrupted the request
