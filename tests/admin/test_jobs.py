@@ -178,3 +178,17 @@ def test_unknown_jobs_and_states(jd: tuple[Admin, Path]) -> None:
     assert status == 400 and err["error"] == "bad_request"
     status, _ = a.call("GET", "/v1/jobs", token=None)
     assert status == 401
+
+
+def test_daemon_stops_cleanly_with_a_job_running(jd: tuple[Admin, Path]) -> None:
+    """Last in the module: SIGTERM while a job runs cancels it and the daemon exits 0."""
+    a, cold = jd
+    a.d.client().put_object(Bucket="wbk", Key="late/x", Body=b"y" * 10)
+    (cold / "wbk" / "late").write_bytes(b"in the way")
+    jid = start(a, kind="persist", prefix="wbk/late/")["id"]
+    wait(a, jid, until=("running",))
+    a.d.stop()
+    assert a.d.proc.returncode == 0, a.log()[-3000:]
+    log = a.log()
+    assert f"job={jid}" in log and "state=cancelled" in log.split(f"job={jid}")[-1]
+    assert "stopped cleanly" in log

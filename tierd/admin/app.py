@@ -5,7 +5,13 @@ Endpoints:
 * ``GET /healthz`` -- ``200 ok`` while the daemon serves (for load balancers and systemd
   watchdogs: no JSON parsing needed);
 * ``GET /v1/status`` -- JSON: version, uptime, data dir, pid, namespace counts, metadata
-  engine figures and the listen addresses.
+  engine figures and the listen addresses;
+* ``GET /v1/mounts`` -- the daemon's FUSE mount, if any;
+* ``GET /v1/openapi.json`` -- the document of every endpoint (:mod:`tierd.admin.openapi`);
+* the others in their modules: placement and ``/v1/tiers`` (:mod:`~tierd.admin.placement`),
+  jobs (:mod:`~tierd.admin.jobs`), buckets and policies (:mod:`~tierd.admin.buckets`),
+  users and keys (:mod:`~tierd.admin.users`), pool and checkpoints
+  (:mod:`~tierd.admin.pool`); docs/admin-api.md describes them all.
 
 Every error is JSON ``{"error": code, "message": text}`` with the matching status, so
 ``tierctl`` and scripts never have to parse HTML error pages.

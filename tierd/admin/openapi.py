@@ -95,6 +95,9 @@ def _query(name: str, schema: Schema | None = None, desc: str = "") -> Schema:
 
 
 _TIER = {"type": "string", "enum": ["mem", "hot", "warm"]}
+#: user names and ids as tierd.acl.users accepts them
+_USER = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"}
+_ID = {"type": "integer", "minimum": 0, "maximum": 2**32 - 2}
 _PREFIX = {"type": "string", "description": "bucket/key-prefix (\"\" is everything)"}
 
 SCHEMAS: dict[str, Schema] = {
@@ -156,12 +159,14 @@ SCHEMAS: dict[str, Schema] = {
                   "created_ns": _INT, "keys": _INT,
                   "key_list": {"type": "array", "items": _ref("Key")}},
                  ("name", "uid", "gid", "groups", "admin")),
-    "NewUser": _obj({"name": _STR, "uid": _NN_INT, "gid": _NN_INT,
-                     "groups": {"type": "array", "items": _NN_INT}, "admin": _BOOL},
-                    ("name", "uid")),
+    "NewUser": _obj({"name": _USER, "uid": _ID, "gid": _ID,
+                     "groups": {"type": "array", "items": _ID, "maxItems": 64},
+                     "admin": _BOOL}, ("name", "uid")),
     "Key": _obj({"access_key": _STR, "user": _STR, "enabled": _BOOL, "created_ns": _INT},
                 ("access_key", "user", "enabled")),
-    "NewKey": _obj({"user": _STR, "access_key": _STR, "secret": _STR}, ("user",)),
+    "NewKey": _obj({"user": _USER, "access_key": {"type": "string",
+                                                  "pattern": "^[A-Za-z0-9_.-]{3,128}$"},
+                    "secret": {"type": "string", "pattern": "^[!-~]{8,128}$"}}, ("user",)),
     "Bucket": _obj({"name": _STR, "owner_uid": _INT, "owner": _n(_STR), "created_ns": _INT,
                     "created": {"type": "string", "format": "date-time"}, "region": _STR,
                     "acl": _STR, "policy": _BOOL, "public": _BOOL},
@@ -198,7 +203,7 @@ def _users() -> dict[str, Schema]:
             "delete": _op("remove a user and its keys (never its files)", {200: (
                 "what was removed", _obj({"deleted": _STR, "keys_removed": {
                     "type": "array", "items": _STR}}, ("deleted", "keys_removed")))},
-                errors=(404,), params=[name], tag="users")},
+                errors=(404, 409), params=[name], tag="users")},
         "/v1/keys": {
             "get": _op("list access keys (never secrets)", {200: ("the keys", _obj(
                 {"keys": {"type": "array", "items": _ref("Key")}}, ("keys",)))},
@@ -254,7 +259,8 @@ def _placement() -> dict[str, Schema]:
                                                             "persisted": _BOOL},
                                                            ("prefix", "persisted")))},
             errors=(503,), body_required=False, body=_obj(
-                {"prefix": _PREFIX, "timeout": {"type": "number", "minimum": 0}}),
+                {"prefix": _PREFIX, "timeout": {"type": "number", "minimum": 0,
+                                                "maximum": 1e9}}),
             tag="placement")},
         "/v1/placement/import": {"post": _op("list a cold prefix into the namespace", {200: (
             "imported entries", _obj({"prefix": _STR, "imported": _INT},

@@ -3,6 +3,8 @@
 All take a ``prefix`` (``bucket/key-prefix``); bodies are JSON.  ``warmup`` streams one JSON
 document per line (progress, then ``{"done": total, ...}``) so the CLI can draw a progress bar
 without polling.  The door asks the daemon's :class:`~tierd.placement.ops.PlacementOps`.
+``GET /v1/tiers`` (:func:`tiers_doc`) is here too: each tier's figures from placement.  The
+same operations as asynchronous jobs with progress and cancel: :mod:`tierd.admin.jobs`.
 """
 
 from __future__ import annotations
@@ -78,6 +80,10 @@ def add_placement_routes(app: web.Application, get_ops: Ops) -> None:
     async def persist(request: web.Request) -> web.Response:
         doc = await _body(request)
         timeout = doc.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, int | float)
+                                    or not 0 <= timeout <= 1e9):
+            return _err(400, "bad_request", "timeout must be a number of seconds (0 to 1e9)")
         return await guarded(lambda: ops().persist_wait(
             str(doc.get("prefix", "")), float(timeout) if timeout is not None else None))
 
