@@ -325,7 +325,8 @@ def usage_bar(used: float, capacity: float, width: int = 24) -> Text:
     frac = min(max(used / capacity, 0.0), 1.0) if capacity > 0 else 0.0
     n = round(frac * width)
     style = "green" if frac < 0.7 else "yellow" if frac < 0.9 else "red"
-    t = Text(full * n, style=style)
+    t = Text()
+    t.append(full * n, style=style)
     t.append(empty * (width - n), style="dim")
     t.append(f" {frac * 100:.0f}%")
     return t

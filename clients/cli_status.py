@@ -78,6 +78,18 @@ def _requests_line(st: dict[str, Any], rates: dict[str, float] | None) -> str:
     return "  ".join(parts) + "  (total since start" + (", rate over 1 s)" if rates else ")")
 
 
+def _reads_line(st: dict[str, Any]) -> str:
+    """Hits and misses of the local tiers since start (a miss fetched from cold)."""
+    stats = (st.get("placement") or {}).get("stats")
+    if stats is None:
+        return "n/a (placement not running)"
+    hits, misses = int(stats.get("hits", 0)), int(stats.get("misses", 0))
+    ratio = f" ({hits / (hits + misses):.0%} from local tiers)" if hits + misses else ""
+    mem = st.get("mem_tier") or {}
+    mem_hits = f", mem hits {mem.get('hits', 0)}" if mem else ""
+    return f"hits {hits}, misses {misses}{ratio}{mem_hits}"
+
+
 def _pool_line(st: dict[str, Any]) -> str:
     pool = st.get("pool")
     if not pool:
@@ -112,6 +124,7 @@ def show_status(st: dict[str, Any], rates: dict[str, float] | None = None) -> No
     print_fields([
         ("dirty", _persist_line(st)),
         ("requests", _requests_line(st, rates)),
+        ("reads", _reads_line(st)),
         ("pool", pool_bar),
     ])
 

@@ -101,6 +101,9 @@ def test_status_shows_tiers_queue_cold_requests_and_pool(ctl: tuple[Admin, Path]
     requests = " ".join(fields["requests"][1:])
     assert re.search(r"admin (\d+)", requests) and "s3 " in requests and "fuse " in requests
     assert "64.0 MiB used, 0 regions" in " ".join(fields["pool"][1:])
+    stats = doc["placement"]["stats"]
+    assert fields["reads"][1].startswith(
+        f"hits {stats.get('hits', 0)}, misses {stats.get('misses', 0)}")
 
     rated = ok(a, "status", "--rate")
     assert re.search(r"s3 \d+ \(\d+\.\d/s\)", rated), rated
