@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -22,8 +23,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tierd.acl.keys import check_pair
-from tierd.admin.auth import bootstrap_admin_token
+from tierd.acl.keys import CredentialsError, check_pair
+from tierd.admin.auth import TokenError, bootstrap_admin_token
 from tierd.cli import serve
 from tierd.config import NON_SETTING_ENV, SETTINGS, Config, ConfigError, load_config
 
@@ -170,12 +171,27 @@ def test_configmap_toml_loads_with_tierds_loader_and_the_secret(tmp_path: Path) 
     assert cfg.cold_s3_access_key == env["TIERD_COLD_S3_ACCESS_KEY"]
 
 
-def test_the_secrets_values_have_the_forms_tierd_accepts(tmp_path: Path) -> None:
+def test_tierd_refuses_the_secrets_placeholders_and_accepts_the_documented_values(
+    tmp_path: Path,
+) -> None:
+    """Fail closed: applied unedited, the Secret stops tierd with a message naming the
+    variable; the values its comment tells how to make are accepted."""
     env = secret_env()
     assert set(env) <= TIERD_ENV
     assert {"TIERD_ROOT_ACCESS_KEY", "TIERD_ROOT_SECRET_KEY", "TIERD_ADMIN_TOKEN"} <= set(env)
-    check_pair(env["TIERD_ROOT_ACCESS_KEY"], env["TIERD_ROOT_SECRET_KEY"])
-    assert bootstrap_admin_token(tmp_path, env=env) == env["TIERD_ADMIN_TOKEN"]
+    with pytest.raises(CredentialsError, match="TIERD_ROOT_ACCESS_KEY"):
+        check_pair(env["TIERD_ROOT_ACCESS_KEY"], env["TIERD_ROOT_SECRET_KEY"])
+    with pytest.raises(TokenError, match="TIERD_ADMIN_TOKEN"):
+        bootstrap_admin_token(tmp_path, env=env)
+    # TIERD$(openssl rand -hex 8), $(openssl rand -hex 20), $(openssl rand -hex 24)
+    text = (K8S / "secret.yaml").read_text()
+    for cmd in ("TIERD_ROOT_ACCESS_KEY=TIERD$(openssl rand -hex 8)",
+                "TIERD_ROOT_SECRET_KEY=$(openssl rand -hex 20)",
+                "TIERD_ADMIN_TOKEN=$(openssl rand -hex 24)"):
+        assert cmd in text, cmd
+    check_pair("TIERD" + secrets.token_hex(8), secrets.token_hex(20))
+    token = secrets.token_hex(24)
+    assert bootstrap_admin_token(tmp_path, env={"TIERD_ADMIN_TOKEN": token}) == token
 
 
 def test_daemonset_is_privileged_and_propagates_the_mount_to_the_node() -> None:
@@ -558,3 +574,14 @@ def test_operations_guide_names_only_tests_and_files_that_exist() -> None:
         assert f"def {name}(" in sources, f"docs/operations.md names a missing test {name}"
     for path in set(re.findall(r"`((?:deploy|tests|tierd)/[\w./-]+)`", text)):
         assert (ROOT / path).exists(), f"docs/operations.md names a missing file {path}"
+
+
+def test_tierd_serve_exits_naming_the_placeholder_it_found(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
+    env |= secret_env()
+    r = subprocess.run([str(BIN / "tierd"), "serve", "--data-dir", str(tmp_path / "d"),
+                        "--s3-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "TIERD_ROOT_ACCESS_KEY must be" in r.stderr
+    assert not (tmp_path / "d" / "endpoints.json").exists()
