@@ -10,7 +10,7 @@ ROOT=$(pwd)
 VENV=${TIERD_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3}
 
-apt_packages=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv attr fio rsync git sqlite3 util-linux rclone s3cmd acl)
+apt_packages=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv attr fio rsync git sqlite3 util-linux rclone s3cmd acl systemd)
 
 need_apt=()
 install_system() {

@@ -336,6 +336,7 @@ BUILD = {"gcc", "libfuse3-dev", "pkg-config"}  # compiling pyfuse3
 NOT_IN_IMAGE = {
     "python3-dev", "python3-venv",  # the python base image has headers and venv
     "attr", "acl", "fio", "rsync", "git", "sqlite3", "rclone", "s3cmd",  # tests, benchmarks
+    "systemd",  # systemd-analyze verify of deploy/systemd/tierd.service (tests)
 }
 
 
