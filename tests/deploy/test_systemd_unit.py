@@ -1,10 +1,13 @@
 """deploy/systemd/tierd.service run for real, without systemd: its ExecStart under its
-capability bounding set and NoNewPrivileges (setpriv), its ExecStop against the running
+capability bounding set and NoNewPrivileges (setpriv) and its system call deny list
+(libseccomp, the calls systemd-analyze lists for its groups), its ExecStop against the running
 daemon and its ExecStopPost after a crash -- the commands as systemd would run them, with
 systemd's ``$VAR``/``$$`` expansion.  Needs root, /dev/fuse, setpriv and fusermount3."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import json
 import os
@@ -15,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -72,6 +75,48 @@ def cap_mask(names: list[str]) -> int:
     return sum(1 << bits[n] for n in names)
 
 
+
+def denied_syscalls() -> tuple[list[str], int]:
+    """SystemCallFilter=~GROUPS of the unit as syscall names (from systemd-analyze), and
+    SystemCallErrorNumber= as an errno."""
+    (spec,) = UNIT["SystemCallFilter"]
+    assert spec.startswith("~"), "the unit's filter is a deny list"
+    r = subprocess.run(["systemd-analyze", "syscall-filter", *spec[1:].split()],
+                       capture_output=True, text=True, timeout=60, check=True)
+    names = [w for line in r.stdout.splitlines()
+             if line.startswith(" ") and not line.strip().startswith("#")
+             for w in line.split() if not w.startswith("@")]
+    assert len(names) > 20, r.stdout
+    return names, int(getattr(errno, UNIT["SystemCallErrorNumber"][0]))
+
+
+def seccomp_preexec() -> Callable[[], None] | None:
+    """A ``preexec_fn`` installing the unit's syscall deny list with libseccomp, as systemd
+    does (filters survive exec); None when systemd-analyze or libseccomp is missing."""
+    lib_name = ctypes.util.find_library("seccomp")
+    if shutil.which("systemd-analyze") is None or lib_name is None:
+        return None
+    names, err = denied_syscalls()
+    lib = ctypes.CDLL(lib_name)
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int,
+                                     ctypes.c_uint]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    numbers = [n for n in (lib.seccomp_syscall_resolve_name(x.encode()) for x in names)
+               if n >= 0]  # negative: not a call of this architecture
+    scmp_act_allow, scmp_act_errno = 0x7FFF0000, 0x00050000 | err
+
+    def install() -> None:
+        ctx = lib.seccomp_init(scmp_act_allow)
+        for nr in numbers:
+            lib.seccomp_rule_add(ctx, scmp_act_errno, nr, 0)
+        if lib.seccomp_load(ctx) != 0:
+            raise OSError("seccomp_load failed")
+
+    return install
+
 class Service:
     """tierd started the way the unit starts it, on a private data directory and mount."""
 
@@ -95,9 +140,10 @@ class Service:
         assert cmd[0] == "/usr/local/bin/tierd"
         cmd[0] = str(BIN / "tierd")  # this checkout's tierd
         self.log = open(tmp / "tierd.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.seccomp = seccomp_preexec()
         self.proc = subprocess.Popen(setpriv_prefix() + cmd, env=self.env,
                                      stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, preexec_fn=self.seccomp)
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -148,6 +194,8 @@ def test_exec_start_mounts_in_the_hosts_namespace_with_the_units_capabilities(
     bounding = int(re.search(r"CapBnd:\s*([0-9a-f]+)", status).group(1), 16)  # type: ignore[union-attr]
     assert bounding == cap_mask(UNIT["CapabilityBoundingSet"][0].split())
     assert re.search(r"NoNewPrivs:\s*1", status)
+    if service.seccomp is not None:  # the unit's SystemCallFilter=, installed as systemd would
+        assert re.search(r"Seccomp:\s*2", status)
     bucket = service.mount / "deploytest"
     bucket.mkdir()
     (bucket / "hello.txt").write_bytes(b"through the mount\n" * 1000)
