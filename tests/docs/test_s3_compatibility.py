@@ -11,6 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from s3.conftest import start_daemon
+from s3.test_auth import send, signed
+
 from tierd.s3.app import OPERATIONS, UNSUPPORTED
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "s3-compatibility.md"
@@ -69,3 +72,30 @@ def test_the_page_covers_the_whole_api() -> None:
                  "ListBucketInventoryConfigurations", "GetBucketNotificationConfiguration",
                  "RestoreObject", "GetObjectAttributes", "PostObject"]:
         assert table.get(name) == "not supported", name
+
+
+def test_not_supported_sub_resources_answer_501_on_a_real_daemon(tmp_path: Path) -> None:
+    """Every ``?sub-resource`` a *not supported* row names is refused with 501 by the gateway,
+    on the bucket and on an object, and nothing is stored."""
+    subs: set[str] = set()
+    for line in DOC.read_text().splitlines():
+        if line.startswith("| ") and "| not supported |" in line:
+            subs.update(re.findall(r"`\?([\w-]+)`", line))
+    assert subs >= {"tagging", "lifecycle", "cors", "select", "object-lock", "session"}
+    d = start_daemon(tmp_path / "data")
+    try:
+        s3 = d.client()
+        s3.create_bucket(Bucket="compat")
+        s3.put_object(Bucket="compat", Key="k", Body=b"x")
+        for sub in sorted(subs):
+            for method, path in (("GET", f"/compat?{sub}"), ("PUT", f"/compat?{sub}"),
+                                 ("GET", f"/compat/k?{sub}"), ("DELETE", f"/compat/k?{sub}")):
+                r = send(signed(d, method, path)[0])
+                assert r.status_code == 501, (method, path, r.text)
+                assert "<Code>NotImplemented</Code>" in r.text
+        r = send(signed(d, "POST", "/compat", b"form")[0])  # PostObject
+        assert r.status_code == 501 and "<Code>NotImplemented</Code>" in r.text
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="compat")["Contents"]]
+        assert keys == ["k"] and s3.get_object(Bucket="compat", Key="k")["Body"].read() == b"x"
+    finally:
+        d.stop()
