@@ -121,10 +121,6 @@ with Checkpointer(keep_cold=3) as ck:
 """
 
 
-@pytest.mark.xfail(strict=True, reason="checkpoint service: two steps' persist tasks run "
-                   "_retain at once and remove the same old step (KeyError), marking a "
-                   "persisted step failed; docs/checkpoint-guide.md's 'Known issue' says how "
-                   "to avoid it -- remove that note and this mark when it is fixed")
 def test_keep_cold_with_saves_faster_than_persistence(where: Path) -> None:
     data = where / "data"
     d = start(data, where / "cold")

@@ -90,6 +90,9 @@ class Run:
     regions: list[Region] = field(default_factory=list)
     scanned: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # one retention pass at a time: every step's persist task runs one, and two at once
+    # removed the same old step (the second failed, and marked its own step failed)
+    retaining: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def committed(self) -> list[int]:
         """Steps a reader may see, oldest first."""
@@ -356,20 +359,22 @@ class CheckpointService:
             run.signal()
 
     async def _retain(self, run: Run) -> None:
-        done = sorted(n for n, s in run.steps.items() if s.state in (LOCAL, PERSISTED))
-        if not done:
-            return
-        newest = done[-1]
-        p = self.ns.placement
-        for n in done[:-run.keep_local] if run.keep_local else done[:-1]:
-            s = run.steps[n]
-            if s.state == PERSISTED and p is not None:
-                for ino in s.inos:
-                    await p.evict_file(ino, "hot", demote=False)
-        if run.keep_cold:
-            for n in done[:-run.keep_cold]:
-                if n != newest and run.steps[n].state == PERSISTED:
-                    await self._remove(run, n)
+        async with run.retaining:
+            done = sorted(n for n, s in run.steps.items() if s.state in (LOCAL, PERSISTED))
+            if not done:
+                return
+            newest = done[-1]
+            p = self.ns.placement
+            for n in done[:-run.keep_local] if run.keep_local else done[:-1]:
+                s = run.steps.get(n)  # a delete may have taken it meanwhile
+                if s is not None and s.state == PERSISTED and p is not None:
+                    for ino in s.inos:
+                        await p.evict_file(ino, "hot", demote=False)
+            if run.keep_cold:
+                for n in done[:-run.keep_cold]:
+                    s = run.steps.get(n)
+                    if n != newest and s is not None and s.state == PERSISTED:
+                        await self._remove(run, n)
 
     # -- reading and management ---------------------------------------------------------
     async def _wait(self, peer: Peer, msg: dict[str, Any]) -> Reply:
@@ -379,16 +384,31 @@ class CheckpointService:
         level = msg.get("level", "cold")
         if level not in ("local", "cold"):
             raise FsError(errno.EINVAL, "level must be 'local' or 'cold'")
-        ev = s.local if level == "local" else s.persisted
         timeout = msg.get("timeout")
         try:
-            await asyncio.wait_for(ev.wait(), None if timeout is None else float(timeout))
+            await asyncio.wait_for(self._settled(run, s, level),
+                                   None if timeout is None else float(timeout))
         except TimeoutError:
             raise FsError(errno.ETIMEDOUT, f"step {n} of run {run.name!r} did not reach "
                           f"{level} within {timeout} s (state {s.state})") from None
         if s.state == FAILED:
             raise FsError(errno.EIO, f"step {n} of run {run.name!r} failed: {s.error}")
         return Reply(state=s.state)
+
+    async def _settled(self, run: Run, s: Step, level: str) -> None:
+        """Until ``s`` reached ``level``.  For ``cold`` the older steps of the run settle too
+        (persisted, failed or removed) and retention has run: a run's steps are a sequence,
+        and after waiting for step N the run's cold state is what the retention rule says,
+        not whatever order the uploads happened to finish in."""
+        if level == "local":
+            await s.local.wait()
+            return
+        await s.persisted.wait()
+        older = [o for n, o in run.steps.items() if n < s.step and o.state in (COMMITTED, LOCAL)]
+        for o in older:
+            await o.persisted.wait()
+        if older:
+            await self._retain(run)
 
     def _step(self, run: Run, n: int | None) -> Step:
         """Step ``n`` (None: the newest) or an error naming the steps there are."""
@@ -445,7 +465,9 @@ class CheckpointService:
 
     async def _remove(self, run: Run, n: int, ident: Identity = Identity.ROOT) -> None:
         await publish.remove_step_dir(self.ns, ident, run.bucket, run.name, step_dir(n))
-        run.steps.pop(n).region = None  # only once the namespace let it go
+        gone = run.steps.pop(n, None)  # only once the namespace let it go
+        if gone is not None:
+            gone.region = None
         run.signal()
 
     def status(self) -> list[dict[str, Any]]:
