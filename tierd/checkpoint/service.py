@@ -404,11 +404,10 @@ class CheckpointService:
             await s.local.wait()
             return
         await s.persisted.wait()
-        older = [o for n, o in run.steps.items() if n < s.step and o.state in (COMMITTED, LOCAL)]
-        for o in older:
-            await o.persisted.wait()
-        if older:
-            await self._retain(run)
+        for o in [o for n, o in run.steps.items() if n < s.step and o.state != STAGING]:
+            await o.persisted.wait()  # (a staged step may never commit: not waited for)
+        # the step's own retention pass runs after its event is set: make sure one has
+        await self._retain(run)
 
     def _step(self, run: Run, n: int | None) -> Step:
         """Step ``n`` (None: the newest) or an error naming the steps there are."""
