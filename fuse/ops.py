@@ -77,6 +77,10 @@ class TierdOps(FileOps):
         mtime = attr.st_mtime_ns if fields.update_mtime else None
         if fh is not None and fh not in self.files:
             fh = None  # ftruncate passes its file handle; anything else is a path call
+        if size is not None and self._near_now(atime, mtime):
+            # a truncate stamps "now" (the kernel never sends explicit times with a size)
+            atime = None if atime is None else UTIME_NOW
+            mtime = None if mtime is None else UTIME_NOW
         try:
             new = await self.ns.setattr(ident, inode, mode=mode, uid=uid, gid=gid, size=size,
                                         atime_ns=atime, mtime_ns=mtime, fh=fh)

@@ -179,3 +179,37 @@ def test_ownership_rules(home: Path) -> None:
     assert as_user(BOB, "setxattr", f, "v") == "ok"  # user.* needs write permission
     f.chmod(0o644)
     assert as_user(BOB, "setxattr", f, "v") == "EACCES"
+
+
+_THROUGH_FD = r"""
+import os, stat, sys
+path, uid = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_RDWR)  # opened by root: write access is checked here
+os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)
+out = []
+for step in ("write", "ftruncate"):
+    try:
+        os.write(fd, b"z") if step == "write" else os.ftruncate(fd, 0)
+        out.append("ok")
+    except OSError as e:
+        out.append(os.strerror(e.errno))
+print(",".join(out), oct(stat.S_IMODE(os.fstat(fd).st_mode)))
+"""
+
+
+def test_another_users_writes_through_a_root_descriptor_drop_setgid(work: Path,
+                                                                    tmp_path: Path) -> None:
+    """A descriptor opened for writing by root and used by another user (after a setuid):
+    the write and the ftruncate succeed and drop the setgid bit (the kernel's killpriv,
+    which FUSE sends as a chmod with the writer's credentials), as on a local file system."""
+    answers = []
+    for d in (work, tmp_path):
+        f = d / "setgid-file"
+        f.write_bytes(b"hello")
+        os.chmod(f, 0o2775)
+        r = subprocess.run([sys.executable, "-c", _THROUGH_FD, str(f), str(ALICE[0])],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        answers.append(r.stdout.split())
+    assert answers[0] == answers[1], answers  # mount == kernel
+    assert answers[0] == ["ok,ok", "0o775"]

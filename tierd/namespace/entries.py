@@ -148,7 +148,11 @@ class EntryOps(NamespaceBase):
         fh: int | None = None,
     ) -> Inode:
         """chmod/chown/truncate/utimens in one call, with Linux's ownership rules."""
+        before = None
         if size is not None:
+            if mode is not None:  # a truncate drops set-id bits: judge the mode against
+                with self.meta.snapshot() as tx:  # what the file had when asked
+                    before = stat.S_IMODE(self._get(tx, ino).mode)
             await self._truncate(ident, ino, size, fh)
         with self.meta.write() as tx:
             inode = self._get(tx, ino)
@@ -171,9 +175,17 @@ class EntryOps(NamespaceBase):
                 inode.uid, inode.gid = new_uid, new_gid
                 changed = True
             if mode is not None:
-                if not is_owner(ident, inode):
-                    raise FsError(errno.EPERM, f"only the owner may chmod inode {ino}")
                 perm = mode & 0o7777
+                cur = stat.S_IMODE(inode.mode) if before is None else before
+                # the kernel's killpriv: a write or truncate by someone else drops set-id bits
+                # (FUSE sends it as a chmod with the writer's credentials): allowed to whoever
+                # may write the file or writes through a descriptor open for writing (which
+                # may be another user's: write access is checked at open)
+                killpriv = perm != cur and perm == drop_privs(cur)
+                if not is_owner(ident, inode) and not (killpriv and (
+                        may_access(ident, inode, W_OK) or any(
+                            h.writable for h in self._handles.values() if h.ino == ino))):
+                    raise FsError(errno.EPERM, f"only the owner may chmod inode {ino}")
                 if not ident.is_root and not ident.in_group(inode.gid):
                     perm &= ~stat.S_ISGID
                 inode.mode = stat.S_IFMT(inode.mode) | perm
