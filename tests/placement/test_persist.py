@@ -321,3 +321,26 @@ async def test_imported_objects_inherit_the_default_acl(file_env: Env) -> None:
         assert await ns.getxattr(ROOT, f.ino, pa.ACCESS_XATTR) == f.acl_access
     finally:
         await file_env.close()
+
+
+async def test_a_hot_tier_lost_apart_from_the_metadata_is_read_from_cold(env: Env) -> None:
+    """Metadata says the bytes are on hot, the hot files are gone (a restored metadata
+    backup, a wiped NVMe): at start placement records them as absent and reads fetch them
+    from cold, whole, instead of returning the empty files the namespace would make."""
+    ns, p = await env.open()
+    payload = os.urandom(2 * BLOCK_SIZE + 11)
+    try:
+        await ns.create_bucket(ROOT, "lost")
+        await ns.put_object(ROOT, "lost", "clean.bin", body(payload))
+        assert await p.drain(timeout=30)
+        ino = (await ns.resolve(ROOT, "lost/clean.bin")).ino
+    finally:
+        await env.close()
+    os.unlink(env.hot_dir / f"{ino:016x}"[-2:] / f"{ino:016x}")
+    ns, p = await env.open()
+    try:
+        assert (await ns.resolve(ROOT, "lost/clean.bin")).blocks.get(HOT) == b""
+        assert await read_file(ns, ino) == payload
+        assert p.stats["fetched_bytes"] == len(payload)
+    finally:
+        await env.close()

@@ -169,8 +169,17 @@ class PlacementCore:
         return [self.hotc] if self.warmc is None else [self.hotc, self.warmc]
 
     # -- start-up ----------------------------------------------------------------------
-    def load_state(self) -> None:
-        """Rebuild the in-memory accounting from metadata (one scan at start)."""
+    def load_state(self, hot_files: set[int] | None = None,
+                   warm_files: set[int] | None = None) -> None:
+        """Rebuild the in-memory accounting from metadata (one scan at start).
+
+        With the inventories of the local tiers (inode numbers that have a file there), the
+        metadata's claims are checked first: a file that should hold blocks but is missing
+        (the metadata restored from a backup onto a node with an empty hot tier, a wiped
+        tier) is recorded as holding none, so reads fetch it from cold, if cold has this
+        version; if it does not, the bytes are lost and that is logged once, loudly."""
+        if hot_files is not None:
+            self._check_tiers(hot_files, warm_files)
         with self.meta.snapshot() as tx:
             queued = set(tx.list_queue())
             for inode in tx.iter_inodes():
@@ -188,6 +197,41 @@ class PlacementCore:
                 if inode.ino in queued and inode.state != STATE_CLEAN:
                     self._set_dirty(inode.ino, inode.size)
             self.policies = {p.prefix: p for p in tx.list_policies()}
+
+    def _check_tiers(self, hot_files: set[int], warm_files: set[int] | None) -> None:
+        fixes: list[int] = []
+        with self.meta.snapshot() as tx:
+            for inode in tx.iter_inodes():
+                if not inode.is_reg or inode.size == 0:
+                    continue
+                bm = inode.blocks.get(HOT)
+                hot_missing = inode.ino not in hot_files and (bm is None or any(bm))
+                warm_missing = (warm_files is not None and inode.ino not in warm_files
+                                and any(inode.blocks.get(WARM, b"")))
+                if not (hot_missing or warm_missing):
+                    continue
+                rec = tx.get_cold(inode.ino)
+                if hot_missing and (rec is None or rec.version != inode.version
+                                    or not rec.keys):
+                    log.error("inode %d: its data file is missing from the hot tier and the "
+                              "cold store has no copy of this version: its bytes are lost",
+                              inode.ino)
+                    continue
+                fixes.append(inode.ino)
+        if not fixes:
+            return
+        with self.meta.write() as tx:
+            for ino in fixes:
+                cur = tx.get_inode(ino)
+                if cur is None:
+                    continue
+                if ino not in hot_files:
+                    cur.blocks[HOT] = b""  # none on hot: reads fetch from cold
+                if warm_files is not None and ino not in warm_files:
+                    cur.blocks.pop(WARM, None)
+                tx.put_inode(cur)
+        log.warning("%d files the metadata placed on a local tier have no file there: "
+                    "they will be read from the cold store", len(fixes))
 
     # -- accounting --------------------------------------------------------------------
     def _set_dirty(self, ino: int, n: int) -> None:

@@ -84,7 +84,9 @@ class Placement(Reading):
     _wake_ev: asyncio.Event | None = None
 
     async def start(self) -> None:
-        self.load_state()
+        hot = await asyncio.to_thread(self.hot.inventory)
+        warm = await asyncio.to_thread(self.warm.inventory) if self.warm is not None else None
+        self.load_state(hot, warm)
         self._wake_ev = asyncio.Event()
         self._active: dict[int, asyncio.Task[None]] = {}
         self._not_before = Deadlines()  # ino -> no retry before (back-off)
