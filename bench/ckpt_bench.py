@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import boto3
 import torch
 import torch.distributed.checkpoint as dcp
-from admin_api import admin_call
+from benchlib import admin_call
 from moto_server import ACCESS_KEY, REGION, SECRET_KEY, running_moto
 from s3.conftest import start_daemon
 from tierd_client.checkpoint import Checkpointer

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from admin_api import admin_call
+from benchlib import admin_call, drop_caches
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 600
@@ -90,14 +90,6 @@ def prefault(leave_gib: float = 2.0) -> float:
             m[off:off + len(chunk)] = chunk
     return size / (1 << 30)
 
-
-def drop_caches() -> bool:
-    if os.geteuid() != 0:
-        return False
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-    return True
 
 
 def quiesce(admin: str | None, timeout: float = 300.0) -> float:

@@ -42,6 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from benchlib import drop_caches
 from moto_server import ACCESS_KEY, REGION, SECRET_KEY, running_moto
 
 from tierd.acl import Identity
@@ -66,14 +67,6 @@ HOT_ROUNDS = 7  # alternating (raw, tierd) rounds per pair...
 HOT_BYTES = 1 << 30  # ...each reading the file as often as it takes to read >= 1 GiB
 MEM_ROUNDS = 3  # alternating (raw from disk, tierd from the pool) rounds per pair
 
-
-def drop_caches() -> bool:
-    if os.geteuid() != 0:
-        return False
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-    return True
 
 
 async def read_all(ns: Namespace, fh: int, size: int) -> None:

@@ -191,29 +191,13 @@ async def _pin(job: Job, ops: PlacementOps) -> None:
     job.result = {**(job.result or {}), "policy": pol}
 
 
-async def _evict_file(ops: PlacementOps, ino: int, tier: str, freed: dict[str, int]) -> None:
-    """One file of :meth:`PlacementOps.evict` (the same rules, file by file)."""
-    p = ops.p
-    if tier in (MEM, "all") and p.mem is not None:
-        c = p.mem.get(ino)
-        if c is not None:
-            freed[MEM] += c.size
-            p.mem.drop(ino)
-    if tier == MEM:
-        return
-    if tier in (HOT, "all"):
-        freed[HOT] += await p.evict_file(ino, HOT, demote=tier == HOT)
-    if tier in (WARM, "all") and p.warmc is not None:
-        freed[WARM] += await p.evict_file(ino, WARM)
-
-
 async def _evict(job: Job, ops: PlacementOps) -> None:
     tier = job.tier or "all"
     files = _inodes(ops, job.prefix)
     job.files, job.total = len(files), sum(size for _, size in files)
     freed = {MEM: 0, HOT: 0, WARM: 0}
     for ino, size in files:
-        await _step(_evict_file(ops, ino, tier, freed))
+        await _step(ops.evict_one(ino, tier, freed))
         job.done += size
         job.files_done += 1
     job.result = {"prefix": job.prefix, "evicted": sum(freed.values()), "tiers": freed}

@@ -103,18 +103,23 @@ class PlacementOps:
             raise ValueError("tier must be mem, hot, warm or all")
         freed = {MEM: 0, HOT: 0, WARM: 0}
         for ino, _, _ in self._files(prefix):
-            if tier in (MEM, "all") and self.p.mem is not None:
-                c = self.p.mem.get(ino)
-                if c is not None:
-                    freed[MEM] += c.size
-                    self.p.mem.drop(ino)
-            if tier == MEM:
-                continue
-            if tier in (HOT, "all"):
-                freed[HOT] += await self.p.evict_file(ino, HOT, demote=tier == HOT)
-            if tier in (WARM, "all") and self.p.warmc is not None:
-                freed[WARM] += await self.p.evict_file(ino, WARM)
+            await self.evict_one(ino, tier, freed)
         return {"prefix": prefix, "evicted": sum(freed.values()), "tiers": freed}
+
+    async def evict_one(self, ino: int, tier: str, freed: dict[str, int]) -> None:
+        """One file of :meth:`evict` (the admin API's evict jobs go file by file), adding
+        the bytes it freed per tier to ``freed``."""
+        if tier in (MEM, "all") and self.p.mem is not None:
+            c = self.p.mem.get(ino)
+            if c is not None:
+                freed[MEM] += c.size
+                self.p.mem.drop(ino)
+        if tier == MEM:
+            return
+        if tier in (HOT, "all"):
+            freed[HOT] += await self.p.evict_file(ino, HOT, demote=tier == HOT)
+        if tier in (WARM, "all") and self.p.warmc is not None:
+            freed[WARM] += await self.p.evict_file(ino, WARM)
 
     def policies(self) -> list[dict[str, Any]]:
         return [{"prefix": p.prefix, "mode": p.mode, "pin": p.pin, "tier": p.tier}

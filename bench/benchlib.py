@@ -1,8 +1,10 @@
-"""The benchmarks' way to call a daemon's admin API: the token from its data directory."""
+"""What several benchmarks share: admin API calls with the daemon's token, dropping the page
+cache."""
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -19,3 +21,13 @@ def admin_call(url: str, data_dir: Path, method: str, path: str,
     with urllib.request.urlopen(req, timeout=timeout) as r:
         body = r.read()
     return json.loads(body) if body.strip().startswith((b"{", b"[")) else body
+
+
+def drop_caches() -> bool:
+    """Sync and drop the page cache (root only); False when not root (a warm run)."""
+    if os.geteuid() != 0:
+        return False
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+    return True
