@@ -120,6 +120,8 @@ class OpsBase(pyfuse3.Operations):
         self.after_init: Callable[[], object] | None = None
         #: the daemon's metrics: every :func:`fs_errors` handler is counted there when set
         self.metrics: Metrics | None = None
+        #: "major:minor" of this mount once mounted (tells killpriv from chmod: killpriv.py)
+        self.mount_dev = ""
 
     def ident(self, ctx: pyfuse3.RequestContext) -> Identity:
         return self.callers.identity(ctx.uid, ctx.gid, ctx.pid)

@@ -269,6 +269,8 @@ class FuseDoor:
             raise MountError(f"cannot mount {self.mountpoint}: {e} (is /dev/fuse usable "
                              "and fusermount3 installed?)") from None
         self._session = True
+        info = find_mount(self.mountpoint)
+        self.ops.mount_dev = info.dev if info is not None else ""
         # TODO(namespace): subscribe() has no unsubscribe; on_change is a no-op once stopped
         self.ns.subscribe(self.invalidator.on_change)
         self.invalidator.start()

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 
 import pyfuse3
+from tierd_fuse.killpriv import holds_for_writing
 
 from tierd.acl import R_OK, W_OK, Identity, may_access
 from tierd.acl.posix_acl import ACCESS_XATTR
@@ -81,9 +82,14 @@ class TierdOps(FileOps):
             # a truncate stamps "now" (the kernel never sends explicit times with a size)
             atime = None if atime is None else UTIME_NOW
             mtime = None if mtime is None else UTIME_NOW
+        # a mode change alone from a process holding the file open for writing may be the
+        # kernel dropping set-id bits for a write (killpriv.py); the namespace decides
+        killpriv = (mode is not None and size is None
+                    and holds_for_writing(ctx.pid, inode, self.mount_dev))
         try:
             new = await self.ns.setattr(ident, inode, mode=mode, uid=uid, gid=gid, size=size,
-                                        atime_ns=atime, mtime_ns=mtime, fh=fh)
+                                        atime_ns=atime, mtime_ns=mtime, fh=fh,
+                                        killpriv=killpriv)
         except FsError as e:
             # UTIME_NOW needs only write permission, explicit times ownership; pyfuse3 hands
             # both over as times, so a refusal of "times equal to now" is retried as NOW
@@ -92,7 +98,7 @@ class TierdOps(FileOps):
             new = await self.ns.setattr(
                 ident, inode, mode=mode, uid=uid, gid=gid,
                 atime_ns=None if atime is None else UTIME_NOW,
-                mtime_ns=None if mtime is None else UTIME_NOW, fh=fh)
+                mtime_ns=None if mtime is None else UTIME_NOW, fh=fh, killpriv=killpriv)
         if size is not None and new.is_reg:
             self.kcache.cached(inode, new.version)  # the kernel truncated its pages itself
         if new.is_dir:

@@ -640,3 +640,21 @@ def test_refused_put_leaves_nothing_behind(nsenv: NsEnv) -> None:
 def hot_bytes(env: NsEnv) -> int:
     """Disk space used under the hot directory (whatever its layout)."""
     return sum(p.stat().st_blocks * 512 for p in (env.base / "hot").rglob("*") if p.is_file())
+
+
+def test_dropping_set_id_bits_is_a_chmod_unless_a_writer_does_it(nsenv: NsEnv) -> None:
+    """A chmod by a non-owner is EPERM even when it only drops set-id bits and someone holds
+    the file open for writing; the same mode change vouched for as the kernel's killpriv
+    (the FUSE door: the caller writes the file), or with a truncate, is allowed."""
+    env, ns = nsenv, nsenv.ns
+    ino = alice_file(env, env.bucket(), 0o4777, b"data")
+    fh = env.run(ns.open(ALICE, ino, os.O_RDWR))
+    env.err(errno.EPERM, ns.setattr(BOB, ino, mode=0o777))
+    env.err(errno.EPERM, ns.setattr(BOB, ino, mode=0o4755, killpriv=True))  # not only set-id
+    env.run(ns.setattr(BOB, ino, mode=0o777, killpriv=True))
+    assert stat.S_IMODE(env.run(ns.getattr(BOB, ino)).mode) == 0o777
+    env.run(ns.setattr(ALICE, ino, mode=0o6777))
+    env.run(ns.setattr(BOB, ino, mode=0o777, size=0))  # truncate(2) + the kernel's killpriv
+    inode = env.run(ns.getattr(BOB, ino))
+    assert (stat.S_IMODE(inode.mode), inode.size) == (0o777, 0)
+    env.run(ns.release(fh))

@@ -146,8 +146,14 @@ class EntryOps(NamespaceBase):
         atime_ns: int | None = None,
         mtime_ns: int | None = None,
         fh: int | None = None,
+        killpriv: bool = False,
     ) -> Inode:
-        """chmod/chown/truncate/utimens in one call, with Linux's ownership rules."""
+        """chmod/chown/truncate/utimens in one call, with Linux's ownership rules.
+
+        ``killpriv``: the door vouches that a mode change comes from a process writing the
+        file (the kernel dropping set-id bits for it, sent as a chmod with the writer's
+        credentials): a change that only drops those bits is then allowed to a non-owner,
+        as Linux allows the write; so is it in the same request as a truncate."""
         before = None
         if size is not None:
             if mode is not None:  # a truncate drops set-id bits: judge the mode against
@@ -177,14 +183,10 @@ class EntryOps(NamespaceBase):
             if mode is not None:
                 perm = mode & 0o7777
                 cur = stat.S_IMODE(inode.mode) if before is None else before
-                # the kernel's killpriv: a write or truncate by someone else drops set-id bits
-                # (FUSE sends it as a chmod with the writer's credentials): allowed to whoever
-                # may write the file or writes through a descriptor open for writing (which
-                # may be another user's: write access is checked at open)
-                killpriv = perm != cur and perm == drop_privs(cur)
-                if not is_owner(ident, inode) and not (killpriv and (
-                        may_access(ident, inode, W_OK) or any(
-                            h.writable for h in self._handles.values() if h.ino == ino))):
+                # a truncate is a write: (f)truncate already checked the caller may write
+                writer = killpriv or size is not None
+                drops = perm != cur and perm == drop_privs(cur)  # set-id bits only
+                if not is_owner(ident, inode) and not (writer and drops):
                     raise FsError(errno.EPERM, f"only the owner may chmod inode {ino}")
                 if not ident.is_root and not ident.in_group(inode.gid):
                     perm &= ~stat.S_ISGID
