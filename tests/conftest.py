@@ -1,14 +1,28 @@
-"""Shared by the suites that need them: running ``async def`` tests without a plugin, and
-one moto standalone server (a subprocess over HTTP) for the whole session."""
+"""Shared by the suites that need them: running ``async def`` tests without a plugin, one
+moto standalone server (a subprocess over HTTP) for the whole session, and hypothesis's CI
+profile.
+
+Under CI (``CI`` set, as ``.ci/run`` is run) hypothesis is derandomized: every run tries the
+same examples, so a submission's CI result is the one its author saw with ``CI=true
+./dev.sh test``, and a newly found counterexample cannot fail an unrelated submission.
+Developers' runs stay random (and keep their example database): that is where new
+counterexamples are found, then pinned as explicit tests.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 from moto_server import MotoServer, running_moto
+
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 #: the bucket of the moto server that cold tiers in tests live in
 COLD_BUCKET = "tierd-cold"

@@ -74,6 +74,7 @@ MAX_ACTIVE = 64
 KEEP_FINISHED = 100
 #: seconds ``DELETE /v1/jobs/{id}`` waits for the job to stop before it answers
 CANCEL_WAIT = 10.0
+SHUTDOWN_WAIT = 3.0
 _FIELDS = frozenset({"kind", "prefix", "tier", "timeout"})
 
 T = TypeVar("T")
@@ -334,8 +335,8 @@ class JobManager:
         tasks = [j.task for j in self.jobs.values() if j.task is not None and not j.task.done()]
         for t in tasks:
             t.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=CANCEL_WAIT)
+        if tasks:  # a job that does not stop must not hold the daemon past its stop grace
+            await asyncio.wait(tasks, timeout=SHUTDOWN_WAIT)
 
 
 def _err(status: int, code: str, message: str) -> web.Response:

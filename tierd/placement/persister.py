@@ -367,7 +367,13 @@ class Placement(Reading):
                     return False
                 ev = self._progress
                 self.wake()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(ev.wait(), left)
+                # asyncio.wait, not wait_for: 3.11's wait_for loses a cancellation that
+                # arrives as the event is set (a persist job cancelled at shutdown then
+                # drained on, and the daemon did not stop)
+                waiter = asyncio.ensure_future(ev.wait())
+                try:
+                    await asyncio.wait({waiter}, timeout=left)
+                finally:
+                    waiter.cancel()
         finally:
             self._hurry -= 1
