@@ -163,17 +163,22 @@ def test_group_writer_groups_and_fails_alone(tmp_path: Path) -> None:
         assert isinstance(results[0], NotADirectoryError)
         assert results[1] is None
         assert Path(hot.path(999)).read_bytes() == b"fine"
-        # cancelled while queued: the file is written, then removed, never left behind
+        # cancelled while queued: the file is written, then removed, never left behind --
+        # unless the writer finished it before the cancel arrived (a loaded machine): then
+        # the write succeeded and its file is whole
         task = asyncio.ensure_future(hot.write_new(1000, [b"gone"]))
         await asyncio.sleep(0)
         task.cancel()
-        with pytest.raises(asyncio.CancelledError):
+        try:
             await task
-        for _ in range(100):
-            if not os.path.exists(hot.path(1000)):
-                break
-            await asyncio.sleep(0.01)
-        assert not os.path.exists(hot.path(1000))
+        except asyncio.CancelledError:
+            for _ in range(500):  # the writer thread removes it; give a loaded machine 5 s
+                if not os.path.exists(hot.path(1000)):
+                    break
+                await asyncio.sleep(0.01)
+            assert not os.path.exists(hot.path(1000))
+        else:
+            assert Path(hot.path(1000)).read_bytes() == b"gone"
 
     asyncio.run(main())
     gw.close()
