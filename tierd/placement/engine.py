@@ -178,13 +178,15 @@ class PlacementCore:
         (the metadata restored from a backup onto a node with an empty hot tier, a wiped
         tier) is recorded as holding none, so reads fetch it from cold, if cold has this
         version; if it does not, the bytes are lost and that is logged once, loudly."""
-        if hot_files is not None:
-            self._check_tiers(hot_files, warm_files)
+        fixes: list[Inode] = []
         with self.meta.snapshot() as tx:
             queued = set(tx.list_queue())
             for inode in tx.iter_inodes():
                 if not inode.is_reg:
                     continue
+                if hot_files is not None and self._missing_files(tx, inode, hot_files,
+                                                                 warm_files):
+                    fixes.append(inode)  # accounted below as it is recorded now
                 for tc in self.tiers():
                     bm = inode.blocks.get(tc.name)
                     if bm is None and tc is not self.hotc:
@@ -197,41 +199,39 @@ class PlacementCore:
                 if inode.ino in queued and inode.state != STATE_CLEAN:
                     self._set_dirty(inode.ino, inode.size)
             self.policies = {p.prefix: p for p in tx.list_policies()}
+        if fixes:
+            with self.meta.write() as tx:
+                for inode in fixes:
+                    cur = tx.get_inode(inode.ino)
+                    if cur is not None:
+                        cur.blocks = inode.blocks
+                        tx.put_inode(cur)
+            log.warning("%d files the metadata placed on a local tier have no file there: "
+                        "they will be read from the cold store", len(fixes))
 
-    def _check_tiers(self, hot_files: set[int], warm_files: set[int] | None) -> None:
-        fixes: list[int] = []
-        with self.meta.snapshot() as tx:
-            for inode in tx.iter_inodes():
-                if not inode.is_reg or inode.size == 0:
-                    continue
-                bm = inode.blocks.get(HOT)
-                hot_missing = inode.ino not in hot_files and (bm is None or any(bm))
-                warm_missing = (warm_files is not None and inode.ino not in warm_files
-                                and any(inode.blocks.get(WARM, b"")))
-                if not (hot_missing or warm_missing):
-                    continue
-                rec = tx.get_cold(inode.ino)
-                if hot_missing and (rec is None or rec.version != inode.version
-                                    or not rec.keys):
-                    log.error("inode %d: its data file is missing from the hot tier and the "
-                              "cold store has no copy of this version: its bytes are lost",
-                              inode.ino)
-                    continue
-                fixes.append(inode.ino)
-        if not fixes:
-            return
-        with self.meta.write() as tx:
-            for ino in fixes:
-                cur = tx.get_inode(ino)
-                if cur is None:
-                    continue
-                if ino not in hot_files:
-                    cur.blocks[HOT] = b""  # none on hot: reads fetch from cold
-                if warm_files is not None and ino not in warm_files:
-                    cur.blocks.pop(WARM, None)
-                tx.put_inode(cur)
-        log.warning("%d files the metadata placed on a local tier have no file there: "
-                    "they will be read from the cold store", len(fixes))
+    def _missing_files(self, tx: MetaTxn, inode: Inode, hot_files: set[int],
+                       warm_files: set[int] | None) -> bool:
+        """Check one inode's tier claims against the tiers' inventories; when a claimed
+        file is missing, correct ``inode.blocks`` (in memory) and return True.  A file
+        missing from hot whose version cold lacks is lost: logged, left as it is."""
+        if inode.size == 0:
+            return False
+        bm = inode.blocks.get(HOT)
+        hot_missing = inode.ino not in hot_files and (bm is None or any(bm))
+        warm_missing = (warm_files is not None and inode.ino not in warm_files
+                        and any(inode.blocks.get(WARM, b"")))
+        if not (hot_missing or warm_missing):
+            return False
+        if hot_missing:
+            rec = tx.get_cold(inode.ino)
+            if rec is None or rec.version != inode.version or not rec.keys:
+                log.error("inode %d: its data file is missing from the hot tier and the cold "
+                          "store has no copy of this version: its bytes are lost", inode.ino)
+                return False
+            inode.blocks[HOT] = b""  # none on hot: reads fetch from cold
+        if warm_missing:
+            inode.blocks.pop(WARM, None)
+        return True
 
     # -- accounting --------------------------------------------------------------------
     def _set_dirty(self, ino: int, n: int) -> None:

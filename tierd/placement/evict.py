@@ -36,7 +36,7 @@ class Evicting(PlacementCore):
             return self.hotc
         if tier == WARM and self.warmc is not None:
             return self.warmc
-        raise ValueError(f"no {tier} tier is configured" if tier == WARM
+        raise ValueError("no warm tier is configured (warm_enabled)" if tier == WARM
                          else f"unknown tier {tier!r} (hot or warm)")
 
     async def make_room(self, tc: TierCache, nbytes: int) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import mmap
 import os
@@ -142,9 +143,8 @@ class MemTier:
         with contextlib.suppress(PoolError):
             self.pool.free(c.region.id)
 
-    def _freed(self, region: Region) -> None:
+    def _freed(self, ino: int, region: Region) -> None:
         """A region of ours was freed by someone else (an admin, the pool's close)."""
-        ino = int(region.name.split(":", 1)[1])
         c = self.copies.get(ino)
         if c is not None and c.region is region:
             del self.copies[ino]
@@ -239,7 +239,7 @@ class MemTier:
         old = self.copies.pop(ino, None)
         if old is not None:
             self._free(old)
-        region.on_free = self._freed
+        region.on_free = functools.partial(self._freed, ino)
         self.copies[ino] = MemCopy(ino, version, size, region)
         self.used += align_up(size)
         self.stats["admitted"] += 1

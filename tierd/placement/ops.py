@@ -129,12 +129,10 @@ class PlacementOps:
                    tier: str | None = None) -> dict[str, Any]:
         if mode is not None and mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
-        if tier is not None and tier not in POLICY_TIERS:
-            raise ValueError("tier must be mem, hot or warm")
-        if tier == WARM and self.p.warmc is None:
-            raise ValueError("no warm tier is configured (warm_enabled)")
-        if tier == MEM and self.p.mem is None:
-            raise ValueError("no memory pool is attached (the daemon's pool_capacity)")
+        if tier is not None:
+            if tier not in POLICY_TIERS:
+                raise ValueError("tier must be mem, hot or warm")
+            self.check_tier(tier)
         with self.p.meta.write() as tx:
             cur = tx.get_policy(prefix) or PlacementPolicy(prefix)
             if mode is not None:

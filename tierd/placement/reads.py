@@ -420,21 +420,10 @@ class Reading(Evicting):
                        stream: bool) -> None:
         """The bytes of one run onto ``dst``'s file: from the other local tier, or from
         cold (ENOSPC on the local tier: evict and retry once, then ENOSPC)."""
-        for attempt in (0, 1):
-            if src != MEM:
-                break
-            assert self.mem is not None
-            try:
-                async with dst.tier.fd(v.ino, create=True) as fd:
-                    await asyncio.to_thread(self.mem.copy_out, v.ino, v.version, fd, off, n)
+        if src == MEM:
+            if await self._copy_from_mem(v, dst, off, n):
                 return
-            except FileNotFoundError:
-                src = "cold"  # the copy was reclaimed meanwhile
-            except OSError as e:
-                if e.errno == errno.ENOSPC and attempt == 0 and await self.evict(
-                        2 * n, tier=dst.name):
-                    continue
-                raise FsError(e.errno or errno.EIO, f"{dst.name} tier: {e}") from e
+            src = "cold"  # the copy was reclaimed meanwhile
         rec = v.rec
         if src == "cold" and (rec is None or not rec.keys):
             if v.unlinked:
@@ -480,6 +469,24 @@ class Reading(Evicting):
                 self.stats["cold_read_errors"] += 1
                 log.warning("read of %s failed: %s", key, e)
                 raise FsError(errno.EIO, str(e)) from e
+
+    async def _copy_from_mem(self, v: View, dst: TierCache, off: int, n: int) -> bool:
+        """One run from the file's memory-tier copy onto ``dst``; False when the copy is
+        gone (ENOSPC: evict and retry once, as for cold)."""
+        assert self.mem is not None
+        for attempt in (0, 1):
+            try:
+                async with dst.tier.fd(v.ino, create=True) as fd:
+                    await asyncio.to_thread(self.mem.copy_out, v.ino, v.version, fd, off, n)
+                return True
+            except FileNotFoundError:
+                return False
+            except OSError as e:
+                if e.errno == errno.ENOSPC and attempt == 0 and await self.evict(
+                        2 * n, tier=dst.name):
+                    continue
+                raise FsError(e.errno or errno.EIO, f"{dst.name} tier: {e}") from e
+        return False
 
     async def _vanished(self, v: View, key: str, etag: str) -> None:
         """The cold object of a clean file is gone: drop the file from the namespace
