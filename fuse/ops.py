@@ -15,7 +15,6 @@ import time
 from collections.abc import Sequence
 
 import pyfuse3
-from tierd_fuse.killpriv import holds_for_writing
 
 from tierd.acl import R_OK, W_OK, Identity, may_access
 from tierd.acl.posix_acl import ACCESS_XATTR
@@ -27,6 +26,7 @@ from .attrs import entry_attributes, negative_entry, statvfs
 from .base import fs_errors
 from .files import FileOps
 from .handles import DOT_ID, DOTDOT_ID, DirHandle
+from .killpriv import holds_for_writing
 
 #: entries fetched from the namespace per readdir round (a 4 KiB reply holds ~25 entries
 #: with attributes, so one batch rarely needs a second scan)
@@ -82,10 +82,12 @@ class TierdOps(FileOps):
             # a truncate stamps "now" (the kernel never sends explicit times with a size)
             atime = None if atime is None else UTIME_NOW
             mtime = None if mtime is None else UTIME_NOW
-        # a mode change alone from a process holding the file open for writing may be the
-        # kernel dropping set-id bits for a write (killpriv.py); the namespace decides
-        killpriv = (mode is not None and size is None
-                    and holds_for_writing(ctx.pid, inode, self.mount_dev))
+        # a non-owner's mode change that only drops set-id bits may be the kernel's killpriv
+        # for a write (killpriv.py): the namespace asks, only then, whether the caller
+        # holds the file open for writing
+        def killpriv() -> bool:
+            return holds_for_writing(ctx.pid, inode, self.mount_dev)
+
         try:
             new = await self.ns.setattr(ident, inode, mode=mode, uid=uid, gid=gid, size=size,
                                         atime_ns=atime, mtime_ns=mtime, fh=fh,

@@ -316,6 +316,7 @@ def test_chmod_only_by_the_owner_or_root(nsenv: NsEnv) -> None:
     env, ns = nsenv, nsenv.ns
     ino = alice_file(env, env.bucket(), 0o666)
     env.err(errno.EPERM, ns.setattr(BOB, ino, mode=0o777))
+    env.err(errno.EPERM, ns.setattr(BOB, ino, mode=0o777, killpriv=lambda: False))
     env.err(errno.EPERM, ns.setattr(DAVE, ino, mode=0o777))  # same group is not enough
     chmod(env, ALICE, ino, 0o600)
     chmod(env, ROOT, ino, 0o640)
@@ -650,8 +651,10 @@ def test_dropping_set_id_bits_is_a_chmod_unless_a_writer_does_it(nsenv: NsEnv) -
     ino = alice_file(env, env.bucket(), 0o4777, b"data")
     fh = env.run(ns.open(ALICE, ino, os.O_RDWR))
     env.err(errno.EPERM, ns.setattr(BOB, ino, mode=0o777))
-    env.err(errno.EPERM, ns.setattr(BOB, ino, mode=0o4755, killpriv=True))  # not only set-id
-    env.run(ns.setattr(BOB, ino, mode=0o777, killpriv=True))
+    env.err(errno.EPERM, ns.setattr(BOB, ino, mode=0o777, killpriv=lambda: False))
+    # not only set-id bits: refused even when vouched for
+    env.err(errno.EPERM, ns.setattr(BOB, ino, mode=0o4755, killpriv=lambda: True))
+    env.run(ns.setattr(BOB, ino, mode=0o777, killpriv=lambda: True))
     assert stat.S_IMODE(env.run(ns.getattr(BOB, ino)).mode) == 0o777
     env.run(ns.setattr(ALICE, ino, mode=0o6777))
     env.run(ns.setattr(BOB, ino, mode=0o777, size=0))  # truncate(2) + the kernel's killpriv

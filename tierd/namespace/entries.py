@@ -7,6 +7,7 @@ import errno
 import hashlib
 import os
 import stat
+from collections.abc import Callable
 
 from tierd.acl import R_OK, W_OK, X_OK, Identity, check_access, is_owner, may_access, may_delete
 from tierd.acl import posix_acl as pacl
@@ -146,11 +147,12 @@ class EntryOps(NamespaceBase):
         atime_ns: int | None = None,
         mtime_ns: int | None = None,
         fh: int | None = None,
-        killpriv: bool = False,
+        killpriv: Callable[[], bool] | None = None,
     ) -> Inode:
         """chmod/chown/truncate/utimens in one call, with Linux's ownership rules.
 
-        ``killpriv``: the door vouches that a mode change comes from a process writing the
+        ``killpriv``: asked (only for a non-owner's mode change that drops nothing but set-id
+        bits) whether the door vouches that the change comes from a process writing the
         file (the kernel dropping set-id bits for it, sent as a chmod with the writer's
         credentials): a change that only drops those bits is then allowed to a non-owner,
         as Linux allows the write; so is it in the same request as a truncate."""
@@ -184,9 +186,10 @@ class EntryOps(NamespaceBase):
                 perm = mode & 0o7777
                 cur = stat.S_IMODE(inode.mode) if before is None else before
                 # a truncate is a write: (f)truncate already checked the caller may write
-                writer = killpriv or size is not None
+                writer = size is not None
                 drops = perm != cur and perm == drop_privs(cur)  # set-id bits only
-                if not is_owner(ident, inode) and not (writer and drops):
+                if not is_owner(ident, inode) and not (drops and (
+                        writer or (killpriv is not None and killpriv()))):
                     raise FsError(errno.EPERM, f"only the owner may chmod inode {ino}")
                 if not ident.is_root and not ident.in_group(inode.gid):
                     perm &= ~stat.S_ISGID
