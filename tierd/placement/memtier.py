@@ -61,8 +61,6 @@ class MemCopy:
 class MemTier:
     """The copies, their LRU order and the pool's reclaim hook."""
 
-    name = MEM
-
     def __init__(self, pool: MemPool, max_share: float = 0.5) -> None:
         self.pool = pool
         self.max_share = max_share
@@ -178,9 +176,6 @@ class MemTier:
         self.stats["evicted_bytes"] += c.size
 
     # -- admission -----------------------------------------------------------------------
-    def admitting(self, ino: int) -> asyncio.Task[bool] | None:
-        return self._admitting.get(ino)
-
     def start_admit(self, ino: int, admit: Callable[[], Coroutine[Any, Any, bool]]
                     ) -> asyncio.Task[bool]:
         """Run ``admit()`` once per inode at a time (concurrent callers share it)."""
