@@ -221,7 +221,7 @@ class Daemon:
             # the pool is also a placement tier (policies naming "mem")
             self.placement.attach_pool(self.memory.pool, cfg.pool_mem_tier_share)
             stack.callback(self.placement.detach_pool)
-            self.metrics.attach(placement=self.placement, pool=self.memory.pool, meta=self.meta)
+            self.metrics.attach(placement=self.placement, pool=self.memory.pool)
             stack.callback(self.metrics.attach)  # nothing to read once they are closed
             self.memory.ckpt.observe = self.metrics.observe_checkpoint
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -44,7 +45,6 @@ from tierd.logs import REQUEST_ID, new_request_id, request_id_var
 
 if TYPE_CHECKING:
     from tierd.mempool.pool import MemPool
-    from tierd.meta.store import MetaStore
     from tierd.placement import Placement
 
 #: the exposition's content type: the classic text format every Prometheus version reads
@@ -86,23 +86,6 @@ class QueueSnapshot:
     oldest_age: float = 0.0
 
 
-def scan_queue(meta: MetaStore) -> QueueSnapshot:
-    """Depth and age of the oldest entry of the persist queue (``Q`` keys; a token starts
-    with the wall-clock nanoseconds the file was first queued).  Blocking: run in a thread
-    (an lmdb read transaction of its own)."""
-    from tierd.meta.kv import prefix_end
-
-    depth, oldest = 0, 0
-    with meta.snapshot() as tx:
-        for _, token in tx.kv.scan(b"Q", prefix_end(b"Q")):
-            depth += 1
-            if len(token) >= 8:
-                stamp = int.from_bytes(token[:8], "big")
-                oldest = stamp if oldest == 0 else min(oldest, stamp)
-    age = max(0.0, (time.time_ns() - oldest) / 1e9) if oldest else 0.0
-    return QueueSnapshot(depth, age)
-
-
 class Metrics:
     """The daemon's registry and the metrics the doors update; see the module docstring."""
 
@@ -138,10 +121,9 @@ class Metrics:
         r.register(self.state)
 
     # -- what the daemon hands over once started ------------------------------------------
-    def attach(self, *, placement: Placement | None = None, pool: MemPool | None = None,
-               meta: MetaStore | None = None) -> None:
+    def attach(self, *, placement: Placement | None = None, pool: MemPool | None = None) -> None:
         """The objects whose state is read at scrape time (None detaches)."""
-        self.state.placement, self.state.pool, self.state.meta = placement, pool, meta
+        self.state.placement, self.state.pool = placement, pool
 
     # -- events ---------------------------------------------------------------------------
     def observe_request(self, door: str, operation: str, status: str, seconds: float) -> None:
@@ -184,9 +166,11 @@ class Metrics:
     # -- exposition -----------------------------------------------------------------------
     async def refresh(self) -> None:
         """Read what cannot be read on the loop (the persist queue) into the collector."""
-        meta = self.state.meta
-        if meta is not None:
-            self.state.queue = await asyncio.to_thread(scan_queue, meta)
+        p = self.state.placement
+        if p is not None:
+            # the engine's own summary, unbounded: off the loop, every token is read
+            q = await asyncio.to_thread(p.queue_summary, sys.maxsize)
+            self.state.queue = QueueSnapshot(q["depth"], q["oldest_age_seconds"])
 
     async def render(self) -> bytes:
         """The text exposition of every metric (what ``GET /metrics`` answers).
@@ -225,7 +209,6 @@ class StateCollector(Collector):
     def __init__(self) -> None:
         self.placement: Placement | None = None
         self.pool: MemPool | None = None
-        self.meta: MetaStore | None = None
         self.queue = QueueSnapshot()
 
     def describe(self) -> Iterable[Metric]:
