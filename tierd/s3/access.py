@@ -19,7 +19,7 @@ from aiohttp import web
 from tierd.acl import AccessDenied, Identity
 from tierd.acl.authorize import authorize
 from tierd.acl.keys import canonical_user_id
-from tierd.acl.policy import ANONYMOUS, Request, Requester
+from tierd.acl.policy import ANONYMOUS, Policy, Request, Requester
 from tierd.s3.common import Ctx, parse_copy_source
 
 Handler = Callable[[Ctx], Awaitable[web.StreamResponse]]
@@ -91,9 +91,10 @@ def request_of(ctx: Ctx, action: str, key: str | None) -> Request:
     return Request(requester(ctx), action, ctx.bucket, key, context(ctx, action))
 
 
-def judge(ctx: Ctx, action: str, bucket: str, key: str | None) -> Identity:
-    """The identity for one action on one resource (AccessDenied when refused)."""
-    policy = ctx.state.policies.get(bucket) if bucket else None
+def _judge(ctx: Ctx, policy: Policy | None, action: str, bucket: str,
+           key: str | None) -> Identity:
+    """The identity for one action on one resource of a bucket whose policy (None without
+    one) was already read (AccessDenied when refused)."""
     if policy is None and not ctx.anonymous:
         return ctx.caller  # the common case: POSIX decides, nothing to evaluate
     return authorize(policy, ctx.caller, requester(ctx), action, bucket, key,
@@ -103,23 +104,26 @@ def judge(ctx: Ctx, action: str, bucket: str, key: str | None) -> Identity:
 def authorize_request(ctx: Ctx, handler: Handler, actions: Actions) -> None:
     """Set ``ctx.identity`` (and ``ctx.src_identity`` for copies) for ``handler``, or raise
     AccessDenied before anything else happens."""
-    if ctx.anonymous and (not ctx.bucket or ctx.state.policies.get(ctx.bucket) is None):
+    spec = actions.table.get(handler)
+    # one policy read serves both the anonymous check and the decision
+    policy = (ctx.state.policies.get(ctx.bucket)
+              if ctx.bucket and (ctx.anonymous or spec is not None) else None)
+    if ctx.anonymous and policy is None:
         raise AccessDenied(errno.EACCES, "anonymous requests get only what a bucket policy "
                            "grants, and this bucket has none; sign the request")
-    spec = actions.table.get(handler)
     if spec is None:
         if handler not in actions.own and ctx.anonymous:
             raise AccessDenied(errno.EACCES, "anonymous requests may not do this; sign the request")
         return
-    action, on_object = spec
-    if not ctx.bucket:
-        if ctx.anonymous:
-            raise AccessDenied(errno.EACCES, f"anonymous requests may not call {action}")
+    if not ctx.bucket:  # ListBuckets (an anonymous one was refused above)
         return
-    ctx.identity = judge(ctx, action, ctx.bucket, ctx.key if on_object else None)
+    action, on_object = spec
+    ctx.identity = _judge(ctx, policy, action, ctx.bucket, ctx.key if on_object else None)
     if handler in actions.copies and "x-amz-copy-source" in ctx.headers:
         src_bucket, src_key = parse_copy_source(ctx.headers["x-amz-copy-source"])
-        ctx.src_identity = judge(ctx, "s3:GetObject", src_bucket, src_key)
+        src_policy = (policy if src_bucket == ctx.bucket
+                      else ctx.state.policies.get(src_bucket) if src_bucket else None)
+        ctx.src_identity = _judge(ctx, src_policy, "s3:GetObject", src_bucket, src_key)
 
 
 def judge_keys(ctx: Ctx, action: str, keys: list[str]
@@ -128,9 +132,14 @@ def judge_keys(ctx: Ctx, action: str, keys: list[str]
     error, and the others grouped by the identity they run as (order kept in a group)."""
     refused: dict[str, AccessDenied] = {}
     groups: dict[bool, tuple[Identity, list[str]]] = {}
+    policy = ctx.state.policies.get(ctx.bucket) if ctx.bucket else None
+    if policy is None and not ctx.anonymous:  # POSIX decides every key
+        return refused, [(ctx.caller, list(keys))] if keys else []
+    # read once for up to 1000 keys: the policy, the requester, the condition keys
+    who, cond = requester(ctx), context(ctx, action)
     for key in keys:
         try:
-            ident = judge(ctx, action, ctx.bucket, key)
+            ident = authorize(policy, ctx.caller, who, action, ctx.bucket, key, cond)
         except AccessDenied as e:
             refused[key] = e
             continue
