@@ -247,10 +247,8 @@ def _placement_metrics(p: Placement, queue: QueueSnapshot) -> Iterator[Metric]:
     misses.add_metric(["hot"], st.get("misses", 0))
     yield misses
 
-    promoted = _counter("tierd_tier_promoted_blocks", "Warm blocks promoted to hot on "
-                        "their second reference")
-    promoted.add_metric([], st.get("promoted_blocks", 0))
-    yield promoted
+    yield CounterMetricFamily("tierd_tier_promoted_blocks", "Warm blocks promoted to hot on "
+                              "their second reference", value=st.get("promoted_blocks", 0))
     filled = _counter("tierd_tier_filled_bytes", "Bytes brought onto a tier from a lower "
                       "one (reads, readahead, warmup)", ["tier", "source"])
     for k, v in sorted(st.items()):
@@ -258,10 +256,8 @@ def _placement_metrics(p: Placement, queue: QueueSnapshot) -> Iterator[Metric]:
             dst, _, src = k[len("filled_"):].partition("_from_")
             filled.add_metric([dst, src], v)
     yield filled
-    demoted = _counter("tierd_tier_demoted_bytes", "Bytes moved from hot to warm on "
-                       "eviction")
-    demoted.add_metric([], st.get("demoted_bytes", 0))
-    yield demoted
+    yield CounterMetricFamily("tierd_tier_demoted_bytes", "Bytes moved from hot to warm on "
+                              "eviction", value=st.get("demoted_bytes", 0))
     evicted = _counter("tierd_tier_evicted_bytes", "Bytes evicted from a tier", ["tier"])
     for tc in p.tiers():
         evicted.add_metric([tc.name], st.get(f"evicted_{tc.name}_bytes", 0))
@@ -274,42 +270,30 @@ def _placement_metrics(p: Placement, queue: QueueSnapshot) -> Iterator[Metric]:
         admitted.add_metric(["mem"], mst.get("admitted_bytes", 0))
         yield admitted
 
-    dirty = _gauge("tierd_dirty_bytes", "Committed bytes the cold store does not have yet")
-    dirty.add_metric([], p.dirty_bytes)
-    yield dirty
-    dirty_files = _gauge("tierd_dirty_files", "Files with bytes the cold store lacks")
-    dirty_files.add_metric([], len(p.dirty))
-    yield dirty_files
-    depth = _gauge("tierd_persist_queue_depth", "Files queued for the cold store (deletes "
-                   "and renames included)")
-    depth.add_metric([], queue.depth)
-    yield depth
-    age = _gauge("tierd_persist_queue_oldest_age_seconds", "Age of the oldest queued file "
-                 "(0 when the queue is empty)")
-    age.add_metric([], queue.oldest_age)
-    yield age
-    active = _gauge("tierd_persist_active", "Files being uploaded now")
-    active.add_metric([], len(getattr(p, "_active", ())))
-    yield active
-    persisted = _counter("tierd_persisted_files", "Files brought in line with the cold store")
-    persisted.add_metric([], st.get("persisted", 0))
-    yield persisted
-    uploaded = _counter("tierd_cold_uploaded_bytes", "Bytes uploaded to the cold store")
-    uploaded.add_metric([], st.get("uploaded_bytes", 0))
-    yield uploaded
-    up = _gauge("tierd_cold_store_up", "1 while the cold store answers, 0 while the "
-                "persister backs off")
-    up.add_metric([], 0 if getattr(p, "cold_down", False) else 1)
-    yield up
+    yield GaugeMetricFamily("tierd_dirty_bytes", "Committed bytes the cold store does not "
+                            "have yet", value=p.dirty_bytes)
+    yield GaugeMetricFamily("tierd_dirty_files", "Files with bytes the cold store lacks",
+                            value=len(p.dirty))
+    yield GaugeMetricFamily("tierd_persist_queue_depth", "Files queued for the cold store "
+                            "(deletes and renames included)", value=queue.depth)
+    yield GaugeMetricFamily("tierd_persist_queue_oldest_age_seconds", "Age of the oldest queued "
+                            "file (0 when the queue is empty)", value=queue.oldest_age)
+    yield GaugeMetricFamily("tierd_persist_active", "Files being uploaded now",
+                            value=len(getattr(p, "_active", ())))
+    yield CounterMetricFamily("tierd_persisted_files", "Files brought in line with the cold "
+                              "store", value=st.get("persisted", 0))
+    yield CounterMetricFamily("tierd_cold_uploaded_bytes", "Bytes uploaded to the cold store",
+                              value=st.get("uploaded_bytes", 0))
+    yield GaugeMetricFamily("tierd_cold_store_up", "1 while the cold store answers, 0 while the "
+                            "persister backs off",
+                            value=0 if getattr(p, "cold_down", False) else 1)
     errors = _counter("tierd_cold_store_errors", "Failed cold-store calls: uploads (retried) "
                       "and reads", ["operation"])
     errors.add_metric(["persist"], st.get("persist_failures", 0))
     errors.add_metric(["read"], st.get("cold_read_errors", 0))
     yield errors
-    waits = _counter("tierd_dirty_limit_waits", "Writes that waited for dirty data to drain "
-                     "below dirty_limit")
-    waits.add_metric([], st.get("write_waits", 0))
-    yield waits
+    yield CounterMetricFamily("tierd_dirty_limit_waits", "Writes that waited for dirty data to "
+                              "drain below dirty_limit", value=st.get("write_waits", 0))
 
 
 def _pool_metrics(ps: dict[str, Any]) -> Iterator[Metric]:
@@ -321,9 +305,7 @@ def _pool_metrics(ps: dict[str, Any]) -> Iterator[Metric]:
         ("fragmentation", "tierd_pool_fragmentation_ratio", "1 - largest free / free"),
         ("regions", "tierd_pool_regions", "Regions allocated"),
     ):
-        g = _gauge(name, doc)
-        g.add_metric([], float(ps.get(key, 0) or 0))
-        yield g
+        yield GaugeMetricFamily(name, doc, value=float(ps.get(key, 0) or 0))
     tenants: dict[str, dict[str, int]] = ps.get("tenants", {})
     t_used = _gauge("tierd_pool_tenant_used_bytes", "Pool bytes allocated per tenant (uid)",
                     ["tenant"])
@@ -343,9 +325,7 @@ def _pool_metrics(ps: dict[str, Any]) -> Iterator[Metric]:
         ("bytes_moved_out", "tierd_pool_far_moved_out_bytes", "Bytes copied out of far "
          "memory"),
     ):
-        c = _counter(name, doc)
-        c.add_metric([], float(ps.get(key, 0) or 0))
-        yield c
+        yield CounterMetricFamily(name, doc, value=float(ps.get(key, 0) or 0))
 
 
 # -- the HTTP doors' middleware ---------------------------------------------------------------
