@@ -19,7 +19,7 @@ from aiohttp import web
 from tierd.acl import AccessDenied, Identity
 from tierd.acl.authorize import authorize
 from tierd.acl.keys import canonical_user_id
-from tierd.acl.policy import ANONYMOUS, Policy, Request, Requester
+from tierd.acl.policy import ANONYMOUS, Policy, Requester
 from tierd.s3.common import Ctx, parse_copy_source
 
 Handler = Callable[[Ctx], Awaitable[web.StreamResponse]]
@@ -84,11 +84,6 @@ def context(ctx: Ctx, action: str) -> dict[str, str]:
             if name in q:
                 c["s3:" + name] = q[name]
     return c
-
-
-def request_of(ctx: Ctx, action: str, key: str | None) -> Request:
-    """The policy module's view of ``action`` on ``ctx.bucket`` (and ``key``)."""
-    return Request(requester(ctx), action, ctx.bucket, key, context(ctx, action))
 
 
 def _judge(ctx: Ctx, policy: Policy | None, action: str, bucket: str,

@@ -14,7 +14,8 @@ import errno
 from aiohttp import web
 
 from tierd.acl import AccessDenied
-from tierd.acl.policy import MAX_POLICY_BYTES, Decision, MalformedPolicy, parse_policy
+from tierd.acl.authorize import decide
+from tierd.acl.policy import MAX_POLICY_BYTES, Decision, MalformedPolicy, Policy, parse_policy
 from tierd.errors import FsError
 from tierd.meta import Bucket
 from tierd.s3 import access
@@ -41,23 +42,23 @@ def is_manager(ctx: Ctx, bucket: Bucket) -> bool:
     return ident.is_root or auth.key.admin or ident.uid == bucket.owner_uid
 
 
-def _may(ctx: Ctx, bucket: Bucket, action: str) -> None:
-    """Owner/root/admin always; others when the policy allows ``action`` on the bucket."""
-    if is_manager(ctx, bucket):
-        return
+def _may(ctx: Ctx, bucket: Bucket, action: str) -> Policy | None:
+    """Owner/root/admin always; others when the policy allows ``action`` on the bucket.
+    Returns the bucket's policy (None without one)."""
     policy = ctx.state.policies.get(ctx.bucket)
-    decision = Decision.NONE
-    if policy is not None:
-        decision, _ = policy.evaluate(access.request_of(ctx, action, None))
+    if is_manager(ctx, bucket):
+        return policy
+    decision, _ = decide(policy, access.requester(ctx), action, ctx.bucket, None,
+                         access.context(ctx, action))
     if decision is not Decision.ALLOW:
         raise AccessDenied(errno.EACCES, f"only the owner of bucket {ctx.bucket!r} may call "
                            f"{action}")
+    return policy
 
 
 async def get_policy(ctx: Ctx) -> web.Response:
     b = await _bucket(ctx)
-    _may(ctx, b, "s3:GetBucketPolicy")
-    policy = ctx.state.policies.get(ctx.bucket)
+    policy = _may(ctx, b, "s3:GetBucketPolicy")
     if policy is None:
         raise S3Error("NoSuchBucketPolicy", BucketName=ctx.bucket)
     return web.Response(status=200, body=policy.text.encode(), headers=ctx.response_headers,
@@ -99,8 +100,7 @@ async def delete_policy(ctx: Ctx) -> web.Response:
 
 async def get_policy_status(ctx: Ctx) -> web.Response:
     b = await _bucket(ctx)
-    _may(ctx, b, "s3:GetBucketPolicyStatus")
-    policy = ctx.state.policies.get(ctx.bucket)
+    policy = _may(ctx, b, "s3:GetBucketPolicyStatus")
     if policy is None:
         raise S3Error("NoSuchBucketPolicy", BucketName=ctx.bucket)
     public = "true" if policy.public else "false"
