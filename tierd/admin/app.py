@@ -57,7 +57,8 @@ class AdminBackend(Protocol):
         ...
 
 
-def _error(status: int, code: str, message: str) -> web.Response:
+def json_error(status: int, code: str, message: str) -> web.Response:
+    """The admin API's error answer, ``{"error": code, "message": text}`` (every module's)."""
     return web.json_response({"error": code, "message": message}, status=status)
 
 
@@ -86,12 +87,12 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
             message = f"method {request.method} not allowed on {request.path}"
         else:
             message = exc.reason
-        return _error(exc.status, code, message)
+        return json_error(exc.status, code, message)
     except RecursionError:  # json.loads of a body nested thousands deep
-        return _error(400, "bad_request", "the body is nested too deeply")
+        return json_error(400, "bad_request", "the body is nested too deeply")
     except Exception:
         log.exception("admin request failed: %s %s", request.method, request.path)
-        return _error(500, "internal", "internal error; see the tierd log")
+        return json_error(500, "internal", "internal error; see the tierd log")
 
 
 def make_admin_app(backend: AdminBackend, auth: AdminAuth) -> web.Application:

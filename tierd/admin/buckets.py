@@ -33,6 +33,7 @@ from aiohttp import web
 from tierd.acl.authorize import PolicyStore
 from tierd.acl.policy import MalformedPolicy, parse_policy
 from tierd.acl.users import Directory
+from tierd.admin.app import json_error as _err
 from tierd.admin.auth import identity
 from tierd.errors import FsError
 from tierd.logs import get_logger, kv
@@ -41,10 +42,6 @@ from tierd.meta import Bucket, MetaStore
 log = get_logger("admin")
 
 GetDirectory = Callable[[], Directory | None]
-
-
-def _err(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": code, "message": message}, status=status)
 
 
 def _no_bucket(name: str) -> web.Response:

@@ -52,6 +52,7 @@ from typing import Any, TypeVar, cast
 
 from aiohttp import web
 
+from tierd.admin.app import json_error as _err
 from tierd.admin.auth import identity
 from tierd.errors import FsError
 from tierd.logs import get_logger, kv
@@ -337,10 +338,6 @@ class JobManager:
             t.cancel()
         if tasks:  # a job that does not stop must not hold the daemon past its stop grace
             await asyncio.wait(tasks, timeout=SHUTDOWN_WAIT)
-
-
-def _err(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": code, "message": message}, status=status)
 
 
 def add_job_routes(app: web.Application, get_ops: Ops) -> None:

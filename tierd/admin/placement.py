@@ -15,15 +15,12 @@ from typing import Any
 
 from aiohttp import web
 
+from tierd.admin.app import json_error as _err
 from tierd.errors import FsError
 from tierd.placement.ops import PlacementOps
 from tierd.tiers import TierError
 
 Ops = Callable[[], PlacementOps | None]
-
-
-def _err(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": code, "message": message}, status=status)
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
