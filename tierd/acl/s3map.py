@@ -28,6 +28,7 @@ whose checks apply to their source and destination in ``parts``.
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 
@@ -147,8 +148,18 @@ def describe(action: str) -> list[str]:
     return lines
 
 
-def _applies(check: Check, exists: bool) -> bool:
-    return check.when is When.ALWAYS or (check.when is When.NEW) != exists
+def _checks(action: str, parent: Inode | None, obj: Inode | None, directory: Inode | None
+            ) -> Iterator[tuple[Check, Inode]]:
+    """The checks of ``action`` that apply (``obj`` None: the key is new), each with the
+    inode it is made on; PATH (the walk's) and targets not given are skipped."""
+    exists = obj is not None
+    for c in requirement(action).checks:
+        if c.when is not When.ALWAYS and (c.when is When.NEW) == exists:
+            continue
+        target = (obj if c.target is Target.OBJECT else parent if c.target is Target.PARENT
+                  else directory if c.target is Target.DIRECTORY else None)
+        if target is not None:
+            yield c, target
 
 
 def enforce(
@@ -158,19 +169,16 @@ def enforce(
     """Apply the checks of ``action`` to the inodes given (PATH is enforced by the walk that
     found them).  ``obj`` None means the key does not exist (NEW checks apply).  Raises
     EACCES, or EPERM for the sticky-bit rule, like the POSIX call the check stands for."""
-    exists = obj is not None
-    for c in requirement(action).checks:
-        if not _applies(c, exists):
-            continue
-        if c.target is Target.OBJECT and obj is not None:
-            check_access(ident, obj, c.mask, f"key {key!r}" if key else "the object")
-        elif c.target is Target.PARENT and parent is not None:
-            check_access(ident, parent, c.mask, "the key's parent directory")
-            if c.sticky and obj is not None and not may_delete(ident, parent, obj):
+    for c, inode in _checks(action, parent, obj, directory):
+        if c.target is Target.OBJECT:
+            check_access(ident, inode, c.mask, f"key {key!r}" if key else "the object")
+        elif c.target is Target.PARENT:
+            check_access(ident, inode, c.mask, "the key's parent directory")
+            if c.sticky and obj is not None and not may_delete(ident, inode, obj):
                 raise AccessDenied(errno.EPERM, "the sticky bit protects this entry: only "
                                    "its owner, the directory's owner or root may remove it")
-        elif c.target is Target.DIRECTORY and directory is not None:
-            check_access(ident, directory, c.mask, f"{key!r}" if key else "the directory")
+        else:
+            check_access(ident, inode, c.mask, f"{key!r}" if key else "the directory")
 
 
 def allowed(
@@ -178,17 +186,10 @@ def allowed(
     directory: Inode | None = None,
 ) -> bool:
     """:func:`enforce` as a yes/no (e.g. whether a listing descends into a subdirectory)."""
-    exists = obj is not None
-    for c in requirement(action).checks:
-        if not _applies(c, exists):
-            continue
-        target = {Target.OBJECT: obj, Target.PARENT: parent, Target.DIRECTORY: directory}.get(
-            c.target)
-        if target is None:
-            continue
-        if not may_access(ident, target, c.mask):
+    for c, inode in _checks(action, parent, obj, directory):
+        if not may_access(ident, inode, c.mask):
             return False
         if c.sticky and c.target is Target.PARENT and obj is not None and not may_delete(
-                ident, target, obj):
+                ident, inode, obj):
             return False
     return True
