@@ -430,7 +430,7 @@ class Daemon:
             "mem_tier": (None if self.placement is None or self.placement.mem is None
                          else self.placement.mem.describe()),
             "placement": self._placement_status(),
-            "requests": self._request_totals(),
+            "requests": self.metrics.door_totals(),
         }
 
     def _placement_status(self) -> dict[str, Any] | None:
@@ -451,12 +451,6 @@ class Daemon:
                      "reachable": not getattr(p, "cold_down", False)},
             "stats": dict(sorted(p.stats.items())),
         }
-
-    def _request_totals(self) -> dict[str, int] | None:
-        """Requests answered per door since start (the metrics' counters), None without
-        metrics."""
-        metrics = getattr(self, "metrics", None)
-        return None if metrics is None else dict(metrics.door_totals())
 
 
 def _no_userinfo(url: str) -> str:
