@@ -33,7 +33,10 @@ import stat
 from dataclasses import dataclass
 
 from tierd.acl import posix_acl as pacl
+from tierd.acl.identity import Identity
+from tierd.acl.modes import is_owner
 from tierd.errors import FsError
+from tierd.meta.records import Inode
 
 CANNED = ("private", "public-read", "public-read-write", "authenticated-read",
           "bucket-owner-read", "bucket-owner-full-control")
@@ -159,12 +162,12 @@ def canned_of(grant_set: list[tuple[str, str]], *, owner_id: str, bucket_owner_i
 
 
 
-def apply_on_commit(ident_uid: int, ident_is_root: bool, inode_mode: int, inode_uid: int,
-                    name: str, bucket_owner: int, key: str) -> tuple[int, bytes]:
+def apply_on_commit(ident: Identity, inode: Inode, name: str, bucket_owner: int,
+                    key: str) -> tuple[int, bytes]:
     """For the namespace, inside the transaction that commits an S3 write carrying
     ``x-amz-acl``: the inode's new (mode, access-ACL blob).  Setting an ACL is chmod, so
     only the object's owner or root may (an overwrite keeps the old owner): EPERM else."""
-    if not ident_is_root and ident_uid != inode_uid:
-        raise FsError(errno.EPERM, f"only the owner of key {key!r} (uid {inode_uid}) or root "
+    if not is_owner(ident, inode):
+        raise FsError(errno.EPERM, f"only the owner of key {key!r} (uid {inode.uid}) or root "
                       "may set its ACL (x-amz-acl)")
-    return apply(inode_mode, check(name), owner=inode_uid, bucket_owner=bucket_owner)
+    return apply(inode.mode, check(name), owner=inode.uid, bucket_owner=bucket_owner)

@@ -206,8 +206,7 @@ class ObjectOps(FileOps):
             else:
                 inode = self._get(tx, b.ino)
             inode.mode, inode.acl_access = canned.apply_on_commit(
-                ident.uid, ident.is_root, inode.mode, inode.uid, name, b.owner_uid,
-                key or bucket)
+                ident, inode, name, b.owner_uid, key or bucket)
             inode.ctime_ns = now_ns()
             tx.put_inode(inode)
         of = self._open.get(inode.ino)
@@ -418,7 +417,7 @@ class ObjectOps(FileOps):
             if acl is not None:  # x-amz-acl: the new object's mode and ACL, atomically
                 bucket_owner = tx.get_bucket(bucket)
                 inode.mode, inode.acl_access = canned.apply_on_commit(
-                    ident.uid, ident.is_root, inode.mode, inode.uid, acl,
+                    ident, inode, acl,
                     bucket_owner.owner_uid if bucket_owner is not None else inode.uid, key)
             tx.put_inode(inode)
             tx.add_dirent(d.ino, name, Dirent(inode.ino, stat.S_IFREG))
