@@ -103,11 +103,34 @@ class HotDir:
             n += 1
         return n
 
+    def inventory(self) -> set[int]:
+        """Inode numbers that have a data file here (blocking: a thread)."""
+        return inventory(self.root)
+
     def fsync_dir(self, ino: int) -> None:
         _fsync_parent(self.path(ino))
 
     def statvfs(self) -> os.statvfs_result:
         return os.statvfs(self.root)
+
+
+def inventory(root: str | os.PathLike[str]) -> set[int]:
+    """Inode numbers with a data file under ``root`` (one walk of the shard directories,
+    ``<root>/<last 2 hex>/<ino:016x>``; the staging and upload directories are not shards).
+    Blocking: call it in a thread."""
+    out: set[int] = set()
+    try:
+        shards = list(os.scandir(root))
+    except FileNotFoundError:
+        return out
+    for shard in shards:
+        if not (shard.is_dir(follow_symlinks=False) and len(shard.name) == 2):
+            continue
+        for f in os.scandir(shard.path):
+            if len(f.name) == 16:
+                with contextlib.suppress(ValueError):
+                    out.add(int(f.name, 16))
+    return out
 
 
 def _fsync_parent(path: str) -> None:

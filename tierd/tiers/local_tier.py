@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tierd.tiers import fileio
+from tierd.tiers.hotdir import inventory
 
 #: the unit of caching and placement (DESIGN.md: "addressed in fixed-size blocks")
 BLOCK_SIZE = 4 << 20
@@ -197,19 +198,7 @@ class LocalTier:
         """Inode numbers that have a file on this tier (one walk of the shard directories;
         blocking: call in a thread).  At start placement checks the metadata's claims
         against it: a tier restored or lost apart from the metadata must not be trusted."""
-        out: set[int] = set()
-        try:
-            shards = list(os.scandir(self.root))
-        except FileNotFoundError:
-            return out
-        for shard in shards:
-            if not (shard.is_dir(follow_symlinks=False) and len(shard.name) == 2):
-                continue
-            for f in os.scandir(shard.path):
-                if len(f.name) == 16:
-                    with contextlib.suppress(ValueError):
-                        out.add(int(f.name, 16))
-        return out
+        return inventory(self.root)
 
     def release_fd(self, ino: int) -> None:
         """Close the cached descriptor of a file someone else unlinked (an open descriptor
