@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import platformdirs
@@ -221,3 +224,83 @@ def test_every_setting_has_env_flag_and_docs() -> None:
         assert spec.env in doc, f"docs/config.md does not mention {spec.env}"
     for name in NON_SETTING_ENV:
         assert name in doc, f"docs/config.md does not mention {name}"
+
+
+# --- combinations and stores that cannot work: one line naming the key, exit 2 ---------------
+
+
+def test_watermarks_low_must_be_below_high(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "hot_high_watermark = 70\nhot_low_watermark = 80\n")
+    err = rejected(config_file=cfg)
+    msg = str(err)
+    assert err.key in ("hot_low_watermark", "hot_high_watermark"), msg
+    assert "hot_low_watermark (80" in msg and "hot_high_watermark (70" in msg and str(cfg) in msg
+    err = rejected(env={"TIERD_WARM_LOW_WATERMARK": "95"})
+    assert err.key == "warm_low_watermark" and "TIERD_WARM_LOW_WATERMARK" in str(err)
+    assert load_config(env={"TIERD_HOT_LOW_WATERMARK": "10", "TIERD_HOT_HIGH_WATERMARK": "20"})
+
+
+@pytest.mark.parametrize(
+    ("env", "key", "why"),
+    [
+        ({"TIERD_COLD_URL": "bogus://x"}, "cold_url", "unknown cold store protocol"),
+        ({"TIERD_COLD_URL": "memory://x", "TIERD_COLD_S3_ENDPOINT": "http://127.0.0.1:1"},
+         "cold_s3_endpoint", "s3:// cold stores only"),
+        ({"TIERD_COLD_URL": "s3://bkt/p", "TIERD_COLD_S3_ACCESS_KEY": "AK"},
+         "cold_s3_access_key", "cold_s3_secret_key"),
+        ({"TIERD_COLD_URL": "s3://bkt/p", "TIERD_COLD_PART_SIZE": "1MiB"}, "cold_part_size",
+         "5 MiB"),
+        ({"TIERD_COLD_RANGE_SIZE": "0"}, "cold_range_size", "larger than 0"),
+        ({"TIERD_DIRTY_LIMIT": "0"}, "dirty_limit", "larger than 0"),
+        ({"TIERD_S3_LISTEN": "127.0.0.1:9100", "TIERD_ADMIN_LISTEN": "0.0.0.0:9100"},
+         "admin_listen", "share a port"),
+        ({"TIERD_DATA_DIR": "/srv/t", "TIERD_HOT_DIR": "/srv/t/meta/hot"}, "hot_dir",
+         "overlaps meta_dir"),
+        ({"TIERD_DATA_DIR": "/srv/t", "TIERD_COLD_DIR": "/srv/t/hot"}, "cold_dir",
+         "overlaps hot_dir"),
+        ({"TIERD_DATA_DIR": "/srv/t", "TIERD_MOUNT": "/srv"}, "mount", "hide data_dir"),
+        ({"TIERD_DATA_DIR": "/srv/t", "TIERD_MOUNT": "/srv/t/hot/m"}, "mount", "inside hot_dir"),
+    ],
+)
+def test_combinations_that_cannot_work_name_the_key(env: dict[str, str], key: str,
+                                                    why: str) -> None:
+    err = rejected(env=env)
+    msg = str(err)
+    assert err.key == key and why in msg and "environment variable TIERD_" in msg, msg
+    assert "\n" not in msg
+
+
+def test_a_mount_inside_the_data_dir_next_to_the_tiers_is_fine() -> None:
+    c = load_config(env={"TIERD_DATA_DIR": "/srv/t", "TIERD_MOUNT": "/srv/t/mnt"})
+    assert c.mount == Path("/srv/t/mnt")
+
+
+def test_secrets_stay_out_of_combination_errors() -> None:
+    msg = str(rejected(env={"TIERD_COLD_S3_SECRET_KEY": "very-secret-value"}))
+    assert "very-secret-value" not in msg and "cold_s3_secret_key" in msg
+
+
+def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
+    return subprocess.run(
+        [sys.executable, "-m", "tierd.cli", "serve", "--data-dir", str(tmp_path / "d"),
+         "--s3-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", *args],
+        capture_output=True, text=True, timeout=30, env=env, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("url", ["bogus://x", "ftp://x.invalid/y"])
+def test_serve_with_a_cold_url_that_cannot_open_exits_2_with_one_line(
+        tmp_path: Path, url: str) -> None:
+    r = _serve(tmp_path, "--cold-url", url)
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cold_url" in lines[0] and "--cold-url" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_serve_with_crossed_watermarks_exits_2(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "hot_high_watermark = 50\nhot_low_watermark = 60\n")
+    r = _serve(tmp_path, "--config", str(cfg))
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "hot_low_watermark" in lines[0] and str(cfg) in lines[0]

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import platformdirs
 
+from tierd.config_check import check_config
 from tierd.config_parsers import (
     _META_KEY,
     DERIVED,
@@ -544,8 +545,11 @@ def _unknown_env(name: str) -> ConfigError:
 
 
 def _parse_one(
-    spec: Setting, raw: object, source: str, ctx: ParseContext, values: dict[str, object]
+    spec: Setting, raw: object, source: str, ctx: ParseContext, values: dict[str, object],
+    sources: dict[str, str] | None = None,
 ) -> None:
+    if sources is not None:
+        sources[spec.name] = source  # what check_config names when a combination fails
     try:
         values[spec.name] = spec.info.parse(raw, ctx)
     except ValueError as e:
@@ -555,8 +559,10 @@ def _parse_one(
         ) from None
 
 
-def read_config_file(path: Path, values: dict[str, object]) -> None:
-    """Parse the TOML file at ``path`` into ``values`` (settings keyed by name)."""
+def read_config_file(path: Path, values: dict[str, object],
+                     sources: dict[str, str] | None = None) -> None:
+    """Parse the TOML file at ``path`` into ``values`` (settings keyed by name; ``sources``
+    records where each came from)."""
     src = f"config file {path}"
     try:
         with open(path, "rb") as fh:
@@ -572,7 +578,7 @@ def read_config_file(path: Path, values: dict[str, object]) -> None:
         spec = _BY_NAME.get(key)
         if spec is None:
             raise _unknown_setting(key, src)
-        _parse_one(spec, raw, src, ctx, values)
+        _parse_one(spec, raw, src, ctx, values, sources)
 
 
 def load_config(
@@ -586,11 +592,14 @@ def load_config(
 
     ``cli`` maps setting names to command-line values (``None`` = not given); ``env``
     defaults to ``os.environ``; ``config_file`` (from ``--config``) beats ``TIERD_CONFIG``.
-    Raises :class:`ConfigError` naming the key and source of the first bad value.
+    Raises :class:`ConfigError` naming the key and source of the first bad value, or of
+    the first combination of values that cannot work together
+    (:func:`tierd.config_check.check_config`).
     """
     env = os.environ if env is None else env
     ctx = ParseContext(base_dir=cwd or Path.cwd())
     values: dict[str, object] = {}
+    sources: dict[str, str] = {}
 
     # 1. config file
     path_raw: str | None = None
@@ -599,7 +608,8 @@ def load_config(
     elif env.get("TIERD_CONFIG"):
         path_raw = env["TIERD_CONFIG"]
     if path_raw is not None:
-        read_config_file(Path(os.path.normpath(ctx.base_dir / Path(path_raw).expanduser())), values)
+        read_config_file(Path(os.path.normpath(ctx.base_dir / Path(path_raw).expanduser())), values,
+                         sources)
 
     # 2. environment
     for name in sorted(env):
@@ -608,7 +618,7 @@ def load_config(
         spec = _BY_ENV.get(name)
         if spec is None:
             raise _unknown_env(name)
-        _parse_one(spec, env[name], f"environment variable {name}", ctx, values)
+        _parse_one(spec, env[name], f"environment variable {name}", ctx, values, sources)
 
     # 3. command line
     for key, raw in (cli or {}).items():
@@ -617,9 +627,11 @@ def load_config(
         spec = _BY_NAME.get(key)
         if spec is None:
             raise _unknown_setting(key, "command line")
-        _parse_one(spec, raw, f"command-line option {spec.flag}", ctx, values)
+        _parse_one(spec, raw, f"command-line option {spec.flag}", ctx, values, sources)
 
-    return Config(**values)  # type: ignore[arg-type]
+    config = Config(**values)  # type: ignore[arg-type]
+    check_config(config, sources)
+    return config
 
 
 __all__ = [

@@ -334,6 +334,14 @@ def parse_cold_url(value: object, ctx: ParseContext) -> str:
         bucket = rest.split("/", 1)[0]
         if bucket and not _S3_BUCKET.match(bucket):
             raise ValueError(f"{bucket!r} is not a valid S3 bucket name")
+        return f"{scheme}://{rest}"
+    # anything else is opened with fsspec: an unknown protocol fails here, not at start-up
+    from fsspec.registry import known_implementations, registry
+
+    if scheme not in registry and scheme not in known_implementations:
+        raise ValueError(f"unknown cold store protocol {scheme!r}: use file:///DIR, "
+                         "s3://BUCKET/PREFIX or a protocol fsspec knows (memory://, gcs://, "
+                         "...)")
     return f"{scheme}://{rest}"
 
 
