@@ -120,6 +120,9 @@ def make_admin_app(backend: AdminBackend, auth: AdminAuth) -> web.Application:
     from tierd.admin.openapi import add_openapi_route
 
     add_openapi_route(app)
+    from tierd.admin.page import add_status_page
+
+    add_status_page(app, backend, auth)  # GET /: the status page for browsers
     # placement (docs/placement.md): only when the backend has it (the daemon does)
     placement_ops = getattr(backend, "placement_ops", None)
     if placement_ops is not None:

@@ -9,9 +9,17 @@
   (:class:`tierd.s3.auth.Authenticator`): one implementation of SigV4, not two.  A signed
   payload hash is checked against the body here, since the admin API reads bodies whole.
 
-``GET /healthz`` needs nothing (load balancers, systemd).  Everything else without valid
-credentials gets ``401 {"error": "unauthorized"}``; a valid signature of a non-admin user
-gets ``403 {"error": "forbidden"}``.  Every request that changes something is logged with
+* **Read-only token**: ``<data_dir>/read-token`` (mode 0600, generated at first start by
+  :func:`bootstrap_read_token`), as ``Authorization: Bearer`` or as the status page's
+  HttpOnly cookie :data:`READ_COOKIE`.  It may GET :data:`READ_PATHS` (the status page,
+  the documents it shows, ``/metrics``) and nothing else: a monitor or a browser tab
+  holding it can look, never change anything, and never sees users or keys.
+
+``GET /healthz`` and the status page's login (``POST /login``, :mod:`tierd.admin.page`)
+need nothing.  Everything else without valid credentials gets ``401 {"error":
+"unauthorized"}`` (``GET /`` answers its login form instead); a valid signature of a
+non-admin user, or the read-only token outside :data:`READ_PATHS`, gets ``403 {"error":
+"forbidden"}``.  Every request that changes something is logged with
 the identity that made it (never the token or a secret).
 """
 
@@ -38,7 +46,16 @@ TOKEN_FILE = "admin-token"
 ENV_TOKEN = "TIERD_ADMIN_TOKEN"
 #: where the identity of an authenticated request is kept on the request
 IDENTITY = "tierd.admin.identity"
-OPEN_PATHS = frozenset({"/healthz"})
+#: (method, path) answered without credentials: health checks and the status page's login
+OPEN_ROUTES = frozenset({("GET", "/healthz"), ("HEAD", "/healthz"), ("POST", "/login")})
+READ_TOKEN_FILE = "read-token"
+#: the status page's session cookie: the read-only token, HttpOnly, SameSite=Strict
+READ_COOKIE = "tierd_read"
+#: what the read-only token may GET (the status page and what it fetches, ``/metrics``)
+READ_PATHS = frozenset({"/", "/v1/status", "/v1/tiers", "/v1/jobs", "/v1/ckpt", "/v1/pool",
+                        "/metrics"})
+#: the identities of the read-only token (header, cookie)
+READ_IDENTITIES = frozenset({"read-token", "read-cookie"})
 _MIN_TOKEN = 16
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -79,6 +96,25 @@ def bootstrap_admin_token(data_dir: Path, env: Mapping[str, str] | None = None) 
     return token
 
 
+def bootstrap_read_token(data_dir: Path) -> str:
+    """The read-only token of ``read-token`` (mode 0600), generated when missing or short.
+
+    A file only, no environment variable: it opens nothing but the status documents, so
+    whoever runs the daemon hands a copy to a monitor or a colleague's browser."""
+    path = data_dir / READ_TOKEN_FILE
+    try:
+        token = path.read_text().strip()
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        token, mode = "", 0
+    if len(token) < _MIN_TOKEN or not token.isprintable() or " " in token:
+        token, mode = secrets.token_urlsafe(32), 0
+    if mode != 0o600:
+        write_private(path, (token + "\n").encode())
+    log.info("admin API read-only token", extra=kv(file=str(path)))
+    return token
+
+
 def _deny(status: int, message: str) -> web.Response:
     code = "unauthorized" if status == 401 else "forbidden"
     headers = {"WWW-Authenticate": 'Bearer realm="tierd-admin"'} if status == 401 else None
@@ -89,9 +125,30 @@ def _deny(status: int, message: str) -> web.Response:
 class AdminAuth:
     """The admin API's check (see the module docstring)."""
 
-    def __init__(self, token: str, sigv4: Authenticator | None) -> None:
+    def __init__(self, token: str, sigv4: Authenticator | None,
+                 read_token: str | None = None) -> None:
         self._token = token.encode()
         self.sigv4 = sigv4
+        # until the daemon loads read-token (tierd.admin.page), a random one: the status
+        # page's login with the admin token still gets a session cookie
+        self.read_token = read_token or secrets.token_urlsafe(32)
+
+    @property
+    def read_token(self) -> str:
+        return self._read.decode()
+
+    @read_token.setter
+    def read_token(self, token: str) -> None:
+        self._read = token.encode()
+
+    def token_kind(self, value: str) -> str | None:
+        """``admin``, ``read`` or None for a presented token (compared in constant time)."""
+        got = value.strip().encode(errors="surrogateescape")
+        if hmac.compare_digest(got, self._token):
+            return "admin"
+        if hmac.compare_digest(got, self._read):
+            return "read"
+        return None
 
     async def identify(self, request: web.Request) -> str | web.Response:
         """The caller's identity for the log (``token`` or ``user:NAME key:ID``), or the
@@ -99,12 +156,16 @@ class AdminAuth:
         header = request.headers.get("Authorization", "")
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer":
-            if hmac.compare_digest(value.strip().encode(errors="surrogateescape"),
-                                   self._token):
-                return "token"
+            kind = self.token_kind(value)
+            if kind is not None:
+                return "token" if kind == "admin" else "read-token"
             return _deny(401, "the admin token is wrong")
         if self.sigv4 is not None and Authenticator.is_signed(request):
             return await self._signed(request, self.sigv4)
+        cookie = request.cookies.get(READ_COOKIE)
+        if cookie is not None and hmac.compare_digest(
+                cookie.encode(errors="surrogateescape"), self._read):
+            return "read-cookie"
         return _deny(401, "the admin API needs 'Authorization: Bearer <token>' (the token "
                      f"is in the daemon's data directory, file {TOKEN_FILE}) or a SigV4 "
                      "signature of an admin user")
@@ -134,9 +195,16 @@ def auth_middleware(auth: AdminAuth) -> Middleware:
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS and request.method in ("GET", "HEAD"):
+        if (request.method, request.path) in OPEN_ROUTES:
             return await handler(request)
         who = await auth.identify(request)
+        if isinstance(who, web.Response) and request.path == "/" and request.method in (
+                "GET", "HEAD"):
+            return await handler(request)  # the status page answers with its login form
+        if isinstance(who, str) and who in READ_IDENTITIES and not (
+                request.method in ("GET", "HEAD") and request.path in READ_PATHS):
+            who = _deny(403, "the read-only token may only read the status page, "
+                        f"{', '.join(sorted(READ_PATHS - {'/'}))}")
         if isinstance(who, web.Response):
             log.info("admin request refused", extra=kv(
                 method=request.method, path=request.path, status=who.status,

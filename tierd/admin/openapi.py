@@ -371,9 +371,13 @@ _PARAM = re.compile(r"\{[^}]+\}")
 
 
 def _routes(app: web.Application) -> list[tuple[str, Any]]:
-    """(method, resource) of every registered route but HEAD and aiohttp's catch-alls."""
+    """(method, resource) of every registered route but HEAD, aiohttp's catch-alls and the
+    status page's HTML routes (:mod:`tierd.admin.page`: for browsers, not the JSON API)."""
+    from tierd.admin.page import PAGE_PATHS
+
     return [(r.method.lower(), r.resource) for r in app.router.routes()
-            if r.method.lower() in _METHODS and r.resource is not None]
+            if r.method.lower() in _METHODS and r.resource is not None
+            and r.resource.canonical not in PAGE_PATHS]
 
 
 def _matches(resource: Any, path: str) -> bool:
