@@ -24,7 +24,11 @@ FSTYPE = f"fuse.{FSNAME}"
 
 
 def _serve_cmd(mountpoint: str, serve_args: tuple[str, ...], detached: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "tierd.cli", "serve", "--mount", os.path.abspath(mountpoint)]
+    """The daemon's command line.  ``-P``: ``python -m`` would put the caller's directory
+    first on ``sys.path``, and a ``./tierd`` there (a checkout, a data folder) would be
+    imported instead of the installed package."""
+    cmd = [sys.executable, "-P", "-m", "tierd.cli", "serve", "--mount",
+           os.path.abspath(mountpoint)]
     if detached:
         cmd.append("--exit-on-unmount")
     return cmd + list(serve_args)

@@ -34,6 +34,9 @@ from .ops import TierdOps
 log = get_logger("fuse")
 
 FSNAME = "tierd"
+#: the mount's source as ``mount``/``df`` show it.  Not a plain word: util-linux shows a
+#: source that names something in the lister's directory as that path (``$PWD/tierd``)
+SOURCE = f"{FSNAME}:"
 #: seconds to wait for a stat of an existing mount point (a hung FUSE server never answers)
 STAT_TIMEOUT = 5.0
 #: seconds to wait for in-flight requests at shutdown
@@ -178,7 +181,7 @@ def set_read_ahead(mountpoint: Path, kib: int = READ_AHEAD_KIB) -> bool:
 def mount_options(allow_other: bool | None = None) -> set[str]:
     """Kernel mount options: never ``default_permissions`` (the daemon decides access),
     ``allow_other`` so every user of the machine reaches the mount when permitted."""
-    opts = {f"fsname={FSNAME}", f"subtype={FSNAME}", "noatime"}
+    opts = {f"fsname={SOURCE}", f"subtype={FSNAME}", "noatime"}
     if allow_other is None:
         allow_other = os.geteuid() == 0 or _user_allow_other()
     if allow_other:
@@ -212,7 +215,7 @@ def mount_posixacl(mountpoint: Path, allow_other: bool) -> int | None:
     data = (f"fd={fd},rootmode=40000,user_id={os.getuid()},group_id={os.getgid()}"
             + (",allow_other" if allow_other else ""))
     libc = ctypes.CDLL(None, use_errno=True)
-    rc = libc.mount(FSNAME.encode(), str(mountpoint).encode(), f"fuse.{FSNAME}".encode(),
+    rc = libc.mount(SOURCE.encode(), str(mountpoint).encode(), f"fuse.{FSNAME}".encode(),
                     ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOATIME | MS_POSIXACL),
                     data.encode())
     if rc != 0:

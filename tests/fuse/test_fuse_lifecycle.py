@@ -115,6 +115,35 @@ def test_tierd_mount_and_umount_commands(place: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def test_mount_beside_a_tierd_dir(place: Path) -> None:
+    """The detached daemon must not import a ``./tierd`` of the caller's directory, and
+    ``mount`` (util-linux) must not show ``$PWD/tierd`` as the mount's source."""
+    cwd = place / "work"
+    (cwd / "tierd").mkdir(parents=True)
+    (cwd / "tierd" / "__init__.py").write_text("raise ImportError('the wrong tierd')\n")
+    (cwd / "tierd" / "cli.py").write_text("raise SystemExit('the wrong tierd')\n")
+    tierd = Path(sys.executable).parent / "tierd"  # the console script a user runs
+    args = ["--data-dir", str(place / "data"), "--s3-listen", "127.0.0.1:0",
+            "--admin-listen", "127.0.0.1:0"]
+    r = subprocess.run([str(tierd), "mount", "mnt-rel", *args], capture_output=True,
+                       text=True, timeout=60, env=clean_env(), stdin=subprocess.DEVNULL,
+                       cwd=cwd)
+    rel = cwd / "mnt-rel"
+    try:
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        (rel / "bkt").mkdir()
+        listed = subprocess.run(["mount"], capture_output=True, text=True, cwd=cwd,
+                                check=True).stdout
+        line = next(x for x in listed.splitlines() if f" on {rel} " in x)
+        assert line.split(" on ")[0] != str(cwd / "tierd"), line
+        assert not line.split(" on ")[0].startswith("/"), line
+    finally:
+        subprocess.run([str(tierd), "umount", str(rel)], capture_output=True, timeout=60,
+                       env=clean_env())
+        if find_mount(rel) is not None:
+            unmount(rel, lazy=True)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
