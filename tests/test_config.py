@@ -270,6 +270,13 @@ def test_combinations_that_cannot_work_name_the_key(env: dict[str, str], key: st
     assert "\n" not in msg
 
 
+def test_a_pool_socket_path_too_long_for_a_unix_socket_is_refused() -> None:
+    deep = "/srv/" + "d" * 120
+    err = rejected(env={"TIERD_DATA_DIR": deep})
+    assert err.key == "data_dir" and "pool_socket" in str(err) and "107" in str(err)
+    assert load_config(env={"TIERD_DATA_DIR": deep, "TIERD_POOL_SOCKET": "/run/tierd.sock"})
+
+
 def test_a_mount_inside_the_data_dir_next_to_the_tiers_is_fine() -> None:
     c = load_config(env={"TIERD_DATA_DIR": "/srv/t", "TIERD_MOUNT": "/srv/t/mnt"})
     assert c.mount == Path("/srv/t/mnt")

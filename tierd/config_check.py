@@ -68,6 +68,7 @@ def check_config(c: Config, sources: Mapping[str, str], *, probe: bool = True) -
     _cold_settings(c, sources)
     _addresses(c, sources)
     _directories(c, sources)
+    _socket(c, sources)
     if probe:
         _probe_cold(c, sources)
 
@@ -156,6 +157,21 @@ def _directories(c: Config, sources: Mapping[str, str]) -> None:
             raise _fail("mount", str(mnt), sources,
                         f"the mount would {'hide' if _within(path, mnt) else 'lie inside'} "
                         f"{name} ({path}); mount the namespace somewhere else")
+
+
+#: the longest path a unix socket may have (sun_path holds 108 bytes with the NUL)
+MAX_SOCKET_PATH = 107
+
+
+def _socket(c: Config, sources: Mapping[str, str]) -> None:
+    """The pool's socket path must fit a unix socket address (a deep data directory makes
+    the default one too long)."""
+    n = len(os.fsencode(c.pool_socket))
+    if n > MAX_SOCKET_PATH:
+        raise _fail("pool_socket" if "pool_socket" in sources else "data_dir",
+                    str(c.pool_socket if "pool_socket" in sources else c.data_dir), sources,
+                    f"the pool's socket path {c.pool_socket} is {n} bytes; a unix socket "
+                    f"path has at most {MAX_SOCKET_PATH}: set pool_socket to a shorter path")
 
 
 def _probe_cold(c: Config, sources: Mapping[str, str]) -> None:
