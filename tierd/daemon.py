@@ -91,7 +91,8 @@ class DataDirLock:
             os.close(fd)
             raise StartupError(
                 f"another tierd (pid {holder}) is already running on data directory "
-                f"{self.path.parent} (lock {self.path}); stop it or use another --data-dir"
+                f"{self.path.parent} (lock {self.path}); stop it or use another --data-dir "
+                "(to mount the running daemon's namespace: tierctl mount add DIR)"
             ) from None
         except BaseException:
             os.close(fd)
@@ -225,9 +226,10 @@ class Daemon:
             stack.callback(self.metrics.attach)  # nothing to read once they are closed
             self.memory.ckpt.observe = self.metrics.observe_checkpoint
 
+            # the mount of the setting, or one attached later (POST /v1/mounts)
+            stack.push_async_callback(self._unmount)
             if cfg.mount is not None:
                 await self._mount(cfg.mount)
-                stack.push_async_callback(self._unmount)
 
             admin_auth = await self._setup_identity(self.meta)
             admin = make_admin_app(self, admin_auth)
@@ -331,16 +333,35 @@ class Daemon:
         """Mount the namespace at ``mountpoint``, served by this loop (a stale mount left by
         a killed daemon is cleared first; a busy mount point is refused)."""
         # imported here: a daemon without a mount must not need a working FUSE install
+        from tierd_fuse import MountError
+
+        try:
+            await self.attach_mount(mountpoint)
+        except MountError as e:
+            raise StartupError(f"{e} (setting mount)") from None
+
+    async def attach_mount(self, mountpoint: Path) -> None:
+        """Mount the namespace now (at start, or ``POST /v1/mounts`` on a running daemon:
+        a second tierd cannot open the data directory).  One mount per daemon (pyfuse3
+        has one session per process); ``tierd_fuse.MountError`` says why not."""
         from tierd_fuse import FuseDoor, MountError
 
         assert self.namespace is not None
+        if self.fuse is not None:
+            raise MountError(f"this tierd already serves a mount at {self.fuse.mountpoint} "
+                             "(one per daemon): remove it first (tierctl mount rm)")
         door = FuseDoor(self.namespace, mountpoint, on_unmounted=self._on_unmounted,
                         metrics=self.metrics)
-        try:
-            await door.start()
-        except MountError as e:
-            raise StartupError(f"{e} (setting mount)") from None
+        await door.start()
         self.fuse = door
+        if self.bound:  # serving already: tools read the mount from endpoints.json
+            await asyncio.to_thread(self._write_endpoints)
+
+    async def detach_mount(self) -> None:
+        """Unmount (``DELETE /v1/mounts``) as at shutdown: a mount still in use is
+        detached, and processes with files open on it get ENOTCONN."""
+        await self._unmount()
+        await asyncio.to_thread(self._write_endpoints)
 
     async def _unmount(self) -> None:
         if self.fuse is not None:
@@ -349,6 +370,7 @@ class Daemon:
 
     def _on_unmounted(self) -> None:
         """The mount went away from outside (``tierd umount``)."""
+        self.fuse = None  # the door is closed: a new mount may be attached
         if self.exit_on_unmount:
             log.info("mount removed; stopping as asked (exit on unmount)")
             self.request_stop()

@@ -6,7 +6,8 @@ Endpoints:
   watchdogs: no JSON parsing needed);
 * ``GET /v1/status`` -- JSON: version, uptime, data dir, pid, namespace counts, metadata
   engine figures and the listen addresses;
-* ``GET /v1/mounts`` -- the daemon's FUSE mount, if any;
+* ``GET``/``POST``/``DELETE /v1/mounts`` -- the daemon's FUSE mount, attached and removed
+  while it runs (:mod:`~tierd.admin.mounts`);
 * ``GET /v1/openapi.json`` -- the document of every endpoint (:mod:`tierd.admin.openapi`);
 * the others in their modules: placement and ``/v1/tiers`` (:mod:`~tierd.admin.placement`),
   jobs (:mod:`~tierd.admin.jobs`), buckets and policies (:mod:`~tierd.admin.buckets`),
@@ -104,19 +105,14 @@ def make_admin_app(backend: AdminBackend, auth: AdminAuth) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return web.json_response(backend.status())
 
-    async def mounts(request: web.Request) -> web.Response:
-        # the daemon's FUSE door (None without ``mount``); getattr: backends without one
-        fuse = getattr(backend, "fuse", None)
-        found = [] if fuse is None else [{"door": "fuse", "mountpoint": str(fuse.mountpoint),
-                                          "source": "/"}]
-        return web.json_response({"mounts": found})
-
     app = web.Application(middlewares=[_json_errors, auth_middleware(auth)],
                           client_max_size=MAX_BODY,
                           handler_args={"keepalive_timeout": IDLE_TIMEOUT, **LIMITS})
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/status", status)
-    app.router.add_get("/v1/mounts", mounts)
+    from tierd.admin.mounts import add_mount_routes
+
+    add_mount_routes(app, backend)  # the FUSE mount, attached while running
     from tierd.admin.openapi import add_openapi_route
 
     add_openapi_route(app)
@@ -144,5 +140,5 @@ def make_admin_app(backend: AdminBackend, auth: AdminAuth) -> web.Application:
         add_user_routes(app, directory)
         from tierd.admin.buckets import add_bucket_routes
 
-        add_bucket_routes(app, directory)
+        add_bucket_routes(app, directory, lambda: getattr(backend, "namespace", None))
     return app

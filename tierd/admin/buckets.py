@@ -6,7 +6,14 @@
   whether that policy allows everyone something unconditionally).  Object counts and bytes
   are not here: counting walks the bucket, which ``GET /v1/placement/du?prefix=NAME/``
   does on request;
+* ``POST /v1/buckets`` ``{"name", "owner"?}`` -- create a bucket (``201`` with the bucket),
+  owned by the user named ``owner`` (its uid, gid and groups, as if that user's S3 key had
+  created it) or by root; the S3 naming rules apply (``400 invalid_bucket_name``), an
+  existing name is ``409 bucket_exists``, an unknown user ``404 no_such_user``;
 * ``GET /v1/buckets/{name}`` -- one bucket;
+* ``DELETE /v1/buckets/{name}`` -- remove an empty bucket (``{"bucket", "deleted": true}``;
+  ``409 bucket_not_empty`` otherwise: objects are removed through S3 or the mount, never in
+  bulk by an admin call);
 * ``GET /v1/buckets/{name}/policy`` -- ``{"bucket", "policy": {...}, "public"}``;
 * ``PUT /v1/buckets/{name}/policy`` -- the body is the policy document itself, as for S3's
   PutBucketPolicy; answers like GET;
@@ -18,34 +25,51 @@ storage is :class:`tierd.acl.authorize.PolicyStore` (the JSON in the bucket's me
 record), so a policy put here is enforced by the next S3 request.  The admin token manages
 every bucket's policy, as root or an admin user does through S3.
 
+Buckets are made and removed by the namespace (:meth:`~tierd.namespace.Namespace.create_bucket`),
+the same call as S3's CreateBucket/DeleteBucket, so the mount and the S3 door see the change at
+once.
+
 Errors: 400 ``malformed_policy``, 404 ``no_such_bucket`` / ``no_such_policy``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from tierd.acl import Identity
 from tierd.acl.authorize import PolicyStore
 from tierd.acl.policy import MalformedPolicy, parse_policy
-from tierd.acl.users import Directory
+from tierd.acl.users import Directory, DirectoryError
 from tierd.admin.app import json_error as _err
 from tierd.admin.auth import identity
 from tierd.errors import FsError
 from tierd.logs import get_logger, kv
 from tierd.meta import Bucket, MetaStore
 
+if TYPE_CHECKING:
+    from tierd.namespace import Namespace
+
 log = get_logger("admin")
 
 GetDirectory = Callable[[], Directory | None]
+GetNamespace = Callable[[], "Namespace | None"]
 
 
 def _no_bucket(name: str) -> web.Response:
     return _err(404, "no_such_bucket", f"bucket {name!r} does not exist")
+
+
+def _fs_refused(e: FsError) -> web.Response:
+    """A namespace refusal other than the expected ones (permission, full disk ...)."""
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return _err(403, "forbidden", e.message)
+    return _err(409 if e.errno == errno.EBUSY else 503, "refused", e.message)
 
 
 def bucket_doc(b: Bucket, store: PolicyStore, owners: dict[int, str]) -> dict[str, Any]:
@@ -60,7 +84,8 @@ def bucket_doc(b: Bucket, store: PolicyStore, owners: dict[int, str]) -> dict[st
     }
 
 
-def add_bucket_routes(app: web.Application, get_directory: GetDirectory) -> None:
+def add_bucket_routes(app: web.Application, get_directory: GetDirectory,
+                      get_namespace: GetNamespace = lambda: None) -> None:
     stores: list[PolicyStore] = []  # made on first use: the directory comes up with the daemon
 
     def directory() -> Directory:
@@ -68,6 +93,12 @@ def add_bucket_routes(app: web.Application, get_directory: GetDirectory) -> None
         if d is None:
             raise web.HTTPServiceUnavailable(reason="the metadata store is not ready")
         return d
+
+    def namespace() -> Namespace:
+        ns = get_namespace()
+        if ns is None:
+            raise web.HTTPServiceUnavailable(reason="the namespace is not ready")
+        return ns
 
     def store() -> PolicyStore:
         meta: MetaStore = directory().meta
@@ -99,6 +130,56 @@ def add_bucket_routes(app: web.Application, get_directory: GetDirectory) -> None
         if b is None:
             return _no_bucket(name)
         return web.json_response(bucket_doc(b, s, owners()))
+
+    async def create(request: web.Request) -> web.Response:
+        try:
+            doc = await request.json()
+        except (ValueError, RecursionError):
+            doc = None
+        if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
+            return _err(400, "bad_request", 'the body must be {"name": BUCKET, "owner": USER?}')
+        unknown = sorted(set(doc) - {"name", "owner"})
+        if unknown:
+            return _err(400, "bad_request", f"unknown field {unknown[0]!r} (expected name, "
+                        "owner)")
+        name, owner = doc["name"], doc.get("owner")
+        ident = Identity.ROOT
+        if owner is not None:
+            try:
+                user = directory().get_user(str(owner))
+            except DirectoryError as e:
+                return _err(404, "no_such_user", f"{e} (tierctl user list shows the users)")
+            ident = Identity(user.uid, user.gid, frozenset(user.groups))
+        try:
+            await namespace().create_bucket(ident, name)
+        except FsError as e:
+            if e.errno == errno.EEXIST:
+                return _err(409, "bucket_exists", f"bucket {name!r} exists already")
+            if e.errno == errno.EINVAL:
+                return _err(400, "invalid_bucket_name", e.message)
+            return _fs_refused(e)
+        log.info("bucket created", extra=kv(identity=identity(request), bucket=name,
+                                            owner_uid=ident.uid))
+        s = store()
+        b = get_bucket(s, name)
+        if b is None:  # removed again in between
+            return _no_bucket(name)
+        return web.json_response(bucket_doc(b, s, owners()), status=201,
+                                 headers={"Location": f"/v1/buckets/{name}"})
+
+    async def delete(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        try:
+            await namespace().delete_bucket(Identity.ROOT, name)
+        except FsError as e:
+            if e.errno == errno.ENOENT:
+                return _no_bucket(name)
+            if e.errno == errno.ENOTEMPTY:
+                return _err(409, "bucket_not_empty", f"bucket {name!r} is not empty: remove "
+                            "its objects first (through S3 or the mount)")
+            return _fs_refused(e)
+        log.info("bucket deleted", extra=kv(identity=identity(request), bucket=name))
+        return web.json_response({"bucket": name, "deleted": True})
 
     def policy_answer(name: str, s: PolicyStore) -> web.Response:
         policy = s.get(name)
@@ -141,7 +222,9 @@ def add_bucket_routes(app: web.Application, get_directory: GetDirectory) -> None
         return web.json_response({"bucket": name, "deleted": had})
 
     app.router.add_get("/v1/buckets", listing)
+    app.router.add_post("/v1/buckets", create)
     app.router.add_get("/v1/buckets/{name}", one)
+    app.router.add_delete("/v1/buckets/{name}", delete)
     app.router.add_get("/v1/buckets/{name}/policy", policy_get)
     app.router.add_put("/v1/buckets/{name}/policy", policy_put)
     app.router.add_delete("/v1/buckets/{name}/policy", policy_delete)

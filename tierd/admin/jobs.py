@@ -9,8 +9,9 @@ the request that starts it returns at once (``202``), anyone with the token can 
 (``GET /v1/jobs/{id}``: bytes and files done of the total, throughput, ETA) and stop it
 (``DELETE /v1/jobs/{id}``).
 
-* ``POST /v1/jobs`` ``{"kind", "prefix"?, "tier"?, "timeout"?}`` -- ``202`` with the job;
-  ``kind`` is one of :data:`KINDS`:
+* ``POST /v1/jobs`` ``{"kind", "prefix"?, "tier"?, "timeout"?}`` -- ``202`` with the job
+  (``404 no_such_bucket`` when the prefix's bucket does not exist); ``kind`` is one of
+  :data:`KINDS`:
 
   - ``warmup``: every block under ``prefix`` onto ``tier`` (default: each file's policy
     tier), like ``POST /v1/placement/warmup``;
@@ -54,6 +55,7 @@ from aiohttp import web
 
 from tierd.admin.app import json_error as _err
 from tierd.admin.auth import identity
+from tierd.admin.prefix import NoSuchBucket, check_prefix, prefix_error
 from tierd.errors import FsError
 from tierd.logs import get_logger, kv
 from tierd.placement.engine import HOT, POLICY_TIERS, WARM
@@ -254,9 +256,8 @@ class JobManager:
         kind = doc.get("kind")
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}")
-        prefix = doc.get("prefix", "")
-        if not isinstance(prefix, str):
-            raise ValueError("prefix must be a string (bucket/key-prefix)")
+        # a bucket that does not exist: NoSuchBucket (404), not a job that finds nothing
+        prefix = check_prefix(self.ops().p.meta, doc.get("prefix", ""))
         tier = doc.get("tier")
         if tier is not None and not isinstance(tier, str):
             raise ValueError("tier must be a string")
@@ -362,8 +363,8 @@ def add_job_routes(app: web.Application, get_ops: Ops) -> None:
             return _err(400, "bad_request", "the body must be a JSON object")
         try:
             job = manager.create(doc, identity(request))
-        except ValueError as e:
-            return _err(400, "bad_request", str(e))
+        except (ValueError, NoSuchBucket) as e:
+            return prefix_error(e)
         except OverflowError as e:
             return _err(429, "too_many_jobs", str(e))
         return web.json_response(job.doc(), status=202,

@@ -179,6 +179,19 @@ SCHEMAS: dict[str, Schema] = {
                           {"type": "array", "items": _ANY_OBJ}, _ANY_OBJ]}},
                      ("Statement",),
                      description="an S3 bucket policy (the IAM subset of docs/permissions.md)"),
+    "Ls": _obj({"prefix": _STR, "files": {"type": "array", "items": _obj({
+        "key": _STR, "ino": _INT, "size": _NN_INT, "version": _INT,
+        "state": {"type": "string", "enum": ["dirty", "persisting", "clean"]},
+        "tiers": {"type": "object", "additionalProperties": _NN_INT,
+                  "description": "bytes of the file on mem, hot, warm; cold: the size when "
+                  "cold has this version, else 0"},
+        "policy": _obj({"mode": _STR, "pin": _BOOL, "tier": _STR}, ("mode", "pin", "tier"))},
+        ("key", "size", "state", "tiers", "policy"))},
+        "truncated": _BOOL, "limit": _INT, "tiers": {"type": "array", "items": _STR}},
+        ("prefix", "files", "truncated", "limit", "tiers")),
+    "NewBucket": _obj({"name": _STR, "owner": {**_USER, "description": "the owning user "
+                                                "(default: root)"}},
+                      ("name",), additionalProperties=False),
     "PoolStatus": _obj({"capacity": _INT, "used": _INT, "free": _INT, "regions": _INT,
                         "tenants": _ANY_OBJ, "socket": _STR,
                         "region_list": {"type": "array", "items": _ANY_OBJ}},
@@ -232,14 +245,20 @@ def _placement() -> dict[str, Schema]:
         "/v1/tiers": {"get": _op("tiers: capacity, use, dirty bytes, read hits", {200: (
             "every tier", _ref("Tiers"))}, errors=(503,), tag="placement")},
         "/v1/placement/du": {"get": _op("bytes under a prefix per tier", {200: (
-            "usage", _ref("Du"))}, errors=(503,), params=[_query("prefix", _PREFIX)],
+            "usage", _ref("Du"))}, errors=(404, 503), params=[_query("prefix", _PREFIX)],
             tag="placement")},
+        "/v1/placement/ls": {"get": _op(
+            "where each file under a prefix is: bytes per tier, state, policy (the first "
+            "`limit` files the walk meets, sorted by key)", {200: ("the files", _ref("Ls"))},
+            errors=(404, 503), params=[_query("prefix", _PREFIX), _query(
+                "limit", {"type": "integer", "minimum": 1, "maximum": 100_000},
+                "at most this many files (default 1000)")], tag="placement")},
         "/v1/placement/evict": {"post": _op("evict clean blocks now (synchronous; see "
                                             "/v1/jobs)", {200: ("freed", _ref("Evicted"))},
-                                            errors=(503,), body_required=False,
+                                            errors=(404, 503), body_required=False,
                                             body=_obj({"prefix": _PREFIX, "tier": _STR}),
                                             tag="placement")},
-        "/v1/placement/pin": {"post": _op("pin a prefix", {200: pol}, errors=(503,),
+        "/v1/placement/pin": {"post": _op("pin a prefix", {200: pol}, errors=(404, 503),
                                           body=prefix_body, body_required=False,
                                           tag="placement")},
         "/v1/placement/unpin": {"post": _op("unpin a prefix", {200: pol}, errors=(503,),
@@ -250,26 +269,29 @@ def _placement() -> dict[str, Schema]:
                 {"policies": {"type": "array", "items": _ref("PlacementPolicy")}},
                 ("policies",)))}, errors=(503,), tag="placement"),
             "put": _op("set a prefix's policy (fields left out stay)", {200: pol},
-                       errors=(503,), body_required=False, body=_obj({
+                       errors=(404, 503), body_required=False, body=_obj({
                            "prefix": _PREFIX, "mode": _STR, "pin": _BOOL, "tier": _TIER}),
-                       tag="placement")},
+                       tag="placement"),
+            "delete": _op("remove a prefix's policy", {200: ("removed", _obj(
+                {"prefix": _STR, "deleted": _BOOL}, ("prefix", "deleted")))},
+                errors=(404, 503), params=[_query("prefix", _PREFIX)], tag="placement")},
         "/v1/placement/persist": {"post": _op(
             "wait until cold has every change under a prefix (synchronous)", {200: (
                 "persisted: false after the timeout", _obj({"prefix": _STR,
                                                             "persisted": _BOOL},
                                                            ("prefix", "persisted")))},
-            errors=(503,), body_required=False, body=_obj(
+            errors=(404, 503), body_required=False, body=_obj(
                 {"prefix": _PREFIX, "timeout": {"type": "number", "minimum": 0,
                                                 "maximum": 1e9}}),
             tag="placement")},
         "/v1/placement/import": {"post": _op("list a cold prefix into the namespace", {200: (
             "imported entries", _obj({"prefix": _STR, "imported": _INT},
-                                     ("prefix", "imported")))}, errors=(503,),
+                                     ("prefix", "imported")))}, errors=(404, 503),
             body=prefix_body, body_required=False, tag="placement")},
         "/v1/placement/warmup": {"post": _op(
             "warm a prefix up, streaming progress (one JSON document per line)",
             {200: ("progress lines {done, total, files, tier, bytes_per_s}; an error line "
-                   "{error, message} if the cold store fails", None)}, errors=(503,),
+                   "{error, message} if the cold store fails", None)}, errors=(404, 503),
             body_required=False, body=_obj({"prefix": _PREFIX, "tier": _TIER}),
             ctype="application/x-ndjson", tag="placement")},
         "/v1/jobs": {
@@ -279,7 +301,7 @@ def _placement() -> dict[str, Schema]:
                     "queued", "running", "done", "failed", "cancelled"]})], tag="jobs"),
             "post": _op("start a warmup, pin, evict or persist job", {202: (
                 "the job, queued or running (Location: /v1/jobs/{id})", _ref("Job"))},
-                errors=(429, 503), body=_ref("NewJob"), tag="jobs")},
+                errors=(404, 429, 503), body=_ref("NewJob"), tag="jobs")},
         "/v1/jobs/{id}": {
             "get": _op("a job and its progress", {200: ("the job", _ref("Job"))},
                        errors=(404,), params=[_path("id")], tag="jobs"),
@@ -303,10 +325,18 @@ def _pool() -> dict[str, Schema]:
                 {"freed": _INT, "tenant": _INT, "size": _INT}, ("freed", "tenant", "size")))},
             errors=(404, 409, 503), params=[_path("rid", _NN_INT, "region id")],
             tag="pool")},
-        "/v1/ckpt": {"get": _op(
-            "checkpoint runs, or one run's steps (with run=)", {200: (
-                "{runs: [...]} or {bucket, run, steps, keep_local, keep_cold}", _ANY_OBJ)},
-            errors=(404, 503), params=[_query("bucket"), _query("run")], tag="pool")},
+        "/v1/ckpt": {
+            "get": _op("every checkpoint run with its steps (of one bucket with bucket=), or "
+                       "one run's steps (with run=)", {200: (
+                           "{bucket, runs: [...]} or {bucket, run, steps, keep_local, "
+                           "keep_cold}", _ANY_OBJ)},
+                       errors=(404, 503), params=[_query("bucket"), _query("run")],
+                       tag="pool"),
+            "delete": _op("remove a checkpoint step", {200: ("removed", _obj(
+                {"bucket": _STR, "run": _STR, "deleted": _INT},
+                ("bucket", "run", "deleted")))}, errors=(404, 409, 503),
+                params=[_query("bucket", desc="default: checkpoints"), _query("run"),
+                        _query("step", _NN_INT)], tag="pool")},
     }
 
 
@@ -314,11 +344,19 @@ def _buckets() -> dict[str, Schema]:
     name = _path("name", desc="bucket name")
     answer = ("the policy", _ref("BucketPolicy"))
     return {
-        "/v1/buckets": {"get": _op("every bucket", {200: ("the buckets", _obj(
-            {"buckets": {"type": "array", "items": _ref("Bucket")}}, ("buckets",)))},
-            errors=(503,), tag="buckets")},
-        "/v1/buckets/{name}": {"get": _op("a bucket", {200: ("the bucket", _ref("Bucket"))},
-                                          errors=(404, 503), params=[name], tag="buckets")},
+        "/v1/buckets": {
+            "get": _op("every bucket", {200: ("the buckets", _obj(
+                {"buckets": {"type": "array", "items": _ref("Bucket")}}, ("buckets",)))},
+                errors=(503,), tag="buckets"),
+            "post": _op("create a bucket (S3 naming rules)", {201: (
+                "the bucket", _ref("Bucket"))}, errors=(404, 409, 503),
+                body=_ref("NewBucket"), tag="buckets")},
+        "/v1/buckets/{name}": {
+            "get": _op("a bucket", {200: ("the bucket", _ref("Bucket"))},
+                       errors=(404, 503), params=[name], tag="buckets"),
+            "delete": _op("remove an empty bucket", {200: ("removed", _obj(
+                {"bucket": _STR, "deleted": _BOOL}, ("bucket", "deleted")))},
+                errors=(404, 409, 503), params=[name], tag="buckets")},
         "/v1/buckets/{name}/policy": {
             "get": _op("a bucket's policy", {200: answer}, errors=(404, 503), params=[name],
                        tag="buckets"),
@@ -343,8 +381,21 @@ def _paths() -> dict[str, Schema]:
             "the metrics", None)}, ctype="text/plain", tag="daemon")},
         "/v1/status": {"get": _op("the daemon at a glance", {200: ("status", _ref("Status"))},
                                   tag="daemon")},
-        "/v1/mounts": {"get": _op("the daemon's FUSE mount, if any", {200: (
-            "mounts", _ref("Mounts"))}, tag="daemon")},
+        "/v1/mounts": {
+            "get": _op("the daemon's FUSE mount, if any", {200: ("mounts", _ref("Mounts"))},
+                       tag="daemon"),
+            "post": _op("mount the namespace at an existing empty directory (one mount per "
+                        "daemon)", {201: ("the mount", _obj(
+                            {"door": _STR, "mountpoint": _STR, "source": _STR},
+                            ("door", "mountpoint")))}, errors=(409, 503),
+                        body=_obj({"mountpoint": {"type": "string",
+                                                  "description": "an absolute path"}},
+                                  ("mountpoint",), additionalProperties=False),
+                        tag="daemon"),
+            "delete": _op("unmount (a mount in use is detached)", {200: ("unmounted", _obj(
+                {"mountpoint": _STR, "unmounted": _BOOL}, ("mountpoint", "unmounted")))},
+                errors=(404,), params=[{**_query("mountpoint"), "required": True}],
+                tag="daemon")},
         "/v1/openapi.json": {"get": _op("this document", {200: ("OpenAPI 3.1", _ANY_OBJ)},
                                         tag="daemon")},
         **_placement(), **_buckets(), **_users(), **_pool(),

@@ -1,22 +1,28 @@
 """Admin endpoints of placement (``tierctl warmup/evict/pin/unpin/policy/du/persist/import``).
 
-All take a ``prefix`` (``bucket/key-prefix``); bodies are JSON.  ``warmup`` streams one JSON
+All take a ``prefix`` (``bucket/key-prefix``), checked first (:mod:`tierd.admin.prefix`: a
+missing bucket is ``404 no_such_bucket``); bodies are JSON.  ``warmup`` streams one JSON
 document per line (progress, then ``{"done": total, ...}``) so the CLI can draw a progress bar
 without polling.  The door asks the daemon's :class:`~tierd.placement.ops.PlacementOps`.
-``GET /v1/tiers`` (:func:`tiers_doc`) is here too: each tier's figures from placement.  The
-same operations as asynchronous jobs with progress and cancel: :mod:`tierd.admin.jobs`.
+``GET /v1/tiers`` (:func:`tiers_doc`) and ``GET /v1/placement/ls``
+(:mod:`tierd.admin.residency`) are here too.  ``DELETE /v1/placement/policy?prefix=P``
+removes a prefix's policy (``404 no_such_policy`` when it has none).  The same operations as
+asynchronous jobs with progress and cancel: :mod:`tierd.admin.jobs`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from tierd.admin.app import json_error as _err
+from tierd.admin.prefix import check_prefix, prefix_error
+from tierd.admin.residency import ls_doc, parse_limit
 from tierd.errors import FsError
+from tierd.meta import PlacementPolicy
 from tierd.placement.ops import PlacementOps
 from tierd.tiers import TierError
 
@@ -50,29 +56,55 @@ def add_placement_routes(app: web.Application, get_ops: Ops) -> None:
         except (TierError, FsError) as e:
             return _err(503, "cold_unavailable", str(e))
 
-    async def du(request: web.Request) -> web.Response:
+    def prefixed(doc: Any, fn: Callable[[PlacementOps, str], Any],
+                 need_bucket: bool = True) -> Awaitable[web.Response]:
+        """``fn(ops, prefix)`` once the prefix of ``doc`` passed :func:`check_prefix`."""
         o = ops()
-        prefix = request.query.get("prefix", "")
-        return await guarded(lambda: _ready(o.du(prefix)))
+        try:
+            prefix = check_prefix(o.p.meta, doc.get("prefix", ""), need_bucket)
+        except (ValueError, LookupError) as e:
+            return _now(prefix_error(e))
+        return guarded(lambda: fn(o, prefix))
+
+    async def du(request: web.Request) -> web.Response:
+        return await prefixed(request.query, lambda o, prefix: _ready(o.du(prefix)))
+
+    async def ls(request: web.Request) -> web.Response:
+        try:
+            limit = parse_limit(request.query.get("limit"))
+        except ValueError as e:
+            return _err(400, "bad_request", str(e))
+        return await prefixed(request.query,
+                              lambda o, prefix: _ready(ls_doc(o, prefix, limit)))
 
     async def evict(request: web.Request) -> web.Response:
         doc = await _body(request)
-        prefix, tier = str(doc.get("prefix", "")), str(doc.get("tier") or "all")
-        return await guarded(lambda: ops().evict(prefix, tier))
+        tier = str(doc.get("tier") or "all")
+        return await prefixed(doc, lambda o, prefix: o.evict(prefix, tier))
 
     async def pin(request: web.Request) -> web.Response:
-        prefix = str((await _body(request)).get("prefix", ""))
         on = request.path.endswith("/pin")
-        return await guarded(lambda: _ready(ops().set_policy(prefix, pin=on)))
+        return await prefixed(await _body(request),
+                              lambda o, prefix: _ready(o.set_policy(prefix, pin=on)),
+                              need_bucket=on)  # unpin may clean up after a removed bucket
 
     async def policy_get(request: web.Request) -> web.Response:
         return web.json_response({"policies": ops().policies()})
 
     async def policy_set(request: web.Request) -> web.Response:
         doc = await _body(request)
-        prefix = str(doc.get("prefix", ""))
-        return await guarded(lambda: _ready(ops().set_policy(
+        return await prefixed(doc, lambda o, prefix: _ready(o.set_policy(
             prefix, mode=doc.get("mode"), pin=doc.get("pin"), tier=doc.get("tier"))))
+
+    async def policy_delete(request: web.Request) -> web.Response:
+        o = ops()
+        prefix = request.query.get("prefix", "")
+        if prefix not in o.p.policies:
+            return _err(404, "no_such_policy", f"no placement policy for prefix {prefix!r} "
+                        "(tierctl policy get lists them)")
+        default = PlacementPolicy(prefix)  # set_policy drops a policy equal to the default
+        o.set_policy(prefix, mode=default.mode, pin=default.pin, tier=default.tier)
+        return web.json_response({"prefix": prefix, "deleted": True})
 
     async def persist(request: web.Request) -> web.Response:
         doc = await _body(request)
@@ -81,27 +113,40 @@ def add_placement_routes(app: web.Application, get_ops: Ops) -> None:
                                     or not isinstance(timeout, int | float)
                                     or not 0 <= timeout <= 1e9):
             return _err(400, "bad_request", "timeout must be a number of seconds (0 to 1e9)")
-        return await guarded(lambda: ops().persist_wait(
-            str(doc.get("prefix", "")), float(timeout) if timeout is not None else None))
+        return await prefixed(doc, lambda o, prefix: o.persist_wait(
+            prefix, float(timeout) if timeout is not None else None))
 
     async def import_(request: web.Request) -> web.Response:
-        prefix = str((await _body(request)).get("prefix", ""))
-        return await guarded(lambda: ops().import_prefix(prefix))
+        return await prefixed(await _body(request),
+                              lambda o, prefix: o.import_prefix(prefix))
 
     async def warmup(request: web.Request) -> web.StreamResponse:
         body = await _body(request)
-        prefix = str(body.get("prefix", ""))
         tier = str(body["tier"]) if body.get("tier") else None
         o = ops()
+        try:
+            prefix = check_prefix(o.p.meta, body.get("prefix", ""))
+        except (ValueError, LookupError) as e:
+            return prefix_error(e)
         if tier is not None:
             try:
                 o.check_tier(tier)
             except ValueError as e:
                 return _err(400, "bad_request", str(e))
+        # the first document (the import of the prefix, the count) before the 200: a
+        # failure there is still an error status, not a line inside a successful answer
+        gen = o.warmup(prefix, tier)
+        try:
+            first = await anext(gen)
+        except (TierError, FsError) as e:
+            return _err(503, "cold_unavailable", str(e))
+        except ValueError as e:
+            return _err(400, "bad_request", str(e))
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
+        await resp.write(json.dumps(first).encode() + b"\n")
         try:
-            async for doc in o.warmup(prefix, tier):
+            async for doc in gen:
                 await resp.write(json.dumps(doc).encode() + b"\n")
         except (TierError, FsError) as e:
             await resp.write(json.dumps({"error": "cold_unavailable",
@@ -114,11 +159,13 @@ def add_placement_routes(app: web.Application, get_ops: Ops) -> None:
 
     app.router.add_get("/v1/tiers", tiers)
     app.router.add_get("/v1/placement/du", du)
+    app.router.add_get("/v1/placement/ls", ls)
     app.router.add_post("/v1/placement/evict", evict)
     app.router.add_post("/v1/placement/pin", pin)
     app.router.add_post("/v1/placement/unpin", pin)
     app.router.add_get("/v1/placement/policy", policy_get)
     app.router.add_put("/v1/placement/policy", policy_set)
+    app.router.add_delete("/v1/placement/policy", policy_delete)
     app.router.add_post("/v1/placement/persist", persist)
     app.router.add_post("/v1/placement/import", import_)
     app.router.add_post("/v1/placement/warmup", warmup)
@@ -161,9 +208,13 @@ def tiers_doc(o: PlacementOps) -> dict[str, Any]:
         if tc is p.hotc:
             doc.update(hits=hits, misses=misses, hit_ratio=_ratio(hits, misses))
         out.append(doc)
+    cold = p.cold_status()
     out.append({"name": "cold", "kind": "object",
                 "url": _redacted(str(getattr(p.cold, "url", ""))),
-                "reachable": not p.cold_down, "capacity": None, "used": None, "free": None,
+                "reachable": cold["reachable"], "reason": cold["reason"],
+                "last_answer_seconds_ago": cold["last_answer_seconds_ago"],
+                "pending_deletes": cold["pending_deletes"],
+                "capacity": None, "used": None, "free": None,
                 "dirty": 0, "hits": None, "misses": None, "hit_ratio": None,
                 "uploaded_bytes": int(p.stats["uploaded_bytes"]),
                 "fetched_bytes": int(p.stats["fetched_bytes"])})
@@ -173,3 +224,7 @@ def tiers_doc(o: PlacementOps) -> dict[str, Any]:
 
 async def _ready(value: dict[str, Any]) -> dict[str, Any]:
     return value
+
+
+async def _now(resp: web.Response) -> web.Response:
+    return resp

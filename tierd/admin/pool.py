@@ -1,7 +1,15 @@
 """Admin endpoints of the memory pool and checkpoints (``tierctl pool`` and ``tierctl ckpt``).
 
 ``GET /v1/pool`` (status), ``PUT /v1/pool/quota/{tenant}`` (``{"bytes": N}``; 0 removes
-the tenant's own quota), ``DELETE /v1/pool/regions/{id}``, ``GET /v1/ckpt?bucket=&run=``.
+the tenant's own quota), ``DELETE /v1/pool/regions/{id}``, and checkpoints:
+
+* ``GET /v1/ckpt?bucket=B&run=R`` -- one run's steps and where each is;
+* ``GET /v1/ckpt[?bucket=B]`` -- every run with its steps (``{"bucket", "runs": [...]}``):
+  of bucket ``B``, the runs this daemon has seen and every directory holding a step (so a
+  restarted daemon lists the runs on disk too; a missing ``B`` is ``404 no_such_bucket``);
+  without ``bucket``, every run seen since start and those on disk in ``checkpoints``;
+* ``DELETE /v1/ckpt?bucket=B&run=R&step=N`` -- remove a step (``{"deleted": N}``; ``409``
+  while it is still being written out).
 """
 
 from __future__ import annotations
@@ -16,11 +24,14 @@ from tierd.acl import Identity
 from tierd.acl.users import MAX_ID
 from tierd.errors import FsError
 from tierd.mempool.pool import PoolError
+from tierd.namespace.names import check_bucket_name
 
 if TYPE_CHECKING:
     from tierd.mempool.door import MemoryDoor
 
 _STATUS = {"ENOENT": 404, "EBUSY": 409, "EINVAL": 400}
+#: the bucket of checkpoints when none is named (the SDK's default too)
+DEFAULT_BUCKET = "checkpoints"
 
 
 def _err(e: OSError) -> web.Response:
@@ -64,15 +75,44 @@ def add_pool_routes(app: web.Application, get_door: Callable[[], MemoryDoor | No
     async def ckpt_list(request: web.Request) -> web.Response:
         d = door()
         run_name = request.query.get("run")
-        if not run_name:
-            return web.json_response({"runs": d.ckpt.status()})
         try:
-            return web.json_response(await d.ckpt.listing(
-                Identity.ROOT, {"bucket": request.query.get("bucket"), "run": run_name}))
+            if run_name:
+                return web.json_response(await d.ckpt.listing(
+                    Identity.ROOT, {"bucket": request.query.get("bucket"), "run": run_name}))
+            bucket = request.query.get("bucket")
+            if bucket is not None:
+                check_bucket_name(bucket)
+                await d.ckpt.ns.get_bucket(bucket)  # ENOENT: a named bucket must exist
+                pairs = {(bucket, name) for name in await d.ckpt.run_names(bucket)}
+            else:  # every run seen since start, and those on disk in the default bucket
+                pairs = {(r.bucket, r.name) for r in d.ckpt.runs.values()}
+                pairs |= {(DEFAULT_BUCKET, n) for n in await d.ckpt.run_names(DEFAULT_BUCKET)}
+            runs = [await d.ckpt.listing(Identity.ROOT, {"bucket": b, "run": name})
+                    for b, name in sorted(pairs)]
+        except FsError as e:
+            if e.errno == errno.ENOENT and not run_name:
+                return web.json_response({"error": "no_such_bucket", "message": e.strerror},
+                                         status=404)
+            return _err(e)
+        return web.json_response({"bucket": bucket, "runs": runs})
+
+    async def ckpt_delete(request: web.Request) -> web.Response:
+        q = request.query
+        try:
+            step = int(q.get("step", ""))
+        except ValueError:
+            return web.json_response({"error": "bad_request", "message": "step must be a "
+                                      "number (and run= names the run)"}, status=400)
+        try:
+            n = await door().ckpt.delete(Identity.ROOT, {"bucket": q.get("bucket"),
+                                                         "run": q.get("run"), "step": step})
         except FsError as e:
             return _err(e)
+        return web.json_response({"bucket": q.get("bucket") or DEFAULT_BUCKET,
+                                  "run": q.get("run"), "deleted": n})
 
     app.router.add_get("/v1/pool", status)
     app.router.add_put("/v1/pool/quota/{tenant}", quota)
     app.router.add_delete("/v1/pool/regions/{rid}", free)
     app.router.add_get("/v1/ckpt", ckpt_list)
+    app.router.add_delete("/v1/ckpt", ckpt_delete)

@@ -454,13 +454,39 @@ class CheckpointService:
         return Reply([fd], step=s.step, where=where, manifest=manifest)
 
     async def _delete(self, peer: Peer, msg: dict[str, Any]) -> Reply:
-        run = await self.run(peer.ident, msg)
+        return Reply(deleted=await self.delete(peer.ident, msg))
+
+    async def delete(self, ident: Identity, msg: dict[str, Any]) -> int:
+        """Remove step ``msg["step"]`` of a run (the SDK's delete, ``tierctl ckpt rm``)."""
+        run = await self.run(ident, msg)
         n = check_step(msg.get("step"))
         s = self._step(run, n)
         if s.state == COMMITTED:
             raise FsError(errno.EBUSY, f"step {n} is still being written out; wait for it")
-        await self._remove(run, n, peer.ident)  # the namespace checks the caller may
-        return Reply(deleted=n)
+        await self._remove(run, n, ident)  # the namespace checks the caller may
+        return n
+
+    async def run_names(self, bucket: str) -> list[str]:
+        """The runs of ``bucket``: those this daemon has seen, and every directory of the
+        bucket that holds a step (after a restart the daemon has seen none)."""
+        names = {r.name for r in self.runs.values() if r.bucket == bucket}
+        try:
+            top = await self.ns.resolve(Identity.ROOT, bucket)
+        except FsError:
+            return sorted(names)
+        for name_b, inode in await self.ns.listdir(Identity.ROOT, top.ino):
+            name = name_b.decode(errors="replace")
+            if name in names or not inode.is_dir:
+                continue
+            try:
+                check_run(name)
+            except FsError:
+                continue
+            entries = await self.ns.listdir(Identity.ROOT, inode.ino)
+            if any(e.is_dir and parse_step_dir(n.decode(errors="replace")) is not None
+                   for n, e in entries):
+                names.add(name)
+        return sorted(names)
 
     async def _remove(self, run: Run, n: int, ident: Identity = Identity.ROOT) -> None:
         await publish.remove_step_dir(self.ns, ident, run.bucket, run.name, step_dir(n))
