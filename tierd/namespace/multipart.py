@@ -140,6 +140,11 @@ class MultipartOps(ObjectOps):
             raise FsError(errno.EACCES, f"upload {upload_id!r} belongs to another user")
         return up
 
+    def check_put_allowed(self, ident: Identity, bucket: str, segments: list[bytes]) -> None:
+        """Would a PUT of this key be allowed now?  A door asks before it takes the body
+        (``Expect: 100-continue``); the commit checks again."""
+        self._check_put_allowed(ident, bucket, segments, "PutObject")
+
     def _check_put_allowed(self, ident: Identity, bucket: str, segments: list[bytes],
                            action: str) -> None:
         """Would a PUT of this key be allowed now?  (Directories are not created yet.)

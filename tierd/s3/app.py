@@ -8,6 +8,12 @@ id, authentication, the ``<Error>`` document for :class:`S3Error` and
 
 ``GET /healthz`` answers ``ok`` only when it is unsigned and has no query string; a signed
 ``GET /healthz`` is ListObjects on a bucket named ``healthz``.
+
+``Expect: 100-continue`` is answered here, not by the framework: "100 Continue" goes out only
+after the request is authenticated and authorized (and, for PUT and UploadPart, after the
+checks that need no body), so a client that may not write is refused before it sends a byte
+of the body and the connection is then closed; other ``Expect`` values are ignored (no bare
+417).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
 
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 
 from tierd.acl.authorize import PolicyStore
 from tierd.acl.keys import KeyStore
@@ -24,6 +31,7 @@ from tierd.errors import FsError
 from tierd.logs import REQUEST_ID, new_request_id
 from tierd.metrics import OPERATION, Metrics, request_middleware, s3_operation
 from tierd.namespace import Namespace
+from tierd.namespace.names import split_key
 from tierd.s3 import acl, bucket_policy, buckets, listing, multipart, objects
 from tierd.s3.access import Actions, authorize_request
 from tierd.s3.auth import Authenticator
@@ -240,6 +248,41 @@ def locate(request: web.Request, domains: tuple[str, ...]) -> tuple[str, str, bo
     return bucket, key, False
 
 
+#: request key: "100 Continue" was sent (the client is sending its body)
+CONTINUED = "tierd.s3.continued"
+
+
+def _expects_continue(request: web.Request) -> bool:
+    return (request.version == HttpVersion11
+            and request.headers.get("Expect", "").strip().lower() == "100-continue")
+
+
+async def _no_expect_handler(request: web.Request) -> None:
+    """aiohttp's default would send "100 Continue" before the handler runs (and answer a
+    bare 417 to any other expectation): :func:`send_continue` does it after authorization."""
+
+
+async def send_continue(ctx: Ctx, handler: Handler) -> None:
+    """Tell a client waiting with ``Expect: 100-continue`` to send its body, once nothing
+    that can be decided without it refuses the request.  PUT and UploadPart check here what
+    they would otherwise find only after the body: write permission on the key (parents
+    included) and the upload's owner."""
+    request = ctx.request
+    if not _expects_continue(request) or request.get(CONTINUED):
+        return
+    try:
+        if handler is objects.put_object:
+            segments, marker = split_key(ctx.key)
+            if not marker:
+                ctx.ns.check_put_allowed(ctx.ident, ctx.bucket, segments)
+        elif handler is multipart.upload_part:
+            await ctx.ns.get_upload(ctx.ident, ctx.query.get("uploadId", ""))
+    except FsError as e:
+        raise await objects.fs_error(ctx, e) from None
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request[CONTINUED] = True
+
+
 def error_response(ctx: Ctx, e: S3Error) -> web.Response:
     headers = dict(ctx.response_headers)
     headers.update(e.headers)
@@ -251,8 +294,11 @@ def error_response(ctx: Ctx, e: S3Error) -> web.Response:
     if e.code == "NoSuchBucket" and "BucketName" not in fields and ctx.bucket:
         fields["BucketName"] = ctx.bucket
     body = error_document(e.code, e.message, ctx.request.rel_url.path, ctx.request_id, fields)
-    return web.Response(status=e.status, body=body.encode(), headers=headers,
+    resp = web.Response(status=e.status, body=body.encode(), headers=headers,
                         content_type="application/xml")
+    if _expects_continue(ctx.request) and not ctx.request.get(CONTINUED):
+        resp.force_close()  # the client holds a body back: nothing more can follow on this
+    return resp
 
 
 def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
@@ -291,6 +337,7 @@ def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
                 raise
             request[OPERATION] = OPERATIONS.get(handler, handler.__name__)
             authorize_request(ctx, handler, ACTIONS)
+            await send_continue(ctx, handler)
             return await handler(ctx)
         except S3Error as e:
             if e.status >= 500 and e.code != "NotImplemented":
@@ -323,5 +370,5 @@ def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
 
     app = web.Application(client_max_size=1 << 20, handler_args={"read_bufsize": READ_BUFSIZE},
                           middlewares=[request_middleware(metrics, "s3", s3_operation)])
-    app.router.add_route("*", "/{tail:.*}", handle)
+    app.router.add_route("*", "/{tail:.*}", handle, expect_handler=_no_expect_handler)
     return app
