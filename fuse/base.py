@@ -19,6 +19,8 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 
 from tierd.acl import Identity
+from tierd.errors import FsError
+from tierd.logs import kv
 from tierd.meta import Inode
 from tierd.metrics import Metrics, errno_status
 from tierd.namespace import Namespace
@@ -34,10 +36,50 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+#: refusals whose reason only tierd's rules give (a bucket name S3 would refuse, the root
+#: holding only buckets, an ownership rule, a name too long): the program sees a bare errno,
+#: so the log says why
+EXPLAINED = frozenset({errno.EINVAL, errno.EPERM, errno.ENAMETOOLONG, errno.EOPNOTSUPP})
+
+
+class RefusalLog:
+    """One info line per refusal, at most ``burst`` lines per ``window`` seconds (a program
+    retrying in a loop must not flood the log); the first line after a suppressed spell
+    says how many were left out (``suppressed=N``)."""
+
+    def __init__(self, burst: int = 10, window: float = 10.0) -> None:
+        self.burst, self.window = burst, window
+        self.start = -window
+        self.count = 0
+        self.suppressed = 0
+
+    def __call__(self, op: str, e: FsError, args: tuple[object, ...]) -> None:
+        now = time.monotonic()
+        if now - self.start >= self.window:
+            self.start, self.count = now, 0
+        if self.count >= self.burst:
+            self.suppressed += 1
+            return
+        self.count += 1
+        fields: dict[str, object] = {
+            "op": op, "errno": errno.errorcode.get(e.errno or 0, str(e.errno))}
+        name = next((a for a in args if isinstance(a, bytes)), None)
+        if name is not None:
+            fields["name"] = name.decode(errors="replace")
+        if self.suppressed:
+            fields["suppressed"] = self.suppressed
+            self.suppressed = 0
+        log.info("refused: %s", e.message, extra=kv(**fields))
+
+
+refusals = RefusalLog()
+
+
 def fs_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     """Translate exceptions of a handler into the errno the kernel passes to the caller,
     and count and time the request in the operations' :attr:`OpsBase.metrics` (FUSE door,
-    operation = the handler's name, status = ``ok`` or the errno's name)."""
+    operation = the handler's name, status = ``ok`` or the errno's name).  Refusals only
+    tierd's rules explain are logged (:data:`EXPLAINED`, :class:`RefusalLog`)."""
     op = fn.__name__
 
     async def call(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -46,6 +88,8 @@ def fs_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, 
         except pyfuse3.FUSEError:
             raise
         except OSError as e:
+            if isinstance(e, FsError) and e.errno in EXPLAINED:
+                refusals(op, e, args)
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
         except Exception:
             log.exception("FUSE %s failed", op)
