@@ -43,3 +43,11 @@ def moto() -> Iterator[MotoServer]:
     with running_moto() as server:
         server.client().create_bucket(Bucket=COLD_BUCKET)
         yield server
+
+
+@pytest.fixture(scope="module")
+def own_moto() -> Iterator[MotoServer]:
+    """A moto server for one test module alone, for tests that stop it to see a daemon
+    lose its cold store (the session's ``moto`` is shared)."""
+    with running_moto() as server:
+        yield server

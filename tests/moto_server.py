@@ -23,6 +23,8 @@ API
     Drop every bucket and object without restarting (``POST /moto-api/reset``).
 ``server.url`` / ``server.port`` / ``server.running``
     ``http://127.0.0.1:PORT``, the port, whether the process is alive.
+``server.tierd_args(url) -> list[str]``
+    ``tierd serve`` options for a cold store ``s3://BUCKET/PREFIX`` on this server.
 ``server.client(**config) -> boto3 S3 client``
     Path-style, test credentials (:data:`ACCESS_KEY`/:data:`SECRET_KEY`), region
     :data:`REGION`; ``config`` entries override botocore ``Config`` options (e.g.
@@ -184,6 +186,13 @@ class MotoServer:
         req = urllib.request.Request(self.url + "/moto-api/reset", method="POST")
         with urllib.request.urlopen(req, timeout=10):
             pass
+
+    def tierd_args(self, url: str) -> list[str]:
+        """``tierd serve`` options for the cold store ``url`` (``s3://BUCKET/PREFIX``) on
+        this server: endpoint, test credentials, region, path addressing."""
+        return ["--cold-url", url, "--cold-s3-endpoint", self.url, "--cold-s3-access-key",
+                ACCESS_KEY, "--cold-s3-secret-key", SECRET_KEY, "--cold-s3-region", REGION,
+                "--cold-s3-addressing", "path"]
 
     def client(self, **config: Any) -> Any:
         """A boto3 S3 client for this server (path-style, test credentials)."""

@@ -272,6 +272,8 @@ def _placement_metrics(p: Placement, queue: QueueSnapshot) -> Iterator[Metric]:
 
     yield GaugeMetricFamily("tierd_dirty_bytes", "Committed bytes the cold store does not "
                             "have yet", value=p.dirty_bytes)
+    yield GaugeMetricFamily("tierd_dirty_limit_bytes", "dirty_limit: past it writers wait "
+                            "(FUSE) or get 503 SlowDown (S3)", value=p.settings.dirty_limit)
     yield GaugeMetricFamily("tierd_dirty_files", "Files with bytes the cold store lacks",
                             value=len(p.dirty))
     yield GaugeMetricFamily("tierd_persist_queue_depth", "Files queued for the cold store "

@@ -36,7 +36,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
+from moto_server import MotoServer
 
 from .conftest import Admin, start_admin
 
@@ -56,21 +56,12 @@ BUCKET, OBJECT_SIZE = "page-data", 24 << 20
 # -- the daemon -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def cold() -> Iterator[MotoServer]:
-    server = MotoServer().start()
-    server.client().create_bucket(Bucket="cold")
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, cold: MotoServer) -> Iterator[Admin]:
-    a = start_admin(tmp_path_factory.mktemp("page") / "data", "--cold-url", "s3://cold/t",
-                    "--cold-s3-endpoint", cold.url, "--cold-s3-access-key", ACCESS_KEY,
-                    "--cold-s3-secret-key", SECRET_KEY, "--cold-s3-region", REGION,
-                    "--cold-s3-addressing", "path", "--cold-s3-max-attempts", "1",
-                    "--persist-delay", "0", "--hot-capacity", "64MiB",
-                    "--pool-capacity", "64MiB")
+def daemon(tmp_path_factory: pytest.TempPathFactory, own_moto: MotoServer
+           ) -> Iterator[Admin]:
+    own_moto.client().create_bucket(Bucket="cold")
+    a = start_admin(tmp_path_factory.mktemp("page") / "data", *own_moto.tierd_args("s3://cold/t"),
+                    "--cold-s3-max-attempts", "1", "--persist-delay", "0",
+                    "--hot-capacity", "64MiB", "--pool-capacity", "64MiB")
     yield a
     a.d.stop()
     assert "Traceback" not in a.log(), a.log()[-5000:]
@@ -308,12 +299,12 @@ async def test_page_shows_the_daemon_and_changes_nothing(busy: Admin, tmp_path: 
 
 
 @needs_chromium
-async def test_page_shows_the_cold_store_unreachable(busy: Admin, cold: MotoServer) -> None:
+async def test_page_shows_the_cold_store_unreachable(busy: Admin, own_moto: MotoServer) -> None:
     async with chromium() as page:
         await page.call("Page.navigate", url=f"{busy.url}/?token={read_token(busy)}")
         await page.until(READY)
         assert await page.js("document.querySelector('#cold-state').textContent") == "reachable"
-        cold.stop()
+        own_moto.stop()
         busy.d.client().put_object(Bucket=BUCKET, Key="while-down", Body=b"x" * 1000)
         # the page redraws by itself every 5 s
         await page.until("document.querySelector('#cold-state').textContent"
