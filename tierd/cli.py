@@ -10,6 +10,7 @@ port in use, ...), 2 for a bad configuration or bad usage.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 import click
 
 from tierd import __version__
-from tierd.config import SETTINGS, ConfigError, load_config
+from tierd.config import _META_KEY, SETTINGS, Config, ConfigError, load_config
 
 EXIT_STARTUP = 1
 EXIT_CONFIG = 2
@@ -42,6 +43,25 @@ def _setting_options(f: F) -> F:
 @click.version_option(__version__, prog_name="tierd")
 def cli() -> None:
     """tierd: one namespace through FUSE, S3 and an admin API over tiered storage."""
+
+
+def changed_settings(config: Config) -> dict[str, object]:
+    """The settings of ``config`` that are not their defaults (a derived default, such as
+    ``meta_dir``, as derived from this configuration), as :meth:`Config.as_dict` shows them
+    (secrets redacted)."""
+    shown = config.as_dict()
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(Config):
+        info = f.metadata[_META_KEY]
+        if info.derive is not None:
+            default = info.derive(config)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = f.default
+        if getattr(config, f.name) != default:
+            out[f.name] = shown[f.name]
+    return out
 
 
 @cli.command()
@@ -74,7 +94,14 @@ def serve(config_file: str | None, exit_on_unmount: bool = False,
 
     setup_logging(config.log_level, config.log_format)
     log = get_logger("daemon")
-    log.info("starting", extra=kv(version=__version__, **config.as_dict()))
+    changed = changed_settings(config)
+    # one short line, then each setting that is not its default on its own line (debug):
+    # a start-up failure right after stays readable (it used to follow every setting on
+    # one line of 2,000 characters)
+    log.info("starting", extra=kv(version=__version__, data_dir=str(config.data_dir),
+                                  settings_changed=len(changed)))
+    for name, value in changed.items():
+        log.debug("setting", extra=kv(name=name, value=value))
     try:
         asyncio.run(Daemon(config, exit_on_unmount=exit_on_unmount).run())
     except StartupError as e:

@@ -285,6 +285,9 @@ class Daemon:
         for d in dirs:
             try:
                 d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except (FileExistsError, NotADirectoryError):  # mkdir's "File exists" misleads
+                raise StartupError(f"cannot use {d} as a directory: it or a directory above "
+                                   "it is a file; choose another path") from None
             except OSError as e:
                 raise StartupError(f"cannot create directory {d}: {e.strerror}") from None
             if not os.access(d, os.W_OK | os.X_OK):
@@ -293,7 +296,7 @@ class Daemon:
     async def _listen(
         self, door: str, app: web.Application, addr: HostPort, key: str
     ) -> web.AppRunner:
-        runner = web.AppRunner(
+        runner = app.get(s3_limits.RUNNER_CLASS, web.AppRunner)(
             app,
             access_log_class=AccessLogger,
             access_log=get_logger(f"{door}.access"),

@@ -105,7 +105,9 @@ def authorize_request(ctx: Ctx, handler: Handler, actions: Actions) -> None:
               if ctx.bucket and (ctx.anonymous or spec is not None) else None)
     if ctx.anonymous and policy is None:
         raise AccessDenied(errno.EACCES, "anonymous requests get only what a bucket policy "
-                           "grants, and this bucket has none; sign the request")
+                           "grants, and this bucket has none; sign the request"
+                           if ctx.bucket else "anonymous requests cannot list buckets; "
+                           "sign the request (ListBuckets)")
     if spec is None:
         if handler not in actions.own and ctx.anonymous:
             raise AccessDenied(errno.EACCES, "anonymous requests may not do this; sign the request")

@@ -5,10 +5,12 @@ What each limit protects against, and what the client sees:
 * **Request line and headers** (aiohttp's parser): a request line (method, URL, version) up to
   :data:`MAX_LINE` bytes -- a presigned URL of a 1,024-byte key fully percent-encoded fits --,
   each header up to :data:`MAX_FIELD` bytes and at most :data:`MAX_HEADERS` headers.  Past
-  them aiohttp answers ``400 Bad Request`` and closes the connection: there is no request
-  yet to attach an S3 error document to.  aiohttp logs such requests as errors with a
-  traceback; :class:`BadRequestFilter` turns them into one ``info`` line (a client must
-  not be able to flood the log with tracebacks, nor get its bytes echoed into it).
+  them (and for any request head aiohttp cannot parse) the answer is an S3 error document,
+  ``400 RequestHeaderSectionTooLarge`` or ``400 InvalidRequest``, and the connection is
+  closed (:mod:`tierd.s3.badhttp`, through :data:`RUNNER_CLASS`).  aiohttp logs such
+  requests as errors with a traceback; :class:`BadRequestFilter` turns them into one
+  ``info`` line (a client must not be able to flood the log with tracebacks, nor get its
+  bytes echoed into it).
 * **Idle connections** (:data:`IDLE_TIMEOUT`): a connection with no request in progress is
   closed after this long; that includes a client still trickling its headers (aiohttp's
   keep-alive timer runs until a whole request head has arrived), so slow-header attacks
@@ -48,6 +50,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: the settings :func:`apply` leaves on the app for ``web.AppRunner(app, **...)``
 RUNNER_ARGS = web.AppKey("tierd.runner_args", dict)
+#: the runner class to serve the app with (:class:`tierd.s3.badhttp.S3Runner`)
+RUNNER_CLASS: web.AppKey[type[web.AppRunner]] = web.AppKey("tierd.runner_class")
 
 
 def handler_args(idle_timeout: float = IDLE_TIMEOUT) -> dict[str, Any]:
@@ -59,10 +63,15 @@ def handler_args(idle_timeout: float = IDLE_TIMEOUT) -> dict[str, Any]:
 def apply(app: web.Application, idle_timeout: float = IDLE_TIMEOUT,
           body_timeout: float = BODY_TIMEOUT) -> None:
     """Put the limits on an S3 app before it is served: the body watchdog as its outermost
-    middleware, the parser limits and idle timeout in ``app[RUNNER_ARGS]`` for its runner,
-    and :class:`BadRequestFilter` on aiohttp's server log."""
+    middleware, the parser limits and idle timeout in ``app[RUNNER_ARGS]`` and the runner
+    class answering parse errors in S3's XML in ``app[RUNNER_CLASS]``, and
+    :class:`BadRequestFilter` on aiohttp's server log."""
+    from tierd.s3.badhttp import S3Runner
+
     app.middlewares.insert(0, body_watchdog(body_timeout))
     app[RUNNER_ARGS] = handler_args(idle_timeout)
+    runner: type[web.AppRunner] = S3Runner
+    app[RUNNER_CLASS] = runner
     BadRequestFilter.install()
 
 
