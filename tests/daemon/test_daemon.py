@@ -312,7 +312,8 @@ def test_unusable_data_dir_is_a_clear_error(spawn: Spawn, tmp_path: Path) -> Non
     not_a_dir.write_text("")
     t = spawn(not_a_dir)
     assert t.wait_exit() == 1
-    assert f"cannot create directory {not_a_dir}" in t.stderr and "Traceback" not in t.stderr
+    assert f"cannot use {not_a_dir} as a directory: it or a directory above it is a file" \
+        in t.stderr and "Traceback" not in t.stderr
 
 
 def test_bad_config_file_exits_2_naming_key_and_file(tmp_path: Path, data_dir: Path) -> None:
