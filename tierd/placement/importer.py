@@ -10,11 +10,13 @@ tierd wrote wins over what it finds.  New entries belong to the bucket's owner.
 
 from __future__ import annotations
 
+import logging
 import stat
 import time
 from collections.abc import Callable
 
 from tierd.acl.posix_acl import inherit
+from tierd.errors import FsError
 from tierd.meta import (
     ROOT_INO,
     STATE_CLEAN,
@@ -99,6 +101,35 @@ def _prune_implicit(tx: MetaTxn, ino: int, t: int) -> None:
 
 
 IMPLICIT = "tierd.implicit"  # same flag as the namespace's implicit directories
+
+log = logging.getLogger("tierd.placement")
+#: refused keys logged per minute at most (a cold store full of them must not flood the log)
+REFUSED_PER_MINUTE = 20
+_refusals = {"start": 0.0, "logged": 0, "skipped": 0}
+
+
+def refused_key(key: str, rest: str) -> bool:
+    """True (and a rate-limited warning) when ``rest``, the part of cold key ``key`` below
+    its bucket, breaks the namespace's key rules (:func:`tierd.namespace.names.split_key`:
+    empty, ``.`` or ``..`` segments, NUL, over-long): such an object is never imported,
+    since it would become an entry named ``""`` or ``..`` that no path can open."""
+    from tierd.namespace.names import split_key  # here: the namespace imports placement
+
+    try:
+        split_key(rest)
+    except FsError as e:
+        now = time.monotonic()
+        if now - _refusals["start"] >= 60:
+            _refusals.update(start=now, logged=0)
+        if _refusals["logged"] < REFUSED_PER_MINUTE:
+            _refusals["logged"] += 1
+            skipped, _refusals["skipped"] = _refusals["skipped"], 0
+            log.warning("cold object %r is not imported: %s%s", key, e.message,
+                        f" ({skipped} more not logged)" if skipped else "")
+        else:
+            _refusals["skipped"] += 1
+        return True
+    return False
 
 
 class Importer:
@@ -209,10 +240,11 @@ class Importer:
         return True
 
     def _add(self, tx: MetaTxn, key: str, info: ObjectInfo | None) -> int:
-        """Create ``key`` (a file when ``info``, else a directory) and missing parents."""
+        """Create ``key`` (a file when ``info``, else a directory) and missing parents.
+        A key the namespace refuses (:func:`refused_key`) is skipped."""
         bucket, _, rest = key.partition("/")
         b = tx.get_bucket(bucket)
-        if b is None or not rest:
+        if b is None or not rest or refused_key(key, rest if info is not None else rest + "/"):
             return 0
         d = tx.get_inode(b.ino)
         segs = rest.split("/")
