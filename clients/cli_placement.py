@@ -1,5 +1,6 @@
-"""Placement commands: ``warmup``, ``evict``, ``pin``/``unpin``, ``policy``, ``du``,
-``persist``, ``import``.
+"""Placement commands: ``warmup``, ``evict``, ``pin``/``unpin``, ``policy``, ``du``, ``ls``,
+``persist``, ``import``.  A prefix whose bucket does not exist is refused by the daemon
+("no such bucket", exit 1), never answered with zero.
 
 ``warmup``, ``evict`` and ``persist`` run as jobs (``/v1/jobs``) when the daemon has them:
 by default tierctl waits with a progress bar (Ctrl-C cancels the job), ``--detach`` prints
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import click
 
@@ -194,6 +195,49 @@ def policy_set(client: AdminClient, prefix: str, mode: str | None, pin: bool | N
         echo_json(doc)
         return
     print_table(("PREFIX", "MODE", "PIN", "TIER"), _policy_rows([doc]))
+
+
+@policy.command("rm")
+@click.argument("prefix")
+@json_option
+@click.pass_obj
+def policy_rm(client: AdminClient, prefix: str, as_json: bool) -> None:
+    """Remove PREFIX's policy (its files follow the defaults, or a shorter prefix's policy)."""
+    doc = client.call("DELETE", "/v1/placement/policy?" + urlencode({"prefix": prefix}))
+    if as_json:
+        echo_json(doc)
+        return
+    click.echo(f"removed the policy of {prefix or '(all)'}")
+
+
+def _share(part: int, size: int) -> str:
+    """How much of a file a tier holds: ``100%``, ``37%``, ``-`` (nothing)."""
+    if part <= 0 or size <= 0:
+        return "-"
+    return f"{part * 100 // size}%" if part < size else "100%"
+
+
+@cli.command("ls")
+@click.argument("prefix")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=None,
+              help="At most this many files (the daemon's default: 1000).")
+@json_option
+@click.pass_obj
+def ls(client: AdminClient, prefix: str, limit: int | None, as_json: bool) -> None:
+    """Files under PREFIX and where each is: the share on each tier, dirty or clean, pin."""
+    query = {"prefix": prefix, **({"limit": str(limit)} if limit else {})}
+    doc = client.get_json("/v1/placement/ls?" + urlencode(query))
+    if as_json:
+        echo_json(doc)
+        return
+    tiers = [t for t in doc["tiers"] if t in ("mem", "hot", "warm", "cold")]
+    print_table(("KEY", "SIZE", "STATE", *(t.upper() for t in tiers), "PIN"), [
+        (f["key"], human_bytes(f["size"]), f["state"],
+         *(_share(f["tiers"].get(t, 0), f["size"]) for t in tiers),
+         "yes" if f["policy"]["pin"] else "no") for f in doc["files"]])
+    if doc["truncated"]:
+        click.echo(f"(the first {doc['limit']} files: narrow the prefix or raise --limit)",
+                   err=True)
 
 
 @cli.command()

@@ -96,12 +96,36 @@ def ckpt() -> None:
 
 
 @ckpt.command("list")
-@click.argument("run")
-@click.option("--bucket", default="checkpoints", show_default=True)
+@click.argument("run", required=False)
+@click.option("--bucket", default=None,
+              help="The runs' bucket [default: checkpoints; without RUN and --bucket, also "
+              "every run the daemon has seen since it started].")
 @json_option
 @click.pass_obj
-def ckpt_list(client: AdminClient, run: str, bucket: str, as_json: bool) -> None:
-    """Steps of RUN and where each is: committed (pool only), local (hot), persisted."""
+def ckpt_list(client: AdminClient, run: str | None, bucket: str | None,
+              as_json: bool) -> None:
+    """Steps of RUN and where each is: committed (pool only), local (hot), persisted.
+    Without RUN: every run, with its newest step."""
+    if run is None:
+        doc = client.get_json("/v1/ckpt" + ("?" + urlencode({"bucket": bucket})
+                                            if bucket else ""))
+        if as_json:
+            echo_json(doc)
+            return
+        if not doc["runs"]:
+            click.echo(f"no checkpoint runs in {bucket or 'checkpoints'}")
+            return
+        rows = []
+        for r in doc["runs"]:
+            last = r["steps"][-1] if r["steps"] else None
+            rows.append((f"{r['bucket']}/{r['run']}", len(r["steps"]),
+                         "-" if last is None else last["step"],
+                         "-" if last is None else last["state"],
+                         "-" if last is None or last["size"] is None
+                         else human_bytes(last["size"])))
+        print_table(("RUN", "STEPS", "NEWEST", "STATE", "SIZE"), rows)
+        return
+    bucket = bucket or "checkpoints"
     doc = client.get_json("/v1/ckpt?" + urlencode({"run": run, "bucket": bucket}))
     if as_json:
         echo_json(doc)
@@ -112,3 +136,22 @@ def ckpt_list(client: AdminClient, run: str, bucket: str, as_json: bool) -> None
     print_table(("STEP", "STATE", "SIZE", "IN POOL"), [
         (s["step"], s["state"], human_bytes(s["size"]) if s["size"] is not None else "?",
          "yes" if s["in_pool"] else "no") for s in doc["steps"]])
+
+
+@ckpt.command("rm")
+@click.argument("run")
+@click.argument("steps", metavar="STEP...", nargs=-1, required=True,
+                type=click.IntRange(min=0))
+@click.option("--bucket", default="checkpoints", show_default=True)
+@json_option
+@click.pass_obj
+def ckpt_rm(client: AdminClient, run: str, steps: tuple[int, ...], bucket: str,
+            as_json: bool) -> None:
+    """Remove checkpoint STEP(s) of RUN (from the pool, hot and cold)."""
+    docs = [client.call("DELETE", "/v1/ckpt?" + urlencode(
+        {"bucket": bucket, "run": run, "step": str(n)})) for n in steps]
+    if as_json:
+        echo_json(docs[0] if len(docs) == 1 else {"deleted": docs})
+        return
+    for d in docs:
+        click.echo(f"removed step {d['deleted']} of {bucket}/{run}")

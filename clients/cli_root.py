@@ -26,7 +26,19 @@ def _origin(ctx: click.Context, name: str, flag: str, env: str) -> str:
     return env if source is click.core.ParameterSource.ENVIRONMENT else flag
 
 
+def client_version() -> str:
+    """The installed tierd distribution's version (tierctl ships with it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tierd")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(client_version(), "--version", "-V", prog_name="tierctl",
+                      message="%(prog)s %(version)s")
 @click.option(
     "--admin-url",
     envvar="TIERD_ADMIN_URL",

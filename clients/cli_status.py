@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
@@ -164,10 +165,17 @@ def status(client: AdminClient, rate: bool, as_json: bool) -> None:
 
 
 @cli.command()
+@json_option
 @click.pass_obj
-def health(client: AdminClient) -> None:
-    """Exit 0 and print 'ok' if tierd is healthy, else exit 1."""
+def health(client: AdminClient, as_json: bool) -> None:
+    """Exit 0 and print 'ok' if tierd is healthy, else exit 1.  With --json:
+    ``{"healthy": bool, "status": text}`` either way, and the same exit code."""
     ok, text = client.health()
+    if as_json:
+        echo_json({"healthy": ok, "status": text, "url": client.url})
+        if not ok:
+            sys.exit(1)
+        return
     if not ok:
         fail(f"unhealthy: {text}")
     click.echo(text)

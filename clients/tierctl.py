@@ -1,7 +1,8 @@
 """``tierctl``: the operator's command line for a running tierd, over the admin API.
 
-Status and health, placement (warmup/evict/pin/policy/du/persist/import), jobs, the memory
-pool and checkpoints, users and access keys, shell completion.  The commands live in the
+Status and health, placement (warmup/evict/pin/policy/du/ls/persist/import), jobs, the memory
+pool and checkpoints, buckets and their policies, the FUSE mount, users and access keys,
+shell completion.  The commands live in the
 ``cli_*`` modules, which register them on the group of :mod:`tierd_client.cli_root`; this
 module imports them and is the entry point (``tierctl`` and
 ``python -m tierd_client.tierctl``).
@@ -26,11 +27,12 @@ import sys
 
 import click
 
-from . import cli_jobs, cli_placement, cli_pool, cli_status, cli_users
+from . import cli_buckets, cli_jobs, cli_placement, cli_pool, cli_status, cli_users
 from .cli_common import AdminError, fail, getenv_debug
 from .cli_root import cli
 
-__all__ = ["cli", "cli_jobs", "cli_placement", "cli_pool", "cli_status", "cli_users", "main"]
+__all__ = ["cli", "cli_buckets", "cli_jobs", "cli_placement", "cli_pool", "cli_status",
+           "cli_users", "main"]
 
 
 def _usage_line(e: click.UsageError) -> str:

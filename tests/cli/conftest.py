@@ -37,10 +37,12 @@ def ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Admin, Path]
     assert "Traceback" not in a.log(), a.log()[-5000:]
 
 
-def run_ctl(*args: str, env: dict[str, str] | None = None,
+def run_ctl(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
             ) -> subprocess.CompletedProcess[str]:
-    """``tierctl ARGS`` with a clean environment (no TIERD_* of the caller)."""
+    """``tierctl ARGS`` with a clean environment (no TIERD_* of the caller), ``stdin`` on
+    its standard input."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
     base.update(env or {})
     return subprocess.run([sys.executable, "-m", "tierd_client.tierctl", *args],
-                          capture_output=True, text=True, timeout=60, env=base)
+                          capture_output=True, text=True, timeout=60, env=base,
+                          input=stdin if stdin is not None else "")

@@ -62,7 +62,7 @@ GetNamespace = Callable[[], "Namespace | None"]
 
 
 def _no_bucket(name: str) -> web.Response:
-    return _err(404, "no_such_bucket", f"bucket {name!r} does not exist")
+    return _err(404, "no_such_bucket", f"no such bucket {name!r}")
 
 
 def _fs_refused(e: FsError) -> web.Response:

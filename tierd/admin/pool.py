@@ -91,8 +91,8 @@ def add_pool_routes(app: web.Application, get_door: Callable[[], MemoryDoor | No
                     for b, name in sorted(pairs)]
         except FsError as e:
             if e.errno == errno.ENOENT and not run_name:
-                return web.json_response({"error": "no_such_bucket", "message": e.strerror},
-                                         status=404)
+                return web.json_response({"error": "no_such_bucket", "message":
+                                          f"no such bucket {bucket!r}"}, status=404)
             return _err(e)
         return web.json_response({"bucket": bucket, "runs": runs})
 
