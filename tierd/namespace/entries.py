@@ -22,6 +22,7 @@ from tierd.namespace.base import (
     has_privs,
     now_ns,
 )
+from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.names import SYMLINK_MAX, check_bucket_name, check_name
 
 RENAME_NOREPLACE = 1
@@ -269,6 +270,7 @@ class EntryOps(NamespaceBase):
             inode.size = size
             inode.mtime_ns = inode.ctime_ns = now_ns()
             inode.version = tx.next_version()
+            forget_content_meta(inode)
             inode.etag = _EMPTY_MD5 if size == 0 else ""
             inode.state = STATE_DIRTY
             tx.put_inode(inode)

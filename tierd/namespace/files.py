@@ -17,6 +17,7 @@ from tierd.acl import R_OK, W_OK, Identity, check_access
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Dirent, Inode
 from tierd.namespace.base import OpenFile, drop_privs, has_privs, now_ns
+from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.entries import _EMPTY_MD5, EntryOps
 from tierd.placement.paths import file_keys
 from tierd.tiers import fileio
@@ -247,6 +248,7 @@ class FileOps(EntryOps):
             inode.size = of.size
             inode.mtime_ns, inode.ctime_ns = of.mtime_ns, of.ctime_ns
             inode.version = tx.next_version()
+            forget_content_meta(inode)
             inode.etag = etag
             inode.state = STATE_DIRTY
             tx.put_inode(inode)
