@@ -356,6 +356,42 @@ class Config:
             metavar="N",
         ),
     )
+    cold_timeout: float = field(
+        default=30.0,
+        metadata=setting(
+            parse=parse_float(0.1, 3600),
+            help="Seconds a cold-store metadata call (list, head, delete, probe) may take, "
+            "retries included, and a transfer may go without progress, before the store "
+            "counts as unreachable (persisting pauses, /v1/tiers and status say so).",
+            metavar="SECONDS",
+        ),
+    )
+    cold_probe_interval: float = field(
+        default=10.0,
+        metadata=setting(
+            parse=parse_float(0.1, 3600),
+            help="An idle cold store is asked whether it answers this often, so a hung or "
+            "stopped store shows as unreachable even when nothing uses it.",
+            metavar="SECONDS",
+        ),
+    )
+    cold_s3_connect_timeout: float = field(
+        default=5.0,
+        metadata=setting(
+            parse=parse_float(0.1, 600),
+            help="Seconds to open a connection to the cold S3 store (each try).",
+            metavar="SECONDS",
+        ),
+    )
+    cold_s3_read_timeout: float = field(
+        default=20.0,
+        metadata=setting(
+            parse=parse_float(0.1, 3600),
+            help="Seconds the cold S3 store may go without sending a byte of an answer "
+            "(each try) before the try fails.",
+            metavar="SECONDS",
+        ),
+    )
     hot_capacity: int = field(
         default=0,
         metadata=setting(

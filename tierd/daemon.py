@@ -473,7 +473,7 @@ class Daemon:
                       "limit": p.settings.dirty_limit},
             "queue": p.queue_summary(),
             "cold": {"url": _no_userinfo(str(getattr(p.cold, "url", ""))),
-                     "reachable": not getattr(p, "cold_down", False)},
+                     **p.cold_status()},
             "stats": dict(sorted(p.stats.items())),
         }
 

@@ -46,6 +46,9 @@ async def test_read_miss_on_a_vanished_object_is_enoent_and_drops_it(env: Env) -
 
 
 async def test_relisting_drops_clean_entries_but_never_unpersisted_data(env: Env) -> None:
+    """A clean file whose object vanished is dropped only when no complete local copy
+    exists: ``cached`` (read whole onto hot) is uploaded again, ``gone`` (never read) is
+    dropped, ``mine`` (open with unflushed writes) is kept."""
     env.raw_put("rlx/d/cached", os.urandom(MiB))
     env.raw_put("rlx/d/gone", b"x")
     ns, p = await env.open()
@@ -55,8 +58,10 @@ async def test_relisting_drops_clean_entries_but_never_unpersisted_data(env: Env
         names = {n for n, _ in await ns.listdir(ROOT, d.ino)}
         assert names == {b"cached", b"gone"}
         cached = await ns.resolve(ROOT, "rlx/d/cached")
-        await read_file(ns, cached.ino)  # on hot now: still not served once cold lost it
-        reader = await ns.open(ROOT, cached.ino, os.O_RDONLY)  # held across the drop
+        want = await read_file(ns, cached.ino)  # on hot now: a complete local copy
+        reader = await ns.open(ROOT, cached.ino, os.O_RDONLY)  # held across the relisting
+        gone = await ns.resolve(ROOT, "rlx/d/gone")
+        gone_reader = await ns.open(ROOT, gone.ino, os.O_RDONLY)  # held across the drop
         mine = os.urandom(MiB)
         ino = await write_file(ns, d.ino, b"mine", mine)
         assert await p.drain("rlx/", timeout=30)
@@ -65,17 +70,20 @@ async def test_relisting_drops_clean_entries_but_never_unpersisted_data(env: Env
         for k in ("rlx/d/cached", "rlx/d/gone", "rlx/d/mine"):
             env.raw_delete(k)
         names = {n for n, _ in await ns.listdir(ROOT, d.ino)}
-        assert names == {b"mine"}  # ...is kept; the clean ones went
-        assert p.stats["vanished"] == 2
+        assert names == {b"cached", b"mine"}  # ...is kept, and so is the complete copy
+        assert p.stats["vanished"] == 1 and p.stats["reuploaded"] == 1
         with pytest.raises(FsError) as ei:  # an open handle gets ENOENT, not punched zeros
-            await ns.read(reader, 0, 100)
+            await ns.read(gone_reader, 0, 100)
         assert ei.value.errno == errno.ENOENT
+        await ns.release(gone_reader)
+        assert await ns.read(reader, 0, MiB) == want
         await ns.release(reader)
         await ns.release(fh)  # and its content reaches cold again
         assert await p.drain("rlx/", timeout=30)
-        await until(lambda: env.raw_exists("rlx/d/mine"))
+        await until(lambda: env.raw_exists("rlx/d/mine") and env.raw_exists("rlx/d/cached"))
         assert env.raw_get("rlx/d/mine") == b"changed" + mine[7:]
-        assert {n for n, _ in await ns.listdir(ROOT, d.ino)} == {b"mine"}
+        assert env.raw_get("rlx/d/cached") == want
+        assert {n for n, _ in await ns.listdir(ROOT, d.ino)} == {b"cached", b"mine"}
     finally:
         await env.close()
 

@@ -22,8 +22,9 @@ from typing import Any
 
 from tierd.mempool.pool import MemPool
 from tierd.meta import STATE_CLEAN, Inode, MetaStore, MetaTxn, PlacementPolicy
-from tierd.placement import bitmap
+from tierd.placement import bitmap, intents
 from tierd.placement.importer import Importer
+from tierd.placement.intents import RecentDeletes
 from tierd.placement.memtier import MEM, MemTier
 from tierd.placement.paths import dir_path, file_keys
 from tierd.placement.tiercache import TierCache
@@ -59,6 +60,7 @@ class PlacementSettings:
     warm_low: float = 0.80
     readahead_max: int = 64 << 20  # largest readahead window of a sequential stream
     retry_delay: float = 1.0  # first back-off after a failed upload (doubles up to 30 s)
+    probe_interval: float = 10.0  # an idle cold store is asked whether it answers this often
     persist_delay: float = 0.0  # seconds a queued file waits before upload (daemon: config)
     umask: int = 0o022
 
@@ -74,13 +76,23 @@ class PlacementCore:
     """Accounting, policies, write-side hooks and import; subclasses add eviction, reads
     and the persister."""
 
+    cold_down = False  # the persister's view: the cold store does not answer
+
     def __init__(self, meta: MetaStore, cold: ObjectTier, hot: LocalTier,
                  settings: PlacementSettings | None = None,
                  warm: LocalTier | None = None) -> None:
         self.meta, self.cold, self.hot, self.warm = meta, cold, hot, warm
         self.settings = s = settings or PlacementSettings()
         self.hints: set[int] = set()
-        self.importer = Importer(meta, cold, s.import_ttl, s.umask)
+        # keys this node deleted while listings ran (import must not bring them back)
+        self.recent = RecentDeletes()
+        self.importer = Importer(meta, cold, s.import_ttl, s.umask,
+                                 busy=lambda ino: self.busy(ino), local=self.whole_locally,
+                                 recent=self.recent)
+        # cold key -> the inode whose upload or copy to it is in flight (until its record
+        # is written): a name change meanwhile must leave a pending delete for that key
+        self.putting: dict[str, int] = {}
+        self.deletes_hint = False  # pending deletes were added: the delete worker looks
         self.hotc = TierCache(hot, s.hot_high, s.hot_low)
         self.warmc = TierCache(warm, s.warm_high, s.warm_low) if warm is not None else None
         self.dirty: dict[int, int] = {}  # ino -> bytes waiting for cold
@@ -167,6 +179,19 @@ class PlacementCore:
 
     def tiers(self) -> list[TierCache]:
         return [self.hotc] if self.warmc is None else [self.hotc, self.warmc]
+
+    def whole_locally(self, inode: Inode) -> bool:
+        """Whether every block of the file's current version is on a local tier (hot and
+        warm together) or in its memory-tier copy: then cold losing its object loses
+        nothing, and the file is uploaded again instead of dropped."""
+        hot = inode.blocks.get(HOT)
+        if hot is None or inode.size == 0:
+            return True  # a missing hot bitmap: the whole file is on hot
+        warm = inode.blocks.get(WARM, b"")
+        if all(bitmap.has(hot, b) or bitmap.has(warm, b)
+               for b in range(bitmap.nblocks(inode.size))):
+            return True
+        return self.mem is not None and self.mem.get(inode.ino, inode.version) is not None
 
     # -- start-up ----------------------------------------------------------------------
     def load_state(self, hot_files: set[int] | None = None,
@@ -289,6 +314,9 @@ class PlacementCore:
             return
         tx.enqueue(inode.ino, _token(tx.queued(inode.ino)))
         self.hints.add(inode.ino)  # the persister rescans the whole queue only now and then
+        if not content:
+            self._intend_deletes(tx, inode.ino)
+            self.names_moved(inode.ino)
         if content:
             inode.blocks.pop(HOT, None)
             if inode.blocks.pop(WARM, None) is not None:
@@ -321,6 +349,19 @@ class PlacementCore:
     def wake(self) -> None:  # the persister overrides this
         pass
 
+    def _intend_deletes(self, tx: MetaTxn, ino: int) -> None:
+        """Inside the namespace's transaction that removed names of ``ino``: every cold key
+        its objects may be under (its record's, and one an upload is putting now) that no
+        longer names it becomes a durable pending delete, committed with the change."""
+        rec = tx.get_cold(ino)
+        claimed = set(rec.keys) if rec is not None else set()
+        claimed.update(k for k, owner in self.putting.items() if owner == ino)
+        if not claimed:
+            return
+        for k in claimed - set(file_keys(tx, ino)):
+            intents.intend(tx, k, ino)
+            self.deletes_hint = True
+
     def names_changed(self, tx: MetaTxn, inode: Inode) -> None:
         """A file or directory was renamed/linked/unlinked: files below follow in cold."""
         if inode.is_reg:
@@ -340,12 +381,22 @@ class PlacementCore:
                 elif child.is_reg:
                     self.enqueue(tx, child, content=False)
 
+    def names_moved(self, ino: int) -> None:  # the persister overrides this
+        pass
+
+    def gone(self, ino: int) -> None:  # the persister overrides this
+        pass
+
     def deleted(self, tx: MetaTxn, ino: int) -> None:
-        """An inode lost its last name: its cold objects go (if it has any)."""
+        """An inode lost its last name: its cold objects go (pending deletes, committed
+        with the change), an upload of it in flight is cancelled, its record is dropped by
+        the persister."""
+        self._intend_deletes(tx, ino)
+        self.gone(ino)
         if tx.get_cold(ino) is not None or tx.queued(ino) is not None:
             tx.enqueue(ino, _token(tx.queued(ino)))
             self.hints.add(ino)
-            self.wake()
+        self.wake()
 
     async def admit(self, nbytes: int) -> None:
         """Backpressure for the FUSE path: wait while dirty bytes exceed the bound."""
@@ -394,11 +445,15 @@ class PlacementCore:
     # -- import ------------------------------------------------------------------------
     async def refresh_key(self, bucket: str, key: str, recursive: bool = False) -> None:
         """Before an S3 listing or a key lookup: import the directories along ``key``
-        (each one level, TTL-limited), or with ``recursive`` everything under it."""
+        (each one level, TTL-limited), or with ``recursive`` everything under it.  Not while
+        the cold store is down: the local view is a valid answer, and a hung store must
+        not hang listings."""
+        if self.cold_down:
+            return
         try:
             if recursive:
                 if self._prefix_imports.due(bucket + "/" + key):
-                    await self.importer.import_prefix(bucket + "/" + key, self.busy)
+                    await self.importer.import_prefix(bucket + "/" + key)
                     await self.forget_dropped()
                 return
             with self.meta.snapshot() as tx:
@@ -424,7 +479,7 @@ class PlacementCore:
         """Import what cold has under a directory if the last look is older than the TTL
         (single-flight per directory).  Cold being down is logged, not raised: the local
         view is still a valid answer."""
-        if not force and not self.importer.stale(dir_ino):
+        if self.cold_down or (not force and not self.importer.stale(dir_ino)):
             return
         task = self._refreshing.get(dir_ino)
         if task is None:
@@ -432,7 +487,7 @@ class PlacementCore:
                 path = dir_path(tx, dir_ino)
             if path is None:
                 return
-            task = asyncio.create_task(self.importer.refresh_dir(dir_ino, path, self.busy))
+            task = asyncio.create_task(self.importer.refresh_dir(dir_ino, path))
             self._refreshing[dir_ino] = task
             task.add_done_callback(lambda _t: self._refreshing.pop(dir_ino, None))
         try:
@@ -442,12 +497,29 @@ class PlacementCore:
         await self.forget_dropped()
 
     async def forget_dropped(self) -> None:
-        """Files a listing found deleted from cold: their local copies go too."""
+        """Files a listing found lost from cold: those re-uploaded from their complete local
+        copy count as dirty again; those dropped (deleted outside tierd) lose their local
+        blocks too.  Both are logged with the evidence."""
+        while self.importer.reuploaded:
+            ino, why = self.importer.reuploaded.pop()
+            self.reupload_counted(ino, why)
         while self.importer.dropped:
-            ino = self.importer.dropped.pop()
+            ino, why = self.importer.dropped.pop()
             log.warning("inode %d was deleted from the cold store outside tierd: dropped "
-                        "from the namespace", ino)
+                        "from the namespace (%s)", ino, why)
             await self.free_vanished(ino)
+
+    def reupload_counted(self, ino: int, why: str) -> None:
+        """A file whose cold object is gone was queued again from its local copy."""
+        with self.meta.snapshot() as tx:
+            inode = tx.get_inode(ino)
+        self.stats["reuploaded"] += 1
+        if inode is not None:
+            self._set_dirty(ino, inode.size)
+        self.hints.add(ino)
+        log.warning("inode %d: the cold store lost its object; uploading it again from the "
+                    "complete local copy (%s)", ino, why)
+        self.wake()
 
     async def free_vanished(self, ino: int) -> None:
         """A file dropped because its cold object vanished: free its local blocks now (the

@@ -1,16 +1,25 @@
 """Transparent import: objects in the cold store that tierd does not know appear in the
-namespace without a copy.
+namespace without a copy -- and objects tierd knows that cold lost.
 
 A directory is refreshed (cold listed with delimiter ``/`` at its prefix) when its import
 stamp (``S`` key) is older than ``import_ttl``; missing files become CLEAN inodes with the
 object's size, ETag and mtime, no local blocks (an empty ``hot`` bitmap) and a cold record;
 missing common prefixes become implicit directories.  Local entries are never replaced: what
 tierd wrote wins over what it finds.  New entries belong to the bucket's owner.
+
+**Never resurrect**: a key with a pending delete (``intents``), or one this node deleted
+after the listing began (:class:`~tierd.placement.intents.RecentDeletes`), is not imported,
+nor a common prefix holding such keys.
+
+**Lost objects** (a clean file the listing no longer has, or a read that got NoSuchKey) are
+judged by :func:`lost`: re-uploaded when a complete local copy exists, dropped ("deleted
+outside tierd", with the evidence) only when the content exists nowhere local.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import stat
 import time
 from collections.abc import Callable
@@ -20,6 +29,7 @@ from tierd.errors import FsError
 from tierd.meta import (
     ROOT_INO,
     STATE_CLEAN,
+    STATE_DIRTY,
     Bucket,
     ColdRecord,
     Dirent,
@@ -27,36 +37,72 @@ from tierd.meta import (
     MetaStore,
     MetaTxn,
 )
+from tierd.placement import bitmap, intents
+from tierd.placement.intents import RecentDeletes
 from tierd.placement.paths import file_keys, files_under
 from tierd.tiers import ObjectInfo, ObjectTier
 
+#: what placement says about an inode: open with unflushed writes / wholly local
+Judge = Callable[[Inode], bool]
 
-def pending_deletes(tx: MetaTxn) -> set[str]:
-    """Cold keys the persister has yet to delete (names removed or renamed away): an
-    import must not bring those back.  Costs one pass over the persist queue."""
-    out: set[str] = set()
-    for ino in tx.list_queue():
-        rec = tx.get_cold(ino)
-        if rec is not None:
-            out.update(set(rec.keys) - set(file_keys(tx, ino)))
-    return out
 
-def drop_vanished(tx: MetaTxn, ino: int, key: str, *, busy: bool,
-                  listed_after: int | None = None) -> bool:
-    """Remove file ``ino`` from the namespace because its cold object ``key`` is gone --
-    only when that loses nothing: a regular file, CLEAN, not queued, not open with unflushed
-    writes (``busy``), whose cold record is its current version under that one key (and,
-    for a listing that missed it, recorded before the listing began: ``listed_after``).
-    Its names go and it becomes an orphan (nlink 0): an open handle keeps it until release
-    (the namespace reaps orphans then, or at the next start).  True if dropped."""
+def _local_blocks(inode: Inode) -> int:
+    hot, warm = inode.blocks.get("hot"), inode.blocks.get("warm", b"")
+    blocks = set(bitmap.present(hot, inode.size)) | set(bitmap.present(warm, inode.size))
+    return len(blocks)
+
+
+def _stamp(ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))
+
+
+def lost(tx: MetaTxn, ino: int, key: str, *, busy: bool, local: Judge,
+         evidence: str, listed_after: int | None = None) -> tuple[str, str] | None:
+    """File ``ino``'s cold object ``key`` is gone.  Only a file that loses nothing is
+    touched: a regular file, CLEAN, not queued, not open with unflushed writes (``busy``),
+    whose cold record is its current version under that one key (and, for a listing that
+    missed it, recorded before the listing began: ``listed_after``).  Then:
+
+    * with a **complete local copy** (``local``: hot, warm or the memory tier hold every
+      block) it is **re-uploaded**: DIRTY, queued, its record's version reset -- a cold store
+      that came back empty or lost objects never makes tierd drop its own data;
+    * otherwise its content exists nowhere tierd can reach: it was **deleted outside
+      tierd**, and is dropped (:func:`drop`).
+
+    Returns ``("reupload" | "dropped", evidence)`` or None when nothing was done; the
+    evidence (``evidence``: what showed the object gone, plus the record and local blocks)
+    is for the log."""
     inode = tx.get_inode(ino)
     rec = tx.get_cold(ino)
     if (inode is None or not inode.is_reg or inode.nlink == 0 or busy
             or inode.state != STATE_CLEAN or tx.queued(ino) is not None or rec is None
             or rec.version != inode.version or list(rec.keys) != [key]):
-        return False
+        return None
     if listed_after is not None and rec.mtime_ns >= listed_after:
-        return False
+        return None
+    whole = local(inode)
+    why = (f"{evidence}; tierd stored it as version {rec.version} (ETag {rec.keys[key]}, "
+           f"{rec.size} bytes) at {_stamp(rec.mtime_ns)}; "
+           + (f"a complete local copy exists ({inode.size} bytes)" if whole else
+              f"{_local_blocks(inode)} of {bitmap.nblocks(inode.size)} blocks local"))
+    if whole:
+        inode.state = STATE_DIRTY
+        tx.put_inode(inode)
+        rec.version = 0  # cold no longer has this version: the persister uploads it
+        tx.put_cold(ino, rec)
+        tx.enqueue(ino, time.time_ns().to_bytes(8, "big") + os.urandom(4))
+        return "reupload", why
+    drop(tx, ino)
+    return "dropped", why
+
+
+def drop(tx: MetaTxn, ino: int) -> None:
+    """Remove file ``ino`` from the namespace (its object was deleted outside tierd and no
+    local copy is complete): its names go and it becomes an orphan (nlink 0): an open
+    handle keeps it until release (the namespace reaps orphans then, or at the next
+    start)."""
+    inode = tx.get_inode(ino)
+    assert inode is not None
     t = time.time_ns()
     parents = []
     for parent, name in tx.links(ino):
@@ -74,7 +120,6 @@ def drop_vanished(tx: MetaTxn, ino: int, key: str, *, busy: bool,
     tx.add_orphan(ino)
     for parent in parents:
         _prune_implicit(tx, parent, t)
-    return True
 
 
 def _prune_implicit(tx: MetaTxn, ino: int, t: int) -> None:
@@ -133,19 +178,31 @@ def refused_key(key: str, rest: str) -> bool:
 
 
 class Importer:
-    def __init__(self, meta: MetaStore, cold: ObjectTier, ttl: float, umask: int) -> None:
+    """Imports what cold has and judges what it lost (see the module docstring).
+
+    ``busy(ino)`` (open with unflushed writes) and ``local(inode)`` (a complete local copy)
+    are placement's; ``recent`` is the delete worker's record of keys it deleted."""
+
+    def __init__(self, meta: MetaStore, cold: ObjectTier, ttl: float, umask: int, *,
+                 busy: Callable[[int], bool], local: Judge, recent: RecentDeletes) -> None:
         self.meta, self.cold, self.ttl, self.umask = meta, cold, ttl, umask
-        self.dropped: list[int] = []  # inodes dropped as vanished, for placement to forget
+        self.busy, self.local, self.recent = busy, local, recent
+        # (inode, evidence) judged lost, for placement to forget (dropped) or count dirty
+        # and log (re-uploaded)
+        self.dropped: list[tuple[int, str]] = []
+        self.reuploaded: list[tuple[int, str]] = []
 
     async def import_buckets(self) -> int:
-        """Create buckets for top-level prefixes of the cold store (at start)."""
+        """Create buckets for top-level prefixes of the cold store (at start); a prefix
+        whose keys are all pending deletes (a bucket removed here) is not one."""
         n, after = 0, ""
         while True:
             page = await self.cold.list("", start_after=after, delimiter="/")
             with self.meta.write() as tx:
                 for cp in page.common_prefixes:
                     name = cp.rstrip("/")
-                    if tx.get_bucket(name) is None and tx.lookup(ROOT_INO, name.encode()) is None:
+                    if (tx.get_bucket(name) is None and tx.lookup(ROOT_INO, name.encode()) is None
+                            and not intents.pending_under(tx, cp)):
                         t = time.time_ns()
                         d = Inode(ino=tx.next_ino(), mode=stat.S_IFDIR | 0o755, uid=0, gid=0,
                                   nlink=2, atime_ns=t, mtime_ns=t, ctime_ns=t, btime_ns=t,
@@ -162,82 +219,88 @@ class Importer:
         with self.meta.snapshot() as tx:
             return time.time_ns() - tx.get_stamp(dir_ino) > self.ttl * 1e9
 
-    async def refresh_dir(self, dir_ino: int, path: str,
-                          busy: Callable[[int], bool] = lambda ino: True) -> int:
+    def _wanted(self, tx: MetaTxn, key: str, started: int) -> bool:
+        """Not a key this node is deleting or deleted since the listing began."""
+        return not (intents.pending(tx, key) or self.recent.deleted_since(key, started))
+
+    def _wanted_prefix(self, tx: MetaTxn, cp: str, started: int) -> bool:
+        return not (intents.pending_under(tx, cp) or self.recent.any_since_under(cp, started))
+
+    def _judge(self, tx: MetaTxn, ino: int, key: str, evidence: str,
+               listed_after: int | None) -> None:
+        inode = tx.get_inode(ino)
+        busy = inode is not None and self.busy(ino)
+        got = lost(tx, ino, key, busy=busy, local=self.local, evidence=evidence,
+                   listed_after=listed_after)
+        if got is not None:
+            (self.dropped if got[0] == "dropped" else self.reuploaded).append((ino, got[1]))
+
+    async def refresh_dir(self, dir_ino: int, path: str) -> int:
         """List ``path/`` in cold (one level) and add what is missing; clean files the
-        listing no longer has were deleted from cold by someone else and are dropped
-        (:func:`drop_vanished`; ``busy`` tells which inodes have unflushed writes).
-        Returns entries added."""
+        listing no longer has are judged lost (:func:`lost`).  Returns entries added."""
         n, after, prefix = 0, "", path + "/"
         started = time.time_ns()
         listed: set[bytes] = set()
-        while True:
-            page = await self.cold.list(prefix, start_after=after, delimiter="/")
-            with self.meta.write() as tx:
-                gone = pending_deletes(tx)
-                for info in page.objects:
-                    listed.add(info.key[len(prefix):].encode("utf-8", "surrogateescape"))
-                    if info.key not in gone:
-                        n += self._add(tx, info.key, info)
-                for cp in page.common_prefixes:
-                    if not any(k.startswith(cp) for k in gone):
-                        n += self._add(tx, cp.rstrip("/"), None)
+        with self.recent.listing() as mono:
+            while True:
+                page = await self.cold.list(prefix, start_after=after, delimiter="/")
+                with self.meta.write() as tx:
+                    for info in page.objects:
+                        listed.add(info.key[len(prefix):].encode("utf-8", "surrogateescape"))
+                        if self._wanted(tx, info.key, mono):
+                            n += self._add(tx, info.key, info)
+                    for cp in page.common_prefixes:
+                        if self._wanted_prefix(tx, cp, mono):
+                            n += self._add(tx, cp.rstrip("/"), None)
+                    if not page.truncated:
+                        self._judge_unlisted(tx, dir_ino, prefix, listed, started)
+                        tx.set_stamp(dir_ino, time.time_ns())
                 if not page.truncated:
-                    self._drop_unlisted(tx, dir_ino, prefix, listed, started, busy)
-                    tx.set_stamp(dir_ino, time.time_ns())
-            if not page.truncated:
-                return n
-            after = page.next_start_after
+                    return n
+                after = page.next_start_after
 
-    def _drop_unlisted(self, tx: MetaTxn, dir_ino: int, prefix: str, listed: set[bytes],
-                       started: int, busy: Callable[[int], bool]) -> None:
+    def _judge_unlisted(self, tx: MetaTxn, dir_ino: int, prefix: str, listed: set[bytes],
+                        started: int) -> None:
         gone = []
         for name, _, ent in tx.list_dirents(dir_ino):
             if stat.S_ISREG(ent.kind) and name not in listed:
                 gone.append((name, ent.ino))
         for name, ino in gone:
             key = prefix + name.decode("utf-8", "surrogateescape")
-            if drop_vanished(tx, ino, key, busy=busy(ino), listed_after=started):
-                self.dropped.append(ino)
+            self._judge(tx, ino, key, f"the cold store's listing of {prefix!r} begun at "
+                        f"{_stamp(started)} lacks {key!r}", started)
 
-    async def import_prefix(self, prefix: str,
-                            busy: Callable[[int], bool] = lambda ino: True) -> int:
+    async def import_prefix(self, prefix: str) -> int:
         """Everything under ``bucket/prefix`` (recursive), eagerly; clean files under the
-        prefix that the listing no longer has are dropped (see :meth:`refresh_dir`)."""
+        prefix that the listing no longer has are judged lost (see :meth:`refresh_dir`)."""
         n, after = 0, ""
         started = time.time_ns()
         listed: set[str] = set()
-        while True:
-            page = await self.cold.list(prefix, start_after=after)
-            with self.meta.write() as tx:
-                gone = pending_deletes(tx)
-                for info in page.objects:
-                    listed.add(info.key)
-                    if info.key not in gone:
-                        n += self._add(tx, info.key, info)
-                if not page.truncated and "/" in prefix:  # a bucket's subtree, walked only
-                    for f in list(files_under(tx, prefix)):
-                        keys = file_keys(tx, f.ino)
-                        if (len(keys) == 1 and keys[0] not in listed and drop_vanished(
-                                tx, f.ino, keys[0], busy=busy(f.ino), listed_after=started)):
-                            self.dropped.append(f.ino)
-            if not page.truncated:
-                return n
-            after = page.next_start_after
+        with self.recent.listing() as mono:
+            while True:
+                page = await self.cold.list(prefix, start_after=after)
+                with self.meta.write() as tx:
+                    for info in page.objects:
+                        listed.add(info.key)
+                        if self._wanted(tx, info.key, mono):
+                            n += self._add(tx, info.key, info)
+                    if not page.truncated and "/" in prefix:  # a bucket's subtree, walked only
+                        for f in list(files_under(tx, prefix)):
+                            keys = file_keys(tx, f.ino)
+                            if len(keys) == 1 and keys[0] not in listed:
+                                self._judge(tx, f.ino, keys[0], "the cold store's listing of "
+                                            f"{prefix!r} begun at {_stamp(started)} lacks "
+                                            f"{keys[0]!r}", started)
+                if not page.truncated:
+                    return n
+                after = page.next_start_after
 
-    async def import_key(self, key: str) -> bool:
-        """One object by key (a lookup miss through S3); True if it now exists."""
-        try:
-            info = await self.cold.head(key)
-        except ValueError:  # InvalidKey: not an object name
-            return False
-        if info is None:
-            return False
+    def judge_read_miss(self, ino: int, key: str) -> tuple[str, str] | None:
+        """A read of ``ino`` got NoSuchKey for ``key``: judge it lost (:func:`lost`)."""
         with self.meta.write() as tx:
-            if key in pending_deletes(tx):
-                return False
-            self._add(tx, key, info)
-        return True
+            inode = tx.get_inode(ino)
+            return lost(tx, ino, key, busy=inode is not None and self.busy(ino),
+                        local=self.local, evidence=f"a read of {key!r} got NoSuchKey")
 
     def _add(self, tx: MetaTxn, key: str, info: ObjectInfo | None) -> int:
         """Create ``key`` (a file when ``info``, else a directory) and missing parents.

@@ -36,7 +36,8 @@ async def placement_from_config(cfg: Config, meta: MetaStore) -> Placement:
         hot_low=min(cfg.hot_low_watermark, cfg.hot_high_watermark) / 100,
         warm_high=cfg.warm_high_watermark / 100,
         warm_low=min(cfg.warm_low_watermark, cfg.warm_high_watermark) / 100,
-        umask=cfg.umask, persist_delay=cfg.persist_delay),
+        umask=cfg.umask, persist_delay=cfg.persist_delay,
+        probe_interval=cfg.cold_probe_interval),
         warm=warm if cfg.warm_enabled else None)
     await p.start()
     return p
@@ -181,9 +182,13 @@ class PlacementOps:
 
     async def persist_wait(self, prefix: str, timeout: float | None) -> dict[str, Any]:
         ok = await self.p.drain(prefix, timeout)
-        return {"prefix": prefix, "persisted": ok}
+        doc: dict[str, Any] = {"prefix": prefix, "persisted": ok}
+        bad = self.p.unpersistable_under(prefix)
+        if bad:
+            doc["unpersistable"] = bad  # files the cold store cannot take, with the error
+        return doc
 
     async def import_prefix(self, prefix: str) -> dict[str, Any]:
-        n = await self.p.importer.import_prefix(prefix, self.p.busy)
+        n = await self.p.importer.import_prefix(prefix)
         await self.p.forget_dropped()
         return {"prefix": prefix, "imported": n}

@@ -1,12 +1,17 @@
 """Write-back: the persister task that makes cold match the namespace, inode by inode.
 
-Each queued inode (``Q`` key) is reconciled: its keys are the paths of its names; content
-whose version cold lacks is uploaded once (``put_file``, MD5 checked by the store) and copied
-server-side to its other names; keys it is no longer named by are deleted (unless another
-file owns that key now); then, in one transaction, the cold record is updated and the inode
-marked CLEAN **only if** the queue token is unchanged -- a file changed while uploading stays
-queued and the next round uploads the newer version over the older one.  Cold being down
-backs off (``probe()``) and resumes by itself; the queue survives restarts.
+Each queued inode (``Q`` key) is reconciled (``upload.py``): content whose version cold
+lacks is uploaded once and copied server-side to its other names, keys it is no longer named
+by become pending deletes (``intents``, carried out by ``deletes.py``), and the inode leaves
+the queue CLEAN only if it did not change meanwhile.
+
+Failures: a failure of one file is that file's (``failures.py``: capped back-off,
+unpersistable files named in the status, rate-limited logs).  The store counts as down only
+when it does not answer a probe, when a call failed as unavailable, or when a call has hung
+for ``call_timeout`` (:class:`~tierd.tiers.object_tier.Health`); an idle store is probed
+every ``probe_interval`` seconds so a hung one is noticed.  While it is down, persisting and
+listing for import pause (reads of local data go on); it is probed with back-off and
+persisting resumes by itself.  The queue and the pending deletes survive restarts.
 """
 
 from __future__ import annotations
@@ -16,13 +21,15 @@ import contextlib
 import heapq
 import logging
 import time
+from typing import Any
 
-from tierd.meta import STATE_CLEAN, ColdRecord, MetaTxn
-from tierd.placement.engine import WARM
-from tierd.placement.memtier import MEM
-from tierd.placement.paths import file_keys, files_under, resolve
-from tierd.placement.reads import Reading
-from tierd.tiers import KeyConflict, ObjectNotFound, TierError, TierUnavailable
+from tierd.errors import FsError
+from tierd.meta import MetaTxn
+from tierd.placement import intents
+from tierd.placement.failures import Failures
+from tierd.placement.paths import file_keys, files_under
+from tierd.placement.upload import Uploading
+from tierd.tiers import InvalidKey, KeyRejected, TierError, TierUnavailable
 
 log = logging.getLogger("tierd.placement")
 
@@ -77,25 +84,30 @@ class Deadlines:
         return due
 
 
-class Placement(Reading):
+class Placement(Uploading):
     """The placement engine with its persister; ``start()``/``close()`` run the task."""
 
     _task: asyncio.Task[None] | None = None
     _wake_ev: asyncio.Event | None = None
+    cold_down = False
 
     async def start(self) -> None:
         hot = await asyncio.to_thread(self.hot.inventory)
         warm = await asyncio.to_thread(self.warm.inventory) if self.warm is not None else None
         self.load_state(hot, warm)
+        self.init_deletes()
+        self.init_uploads()
         self._wake_ev = asyncio.Event()
         self._active: dict[int, asyncio.Task[None]] = {}
         self._not_before = Deadlines()  # ino -> no retry before (back-off)
-        self._failures: dict[int, int] = {}
+        self.failures = Failures(self.settings.retry_delay)
+        self._waiting_store: set[int] = set()  # failed because the store was down
         self._deferred: set[int] = set()  # still queued after a round (open for writing)
         self._later = Deadlines()  # ino -> when its persist delay is over
         self._hurry = 0  # waiters for persistence (drain, write-through): no delay meanwhile
         self._sem = asyncio.Semaphore(self.settings.persist_parallel)
         self.cold_down = False
+        self._probe: asyncio.Task[bool] | None = None
         self._closing = False
         self._task = asyncio.create_task(self._loop(), name="tierd-persister")
 
@@ -110,6 +122,10 @@ class Placement(Reading):
             for t in list(self._active.values()):
                 t.cancel()
             await asyncio.gather(self._task, *self._active.values(), return_exceptions=True)
+            await self.stop_deletes()
+            if self._probe is not None:
+                self._probe.cancel()
+                await asyncio.gather(self._probe, return_exceptions=True)
             self._task = None
 
     async def import_buckets(self) -> None:
@@ -136,17 +152,20 @@ class Placement(Reading):
         full_at = 0.0  # the next full scan of the queue
         while not self._closing:
             self._wake_ev.clear()
+            self._watch()
             if self.cold_down:
-                try:
-                    await self.cold.probe()
-                except TierError as e:
-                    log.info("cold store still unavailable (%s); retrying in %.1fs", e, delay)
-                    await asyncio.sleep(delay)
+                if not await self._answers():
+                    log.info("cold store still unavailable (%s); retrying in %.1fs",
+                             self.cold.health.error or "no answer", delay)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake_ev.wait(), timeout=delay)
                     delay = min(delay * 2, 30.0)
                     continue
-                log.warning("cold store is back: resuming persistence")
+                log.warning("cold store %s is back: resuming persistence", self.cold.url)
                 self.cold_down = False
-                self._not_before.clear()
+                for ino in self._waiting_store:  # what failed only because it was down
+                    self._not_before.put(ino, 0.0)
+                self._waiting_store.clear()
                 delay = self.settings.retry_delay
                 full_at = 0.0
             now = time.monotonic()
@@ -160,12 +179,15 @@ class Placement(Reading):
                         self._set_dirty(ino, 0)
                 full_at = now + FULL_SCAN_INTERVAL
                 self._later.clear()
+                self.kick_deletes()
             else:  # queued since, waited out a back-off or its delay, no longer written
                 idle = {i for i in self._deferred if not self.busy(i)}
                 self._deferred -= idle
                 due = self._later.take_all() if self._hurrying() else self._later.take_due(now)
                 queue = sorted(self.hints | idle | due | self._not_before.take_due(now))
                 self.hints.clear()
+                if self.deletes_hint:
+                    self.kick_deletes()
             queue = self._past_delay(queue, now)
             for ino in queue:
                 if ino in self._active:
@@ -178,9 +200,65 @@ class Placement(Reading):
                      if t is not None]
             if self._deferred:  # a writer's close does not always queue the file again
                 waits.append(DEFERRED_POLL)
-            timeout = min([*waits, 5.0])
+            timeout = min([*waits, 5.0, self.settings.probe_interval / 2])
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake_ev.wait(), timeout=max(timeout, 0.01))
+
+    # -- the store's health --------------------------------------------------------------
+    def _watch(self) -> None:
+        """Notice a store that stopped answering (a call failed as unavailable, or hangs),
+        and probe one that was idle for ``probe_interval``: a hung store must show as
+        unreachable even when nothing uses it."""
+        health = self.cold.health
+        if not self.cold_down and not self.cold.reachable():
+            reason = self.cold.describe_health()["reason"]
+            self._store_down(reason or "no answer")
+        elif (not self.cold_down and self._probe is None
+              and time.monotonic() - health.ok_at > self.settings.probe_interval):
+            self._probe = asyncio.create_task(self._probe_once())
+
+    async def _probe_once(self) -> bool:
+        try:
+            await self.cold.probe()
+            return True
+        except TierError:
+            return False
+        finally:
+            self._probe = None
+            self.wake()
+
+    async def _answers(self) -> bool:
+        """Whether the store answers a probe now (one probe at a time)."""
+        task = self._probe
+        if task is None:
+            task = self._probe = asyncio.create_task(self._probe_once())
+        return await asyncio.shield(task)
+
+    def _store_down(self, why: object) -> None:
+        if not self.cold_down:
+            log.warning("cold store %s unreachable: %s (persisting paused, dirty data stays "
+                        "local, local data stays readable; retrying)", self.cold.url, why)
+        self.cold_down = True
+        self.wake()
+
+    def cold_status(self) -> dict[str, Any]:
+        """The cold store in the status documents: reachability and its evidence, and the
+        pending deletes."""
+        doc = self.cold.describe_health()
+        doc["reachable"] = bool(doc["reachable"]) and not self.cold_down
+        if self.cold_down and not doc.get("reason"):
+            doc["reason"] = self.cold.health.error or "no answer to the last probe"
+        with self.meta.snapshot() as tx:
+            n, more = intents.count(tx, 2000)
+        doc["pending_deletes"] = n
+        doc["pending_deletes_truncated"] = more
+        return doc
+
+    def queue_summary(self, limit: int = 2000) -> dict[str, Any]:
+        """The persist queue (see the engine's) with the failing and unpersistable files."""
+        doc = super().queue_summary(limit)
+        doc.update(self.failures.describe())
+        return doc
 
     def _hurrying(self) -> bool:
         return bool(self._hurry) or self.dirty_bytes > self.settings.dirty_limit // 2
@@ -216,121 +294,54 @@ class Placement(Reading):
             async with self._sem:
                 if not await self.reconcile(ino):
                     self._deferred.add(ino)
-            self._failures.pop(ino, None)
+                    return
             self._not_before.pop(ino)
-        except TierUnavailable as e:
+            self._waiting_store.discard(ino)
+            self.rescue_done(ino)
+            f = self.failures.clear(ino)
+            if f is not None and f.unpersistable:
+                log.warning("inode %d (%s) was persisted after all", ino, f.key)
+        except (TierUnavailable, FsError) as e:
             self.stats["persist_failures"] += 1  # tierd_cold_store_errors_total
-            if not self.cold_down:
-                log.warning("persisting inode %d failed: cold store unavailable: %s "
-                            "(dirty data stays local; retrying)", ino, e)
-            self.cold_down = True
-            self._backoff(ino)
+            local = isinstance(e, FsError) and e.reason != "ServiceUnavailable"
+            if local or await self._answers():  # the store answers: this file's failure
+                self._file_failed(ino, e, permanent=False)
+            else:
+                self._store_down(e)
+                self._waiting_store.add(ino)
+                self._not_before.put(ino, time.monotonic() + 30.0)  # until it is back
+        except (InvalidKey, KeyRejected) as e:  # the store can never take this key
+            self.stats["persist_failures"] += 1
+            self._file_failed(ino, e, permanent=True)
         except (TierError, OSError) as e:  # KeyConflict until a pending delete ran, ...
-            log.warning("persisting inode %d failed, will retry: %s", ino, e)
             self.stats["persist_failures"] += 1
-            self._backoff(ino)
-        except Exception:
-            log.exception("persisting inode %d failed", ino)
+            self._file_failed(ino, e, permanent=False)
+        except Exception as e:
             self.stats["persist_failures"] += 1
-            self._backoff(ino)
+            if self._file_failed(ino, e, permanent=False):
+                log.exception("persisting inode %d failed unexpectedly", ino)
         finally:
             self._active.pop(ino, None)
             self._signal()
             self.wake()
 
-    def _backoff(self, ino: int) -> None:
-        n = self._failures.get(ino, 0) + 1
-        self._failures[ino] = n
-        self._not_before.put(ino, time.monotonic() + min(
-            self.settings.retry_delay * 2 ** (n - 1), 30.0))
+    def _file_failed(self, ino: int, e: BaseException, *, permanent: bool) -> bool:
+        """Back off one file; True when the failure was logged."""
+        key = getattr(e, "key", None)
+        if not key:
+            with self.meta.snapshot() as tx:
+                keys = file_keys(tx, ino)
+            key = keys[0] if keys else f"inode {ino}"
+        delay, line = self.failures.record(ino, key, e, permanent=permanent)
+        self._not_before.put(ino, time.monotonic() + delay)
+        if line is not None:
+            log.warning("%s", line)
+        return line is not None
 
-    # -- one inode ---------------------------------------------------------------------
-    async def reconcile(self, ino: int) -> bool:
-        """Bring cold in line with inode ``ino``; True when it left the queue."""
-        with self.meta.snapshot() as tx:
-            token = tx.queued(ino)
-            if token is None:
-                return True
-            inode = tx.get_inode(ino)
-            rec = tx.get_cold(ino)
-            live = inode is not None and inode.is_reg and inode.nlink > 0
-            targets = file_keys(tx, ino) if live else []
-        policy = self.policy_for(targets[0]) if targets else None
-        if policy is not None and policy.mode == "cache-only":
-            targets = []
-        old = dict(rec.keys) if rec is not None else {}
-        new: dict[str, str] = {}
-        version = rec.version if rec is not None else 0
-        size = rec.size if rec is not None else 0
-        if inode is not None and targets:
-            if self.busy(ino):  # unflushed writes: the commit re-queues it
-                return False
-            if self.unpublished(targets):  # renamed into place soon: upload it then
-                return False
-            if rec is None or rec.version != inode.version:
-                new[targets[0]] = await self._upload(ino, targets[0], inode.size, inode.etag)
-                version, size = inode.version, inode.size
-            for k in targets:
-                if k in new:
-                    continue
-                if k in old:
-                    new[k] = old[k]
-                    continue
-                new[k] = await self._copy_or_upload(ino, k, new or old, inode.size,
-                                                    inode.etag)
-        for k in old:
-            if k not in new:
-                with self.meta.snapshot() as tx:
-                    owner = resolve(tx, k)
-                if owner is None or owner == ino:
-                    await self.cold.delete(k)
-        with self.meta.write() as tx:
-            if new:
-                tx.put_cold(ino, ColdRecord(version, size, new, time.time_ns()))
-            else:
-                tx.delete_cold(ino)
-            if tx.queued(ino) != token or self.busy(ino):
-                return False
-            tx.dequeue(ino)
-            self._mark_clean(tx, ino, version, bool(new))
-        self._set_dirty(ino, 0)
-        self.stats["persisted"] += 1
-        if new and policy is not None and policy.tier == WARM and self.warmc is not None:
-            # the prefix's data belongs on warm: writes land on hot (the namespace's open
-            # files, staging and S3 sendfile use the hot file) and move down once clean
-            await self.demote_file(ino)
-        elif new and policy is not None and policy.tier == MEM:
-            self.admit_mem_later(ino)  # kept in pool memory (a no-op when it has its copy)
-        return True
-
-    @staticmethod
-    def _mark_clean(tx: MetaTxn, ino: int, version: int, stored: bool) -> None:
-        cur = tx.get_inode(ino)
-        if cur is not None and stored and cur.version == version and cur.state != STATE_CLEAN:
-            cur.state = STATE_CLEAN
-            tx.put_inode(cur)
-
-    async def _upload(self, ino: int, key: str, size: int, etag: str) -> str:
-        await self.ensure(ino, 0, size, touch=False)  # the whole content must be local
-        md5 = etag if len(etag) == 32 and "-" not in etag else None
-        with self.hold(ino):
-            async with self.hot.fd(ino, create=True) as fd:
-                info = await self.cold.put_file(key, fd, size, md5_hex=md5)
-        self.stats["uploaded_bytes"] += size
-        return info.etag
-
-    async def _copy_or_upload(self, ino: int, key: str, have: dict[str, str], size: int,
-                              etag: str) -> str:
-        """Another name of the same content: a server-side copy from a key cold holds at
-        this version (checked by ETag first), else an upload."""
-        for src, src_etag in have.items():
-            try:
-                info = await self.cold.head(src)
-                if info is not None and info.etag == src_etag:
-                    return (await self.cold.copy(src, key)).etag
-            except (ObjectNotFound, KeyConflict):
-                continue
-        return await self._upload(ino, key, size, etag)
+    def names_moved(self, ino: int) -> None:
+        """A file was renamed: a key the store refused may be fine now -- try at once."""
+        if self._task is not None:
+            self._not_before.pop(ino)
 
     async def wait_persisted(self, ino: int) -> None:
         """Until cold holds the inode's current content and names (write-through)."""
@@ -347,21 +358,21 @@ class Placement(Reading):
             self._hurry -= 1
 
     async def drain(self, prefix: str = "", timeout: float | None = None) -> bool:
-        """Wait until no queued inode has a key under ``prefix`` (``persist --wait``); False
-        after ``timeout`` seconds.  The deadline is checked in the loop rather than by an
-        outer ``wait_for``, whose cancellation of the inner wait 3.11 can lose."""
+        """Wait until no queued inode has a key under ``prefix`` and no delete under it is
+        pending (``persist --wait``: cold then holds exactly the live keys); False after
+        ``timeout`` seconds, or as soon as all that is left are files the store cannot take
+        (unpersistable: :meth:`unpersistable_under` names them).  The deadline is checked
+        in the loop rather than by an outer ``wait_for``, whose cancellation of the inner
+        wait 3.11 can lose."""
         self._hurry += 1  # no persist delay while someone waits
         try:
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
             while True:
                 with self.meta.snapshot() as tx:
-                    if prefix:  # the prefix's subtree, not the whole queue
-                        busy = any(tx.queued(f.ino) is not None for f in files_under(tx, prefix))
-                    else:
-                        busy = bool(tx.list_queue())
-                if not busy:
-                    return True
+                    left_over = self._outstanding(tx, prefix)
+                if left_over != "wait":
+                    return left_over == ""
                 left = 1.0 if deadline is None else min(1.0, deadline - loop.time())
                 if left <= 0:
                     return False
@@ -377,3 +388,26 @@ class Placement(Reading):
                     waiter.cancel()
         finally:
             self._hurry -= 1
+
+    def _outstanding(self, tx: MetaTxn, prefix: str) -> str:
+        """``wait`` while work under ``prefix`` can still be done, ``stuck`` when only
+        unpersistable files (and deletes that wait for them) are left, else ``""``."""
+        if prefix:  # the prefix's subtree, not the whole queue
+            queued = [f.ino for f in files_under(tx, prefix) if tx.queued(f.ino) is not None]
+        else:
+            queued = tx.list_queue()
+        stuck = False
+        for ino in queued:
+            if not self.failures.unpersistable(ino):
+                return "wait"
+            stuck = True
+        for it in intents.under(tx, prefix):
+            if not (it.ino and self.failures.unpersistable(it.ino)):
+                return "wait"
+            stuck = True
+        return "stuck" if stuck else ""
+
+    def unpersistable_under(self, prefix: str) -> list[dict[str, Any]]:
+        """The files under ``prefix`` the store cannot take (for ``persist --wait``)."""
+        return [f for f in self.failures.describe(limit=1000)["unpersistable_files"]
+                if f["key"].startswith(prefix)]

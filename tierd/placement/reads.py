@@ -33,7 +33,6 @@ from tierd.meta import ColdRecord
 from tierd.placement import bitmap
 from tierd.placement.engine import FIRST_WINDOW, HOT, WARM, Stream
 from tierd.placement.evict import Evicting
-from tierd.placement.importer import drop_vanished
 from tierd.placement.memtier import MEM
 from tierd.placement.paths import file_keys
 from tierd.placement.tiercache import TierCache
@@ -489,16 +488,19 @@ class Reading(Evicting):
         return False
 
     async def _vanished(self, v: View, key: str, etag: str) -> None:
-        """The cold object of a clean file is gone: drop the file from the namespace
-        (never a file with data cold lacks) and free its local blocks."""
-        with self.meta.write() as tx:
-            dropped = drop_vanished(tx, v.ino, key, busy=self.busy(v.ino))
-        if not dropped:
+        """The cold object of a clean file is gone: upload it again when a complete local
+        copy exists, else drop the file from the namespace (never a file with data cold
+        lacks) and free its local blocks (``importer.lost``)."""
+        got = self.importer.judge_read_miss(v.ino, key)
+        if got is None:
             log.warning("%s vanished from the cold store but inode %d is not clean; kept",
                         key, v.ino)
             return
+        if got[0] == "reupload":
+            self.reupload_counted(v.ino, got[1])
+            return
         log.warning("%s was deleted from the cold store outside tierd: dropped inode %d "
-                    "from the namespace", key, v.ino)
+                    "from the namespace (%s)", key, v.ino, got[1])
         await self.free_vanished(v.ino)
 
 

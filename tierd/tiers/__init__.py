@@ -24,6 +24,7 @@ from tierd.tiers.local_tier import BLOCK_SIZE, LocalTier, blocks_of, data_ranges
 from tierd.tiers.object_tier import (
     InvalidKey,
     KeyConflict,
+    KeyRejected,
     ListPage,
     ObjectChanged,
     ObjectInfo,
@@ -46,6 +47,7 @@ __all__ = [
     "FsspecObjectTier",
     "InvalidKey",
     "KeyConflict",
+    "KeyRejected",
     "ListPage",
     "LocalTier",
     "ObjectChanged",
@@ -130,9 +132,13 @@ def object_tier_from_config(config: Config, **overrides: Any) -> ObjectTier:
             retry_mode=config.cold_s3_retry_mode,
             max_attempts=config.cold_s3_max_attempts,
             checksum=config.cold_s3_checksum,
+            connect_timeout=config.cold_s3_connect_timeout,
+            read_timeout=config.cold_s3_read_timeout,
         )
     settings.update(overrides)
-    return open_object_tier(config.cold_url, **settings)
+    tier = open_object_tier(config.cold_url, **settings)
+    tier.call_timeout = config.cold_timeout
+    return tier
 
 
 def local_tiers_from_config(config: Config) -> tuple[LocalTier, LocalTier]:

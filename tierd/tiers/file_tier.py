@@ -16,6 +16,11 @@ directory (MinIO's file mode) see the objects as they are.
 * **No escape**: keys pass :func:`~tierd.tiers.object_tier.check_key` (no ``..``, no empty
   segment, no leading ``/``), and the final component is opened with ``O_NOFOLLOW``.
 * **Deletes** remove directories left empty up to the bucket, as prefixes vanish in S3.
+* **Holes stay holes**: an upload copies only the source's data extents (SEEK_DATA /
+  SEEK_HOLE) and sets the size, so a sparse file costs the store what it costs the hot
+  tier (the MD5 still covers the zeros).
+* **A key the file system refuses** (a name or path over its limits: ENAMETOOLONG) is a
+  :class:`~tierd.tiers.object_tier.KeyRejected` of that key, not an unavailable store.
 """
 
 from __future__ import annotations
@@ -32,18 +37,24 @@ import stat
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from tierd.tiers.local_tier import data_ranges
 from tierd.tiers.object_tier import (
+    KEY_ERRNOS,
     MAX_LIST,
     InvalidKey,
     KeyConflict,
+    KeyRejected,
     ListPage,
     ObjectChanged,
     ObjectInfo,
     ObjectNotFound,
     ObjectTier,
     Source,
+    TierError,
     TierUnavailable,
     TransferOptions,
     TreeEntry,
@@ -121,16 +132,21 @@ def _pread(fd: int, n: int, pos: int) -> bytes:
         raise _SideError("src", e) from None
 
 
+Tick = Callable[[], None]
+
+
 def _copy_range(src: int, dst: int, count: int, src_off: int, dst_off: int,
-                stop: threading.Event | None = None) -> int:
+                stop: threading.Event | None = None, tick: Tick | None = None) -> int:
     """Copy up to ``count`` bytes between descriptors: ``copy_file_range`` (in-kernel, a
     reflink on btrfs/XFS) when the file systems allow it, else pread/pwrite.  Raises
-    :class:`_SideError`."""
+    :class:`_SideError`.  ``tick`` after each chunk (progress: the store answers)."""
     done = 0
     use_cfr = True
     while done < count:
         if stop is not None and stop.is_set():
             break
+        if tick is not None:
+            tick()
         n = min(_COPY_CHUNK, count - done)
         if use_cfr:
             try:
@@ -150,18 +166,56 @@ def _copy_range(src: int, dst: int, count: int, src_off: int, dst_off: int,
     return done
 
 
-def _copy_hashing(src: int, out: int, size: int, stop: threading.Event) -> tuple[int, str]:
-    """Copy through user space computing the MD5 (hashlib releases the GIL)."""
-    md5 = hashlib.md5(usedforsecurity=False)
-    done = 0
-    while done < size and not stop.is_set():
-        buf = _pread(src, min(_COPY_CHUNK, size - done), done)
-        if not buf:
-            break
-        md5.update(buf)
-        _pwrite_all(out, buf, done)
-        done += len(buf)
-    return done, md5.hexdigest()
+_ZEROS = bytes(_COPY_CHUNK)
+
+
+def _extents(src: int, size: int) -> list[tuple[int, int]]:
+    """The source's data extents within ``size`` (holes left out), read on a descriptor of
+    its own: SEEK_DATA moves the file position, which the caller's may not share."""
+    try:
+        own = os.open(f"/proc/self/fd/{src}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return [(0, size)] if size else []
+    try:
+        return [(a, min(b, size)) for a, b in data_ranges(own, 0, size) if a < size]
+    except OSError:
+        return [(0, size)] if size else []
+    finally:
+        os.close(own)
+
+
+def _copy_sparse(src: int, out: int, size: int, stop: threading.Event, tick: Tick,
+                 md5: Any | None) -> int:
+    """Copy the first ``size`` bytes of ``src`` into the empty file ``out``, leaving holes
+    where ``src`` has them; feed every byte (zeros of holes too) to ``md5`` when given.
+    Returns the bytes accounted for (``size`` unless stopped or the source is short)."""
+    pos = 0
+    for start, end in [*_extents(src, size), (size, size)]:
+        while pos < start and not stop.is_set():  # a hole: nothing written
+            n = min(_COPY_CHUNK, start - pos)
+            if md5 is not None:
+                md5.update(_ZEROS[:n])
+            pos += n
+            tick()
+        while pos < end and not stop.is_set():
+            n = min(_COPY_CHUNK, end - pos)
+            if md5 is None:
+                got = _copy_range(src, out, n, pos, pos)
+            else:
+                buf = _pread(src, n, pos)
+                md5.update(buf)
+                _pwrite_all(out, buf, pos)
+                got = len(buf)
+            if got == 0:
+                return pos
+            pos += got
+            tick()
+    if not stop.is_set():
+        try:
+            os.ftruncate(out, size)  # a trailing hole
+        except OSError as e:
+            raise _SideError("dst", e) from None
+    return pos
 
 
 def _fsync_dir(path: str) -> None:
@@ -196,10 +250,13 @@ class FileObjectTier(ObjectTier):
 
     # -- errors ------------------------------------------------------------------------------
 
-    def _unavailable(self, e: OSError, what: str, key: str | None) -> TierUnavailable:
-        return TierUnavailable(
-            f"cold store {self.url}: cannot {what} {key or ''}: {e.strerror or e}", key=key
-        )
+    def _unavailable(self, e: OSError, what: str, key: str | None) -> TierError:
+        """The store's failure -- or, for an errno of the key's path (a name too long), the
+        key's (:class:`KeyRejected`: the store stays usable for every other key)."""
+        msg = f"cold store {self.url}: cannot {what} {key or ''}: {e.strerror or e}"
+        if e.errno in KEY_ERRNOS:
+            return KeyRejected(msg, key=key)
+        return TierUnavailable(msg, key=key)
 
     def _open_ro(self, key: str) -> int:
         try:
@@ -238,7 +295,7 @@ class FileObjectTier(ObjectTier):
 
     async def head(self, key: str) -> ObjectInfo | None:
         check_key(key)
-        return await self._run(self._head_sync, key)
+        return await self._meta(self._head_sync, key)
 
     def _head_sync(self, key: str) -> ObjectInfo | None:
         try:
@@ -286,7 +343,8 @@ class FileObjectTier(ObjectTier):
             dst = os.dup(fd)
             try:
                 jobs = [
-                    _CopyJob(src, dst, o, ln, fd_offset + (o - offset))
+                    functools.partial(_copy_range, src, dst, ln, o, fd_offset + (o - offset),
+                                      tick=self.health.progress)
                     for o, ln in split_ranges(offset, n, range_size or self.transfer.range_size)
                 ]
                 return sum(await self._parallel(jobs))
@@ -306,7 +364,7 @@ class FileObjectTier(ObjectTier):
             raise TierUnavailable(f"cold store {self.url} is closed")
         cf = self._pool.submit(self._open_checked, key, if_match)
         try:
-            return await asyncio.wrap_future(cf)
+            return await self._tracked(asyncio.wrap_future(cf))
         except asyncio.CancelledError:
             cf.add_done_callback(_close_result)
             raise
@@ -336,11 +394,9 @@ class FileObjectTier(ObjectTier):
         except OSError as e:
             raise self._unavailable(e, "write", key) from None
         try:
-            if md5_hex is not None:
-                done = _copy_range(src, out, size, 0, 0, stop)
-                etag = md5_hex.lower()
-            else:
-                done, etag = _copy_hashing(src, out, size, stop)
+            md5 = None if md5_hex is not None else hashlib.md5(usedforsecurity=False)
+            done = _copy_sparse(src, out, size, stop, self.health.progress, md5)
+            etag = md5_hex.lower() if md5_hex is not None else md5.hexdigest()  # type: ignore[union-attr]
             if stop.is_set():
                 raise TierUnavailable(f"upload of {key!r} abandoned", key=key)
             if done != size:
@@ -391,7 +447,7 @@ class FileObjectTier(ObjectTier):
 
     async def delete(self, key: str) -> None:
         check_key(key)
-        await self._run(self._delete_sync, key)
+        await self._meta(self._delete_sync, key)
 
     def _delete_sync(self, key: str) -> None:
         p = self.path(key)
@@ -417,15 +473,16 @@ class FileObjectTier(ObjectTier):
     async def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
         check_key(src_key)
         check_key(dst_key)
-        return await self._run(self._copy_sync, src_key, dst_key)
+        job = functools.partial(self._copy_sync, src_key, dst_key)
+        return (await self._parallel([job]))[0]  # no deadline: progress is tracked
 
-    def _copy_sync(self, src_key: str, dst_key: str) -> ObjectInfo:
+    def _copy_sync(self, src_key: str, dst_key: str, stop: threading.Event) -> ObjectInfo:
         src, info = self._open_checked(src_key, None)
         tmp = os.path.join(self.tmp, uuid.uuid4().hex)
         out = -1
         try:
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            done = _copy_range(src, out, info.size, 0, 0)
+            done = _copy_sparse(src, out, info.size, stop, self.health.progress, None)
             if done != info.size:
                 raise OSError(errno.EIO, f"{src_key!r} shrank while being copied")
             weak = info.etag == _weak_etag(os.fstat(src))
@@ -450,7 +507,7 @@ class FileObjectTier(ObjectTier):
     async def list(self, prefix: str, start_after: str = "", delimiter: str = "",
                    limit: int = MAX_LIST) -> ListPage:
         check_list_args(prefix, delimiter, limit)
-        return await self._run(self._list_sync, prefix, start_after, delimiter, limit)
+        return await self._meta(self._list_sync, prefix, start_after, delimiter, limit)
 
     def _list_sync(self, prefix: str, start_after: str, delimiter: str, limit: int) -> ListPage:
         try:
@@ -495,23 +552,12 @@ class FileObjectTier(ObjectTier):
             if not os.access(self.root, os.W_OK | os.X_OK):
                 raise TierUnavailable(f"cold store {self.url} is not writable")
 
-        await self._run(check)
+        await self._meta(check)
 
 
 def _close_result(cf: concurrent.futures.Future[tuple[int, ObjectInfo]]) -> None:
     if not cf.cancelled() and cf.exception() is None:
         os.close(cf.result()[0])
-
-
-class _CopyJob:
-    """One range of a ``read_into``, as a job for :meth:`ObjectTier._parallel`."""
-
-    def __init__(self, src: int, dst: int, offset: int, length: int, dst_offset: int) -> None:
-        self.args = (src, dst, offset, length, dst_offset)
-
-    def __call__(self, stop: threading.Event) -> int:
-        src, dst, offset, length, dst_offset = self.args
-        return _copy_range(src, dst, length, offset, dst_offset, stop)
 
 
 def file_tier_from_url(url: str, transfer: TransferOptions | None = None) -> FileObjectTier:

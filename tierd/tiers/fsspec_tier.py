@@ -24,7 +24,9 @@ from typing import Any
 import fsspec
 
 from tierd.tiers.object_tier import (
+    KEY_ERRNOS,
     MAX_LIST,
+    KeyRejected,
     ListPage,
     ObjectChanged,
     ObjectInfo,
@@ -90,6 +92,8 @@ class FsspecObjectTier(ObjectTier):
             return e
         if isinstance(e, FileNotFoundError):
             return ObjectNotFound(f"no object {key!r} in {self.url}", key=key)
+        if isinstance(e, OSError) and e.errno in KEY_ERRNOS:
+            return KeyRejected(f"cold store {self.url} cannot take {key!r}: {e}", key=key)
         return TierUnavailable(f"cold store {self.url}: cannot {what} {key or ''}: {e}", key=key)
 
     def _info(self, key: str) -> ObjectInfo:
@@ -117,7 +121,7 @@ class FsspecObjectTier(ObjectTier):
     async def head(self, key: str) -> ObjectInfo | None:
         check_key(key)
         try:
-            return await self._run(self._info, key)
+            return await self._meta(self._info, key)
         except ObjectNotFound:
             return None
 
@@ -175,6 +179,7 @@ class FsspecObjectTier(ObjectTier):
                 data = read_exact(src, done, min(_WRITE_CHUNK, size - done))
                 self._guard(f.write, data)
                 done += len(data)
+                self.health.progress()
         except BaseException:
             # discard rather than commit a partial object where fsspec allows it
             if hasattr(f, "discard"):
@@ -188,6 +193,8 @@ class FsspecObjectTier(ObjectTier):
         try:
             return fn(*args, **kwargs)
         except Exception as e:
+            if isinstance(e, OSError) and e.errno in KEY_ERRNOS:
+                raise KeyRejected(f"cold store {self.url} cannot take this key: {e}") from None
             raise TierUnavailable(f"cold store {self.url}: write failed: {e}") from None
 
     async def delete(self, key: str) -> None:
@@ -201,7 +208,7 @@ class FsspecObjectTier(ObjectTier):
             except Exception as e:
                 raise self._err(e, key, "delete") from None
 
-        await self._run(rm)
+        await self._meta(rm)
 
     async def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
         check_key(src_key)
@@ -230,7 +237,7 @@ class FsspecObjectTier(ObjectTier):
             except Exception as e:
                 raise self._err(e, prefix, "list") from None
 
-        return await self._run(run)
+        return await self._meta(run)
 
     def _listdir(self, rel: str) -> builtins.list[TreeEntry]:
         path = f"{self.root}/{rel}".rstrip("/") if rel or self.root else ""

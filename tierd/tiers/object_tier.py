@@ -21,9 +21,18 @@ metadata.
   EIO/503 for reads of uncached data, a reason to keep dirty data and retry later for writes;
 * :class:`ObjectChanged`: an ``if_match`` ETag no longer matches (someone replaced the object);
 * :class:`InvalidKey` (also a ``ValueError``), :class:`KeyConflict` (``a`` and ``a/b`` in a
-  store that is a file system);
+  store that is a file system), :class:`KeyRejected` (the store cannot take this one key: a
+  path over its limits): errors of one key, never a reason to think the store is down;
 * ``OSError`` only from the *caller's* descriptor (``read_into``'s destination,
   ``put_file``'s source): a full hot tier must reach placement as ENOSPC, not as a cold fault.
+
+**Timeouts and reachability**: a metadata call (``head``, ``list``, ``delete``, ``probe``)
+that has not answered within ``call_timeout`` seconds raises :class:`TierUnavailable` (the
+S3 engine's HTTP calls also have botocore's connect and read timeouts, so transfers cannot
+hang either).  Every call's outcome feeds :class:`Health`: the store is *reachable* while the
+last outcome was an answer and no call has waited longer than ``call_timeout`` since the
+last answer -- a hung store (stopped, a dead NFS server) shows as unreachable even when no
+call ever returns.
 
 **Concurrency**: every blocking call (boto3, fsspec, file I/O) runs on the tier's own bounded
 thread pool, never on the event loop.  Large transfers are split into ranges/parts run in
@@ -39,10 +48,12 @@ import asyncio
 import bisect
 import builtins
 import concurrent.futures
+import errno
 import functools
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
@@ -94,6 +105,16 @@ class ObjectChanged(TierError):
 
 class InvalidKey(TierError, ValueError):
     """The key is not a valid ``<bucket>/<key>`` relative path."""
+
+
+class KeyRejected(TierError):
+    """The store cannot take this key (a path over its limits: too long, too deep, a name
+    its file system refuses).  An error of the one file, not of the store: retrying does
+    not help until the file is renamed."""
+
+
+#: errnos of a file-system store that belong to one key (its path), not to the store
+KEY_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})
 
 
 class KeyConflict(TierError):
@@ -271,6 +292,65 @@ def part_size_for(size: int, part_size: int) -> int:
     return -(-size // 10_000 // mib) * mib + mib
 
 
+# --- reachability ---------------------------------------------------------------------------
+
+
+class Health:
+    """Reachability of a store, from the outcomes of its calls (see the module docstring).
+
+    ``ok_at`` is when the store last answered (a call returned, even with "no such key", or
+    a long transfer made progress), ``failed_at`` when a call last failed as unavailable;
+    calls in flight are remembered by start time.  Threads may call :meth:`progress`."""
+
+    def __init__(self) -> None:
+        self.ok_at = time.monotonic()  # presumed reachable until a call says otherwise
+        self.failed_at = 0.0
+        self.error = ""
+        self._calls: dict[int, float] = {}
+        self._seq = 0
+
+    def begin(self) -> int:
+        self._seq += 1
+        self._calls[self._seq] = time.monotonic()
+        return self._seq
+
+    def end(self, call: int, outcome: BaseException | bool | None) -> None:
+        """``True``: answered; a :class:`TierUnavailable`: failed; ``None`` or another
+        exception: says nothing about the store (the caller's own error, a cancel)."""
+        self._calls.pop(call, None)
+        if outcome is True:
+            self.ok_at = time.monotonic()
+        elif isinstance(outcome, TierUnavailable):
+            self.failed_at = time.monotonic()
+            self.error = str(outcome)
+
+    def progress(self) -> None:
+        """A long call moved (bytes sent or received): the store is answering."""
+        self.ok_at = time.monotonic()
+
+    def stalled_for(self) -> float:
+        """How long the oldest call started after the last answer has waited (0: none)."""
+        waiting = [t for t in self._calls.values() if t > self.ok_at]
+        return time.monotonic() - min(waiting) if waiting else 0.0
+
+    def reachable(self, stall_after: float) -> bool:
+        return self.failed_at <= self.ok_at and self.stalled_for() < stall_after
+
+    def describe(self, stall_after: float) -> dict[str, Any]:
+        """For status pages: reachability and the evidence for it."""
+        now = time.monotonic()
+        stalled = self.stalled_for()
+        reason = ""
+        if self.failed_at > self.ok_at:
+            reason = self.error
+        elif stalled >= stall_after:
+            reason = f"a call has not answered for {stalled:.0f} s"
+        return {"reachable": not reason, "reason": reason or None,
+                "last_answer_seconds_ago": round(now - self.ok_at, 3),
+                "calls_in_flight": len(self._calls),
+                "timeout_seconds": stall_after}
+
+
 # --- the interface --------------------------------------------------------------------------
 
 
@@ -283,10 +363,14 @@ class ObjectTier(abc.ABC):
 
     #: the store's URL without credentials (for logs and errors)
     url: str
+    #: seconds a metadata call may take (retries included) before the store counts as
+    #: unavailable, and a call may wait without any answer before it counts as hung
+    call_timeout: float = 30.0
 
     def __init__(self, url: str, transfer: TransferOptions | None = None) -> None:
         self.url = url
         self.transfer = transfer or TransferOptions()
+        self.health = Health()
         # Twice the per-operation window: one large transfer cannot take every thread.
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=2 * self.transfer.concurrency, thread_name_prefix="tierd-cold"
@@ -373,8 +457,16 @@ class ObjectTier(abc.ABC):
         """Check that the store answers; raise :class:`TierUnavailable` if not.
 
         Placement calls it to notice when a store that failed is back (then it resumes
-        persisting).  The default lists one key."""
+        persisting) and, when the store was idle for a while, that it still answers.  The
+        default lists one key."""
         await self.list("", limit=1)
+
+    def reachable(self) -> bool:
+        """Whether the store answers now, as far as its calls tell (:class:`Health`)."""
+        return self.health.reachable(self.call_timeout)
+
+    def describe_health(self) -> dict[str, Any]:
+        return self.health.describe(self.call_timeout)
 
     async def close(self) -> None:
         """Release threads and connections.  Waits for running blocking calls."""
@@ -388,10 +480,38 @@ class ObjectTier(abc.ABC):
     # -- helpers for the engines -------------------------------------------------------------
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run one blocking call on the pool."""
+        """Run one blocking call on the pool (its outcome goes to :attr:`health`)."""
         if self._closed:
             raise TierUnavailable(f"cold store {self.url} is closed")
-        return await asyncio.wrap_future(self._pool.submit(fn, *args))
+        return await self._tracked(asyncio.wrap_future(self._pool.submit(fn, *args)))
+
+    async def _meta(self, fn: Callable[..., T], *args: Any) -> T:
+        """A metadata call (head, list, delete, probe): :meth:`_run` with a deadline of
+        :attr:`call_timeout` seconds, after which the store counts as unavailable (the
+        thread may still be stuck in the call; its result is ignored)."""
+        try:
+            return await asyncio.wait_for(self._run(fn, *args), self.call_timeout)
+        except TimeoutError:
+            err = TierUnavailable(f"cold store {self.url} did not answer within "
+                                  f"{self.call_timeout:g} s")
+            self.health.end(self.health.begin(), err)
+            raise err from None
+
+    async def _tracked(self, aw: Awaitable[T]) -> T:
+        call = self.health.begin()
+        try:
+            result = await aw
+        except TierUnavailable as e:
+            self.health.end(call, e)
+            raise
+        except TierError:
+            self.health.end(call, True)  # an answer: no such key, changed, conflict...
+            raise
+        except BaseException:
+            self.health.end(call, None)
+            raise
+        self.health.end(call, True)
+        return result
 
     async def _fill(
         self, fd: int, offset: int, n: int,
@@ -428,7 +548,7 @@ class ObjectTier(abc.ABC):
         if len(jobs) == 1:
             started = [self._pool.submit(jobs[0], stop)]
             try:
-                return [await asyncio.wrap_future(started[0])]
+                return [await self._tracked(asyncio.wrap_future(started[0]))]
             except BaseException:
                 stop.set()
                 await _settle(started)
@@ -442,7 +562,7 @@ class ObjectTier(abc.ABC):
                     raise asyncio.CancelledError
                 cf = self._pool.submit(job, stop)
                 started.append(cf)
-                return await asyncio.wrap_future(cf)
+                return await self._tracked(asyncio.wrap_future(cf))
 
         tasks = [asyncio.ensure_future(one(j)) for j in jobs]
         try:

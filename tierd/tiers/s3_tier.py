@@ -42,6 +42,7 @@ from tierd.tiers.object_tier import (
     MAX_CHAR,
     MAX_LIST,
     InvalidKey,
+    KeyRejected,
     ListPage,
     ObjectChanged,
     ObjectInfo,
@@ -68,6 +69,7 @@ _UNAVAILABLE = {
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
     "InvalidToken", "AllAccessDisabled", "AccountProblem", "403",
 }
+_KEY_REJECTED = {"KeyTooLongError", "InvalidObjectName"}
 _PIECE = 1 << 20
 _MAX_SINGLE_COPY = 5 << 30
 
@@ -149,6 +151,7 @@ class S3ObjectTier(ObjectTier):
             user_agent_extra="tierd",
         )
         self._client_obj: Any = None
+        self._probe_obj: Any = None
         self._client_lock = threading.Lock()
 
     # -- plumbing (all of it runs on pool threads) -------------------------------------------
@@ -185,6 +188,8 @@ class S3ObjectTier(ObjectTier):
                 return TierUnavailable(
                     f"cold bucket {self.bucket!r} does not exist at {self._where}", key=key
                 )
+            if code in _KEY_REJECTED:
+                return KeyRejected(f"cold store refused the key: {msg}", key=key)
             if code in ("PreconditionFailed", "412") or status == 412:
                 return ObjectChanged(f"{key!r} changed in {self._where}", key=key)
             if status >= 500 or status in (401, 403) or code in _UNAVAILABLE:
@@ -232,7 +237,7 @@ class S3ObjectTier(ObjectTier):
 
     async def head(self, key: str) -> ObjectInfo | None:
         check_key(key)
-        return await self._run(self._head_sync, key)
+        return await self._meta(self._head_sync, key)
 
     def _head_sync(self, key: str) -> ObjectInfo | None:
         b, k = self._loc(key)
@@ -273,6 +278,7 @@ class S3ObjectTier(ObjectTier):
                     break
                 sink(done, piece)
                 done += len(piece)
+                self.health.progress()
         finally:
             body.close()
         if done < expected and not stop.is_set():
@@ -423,7 +429,7 @@ class S3ObjectTier(ObjectTier):
         check_key(key)
         b, k = self._loc(key)
         with contextlib.suppress(ObjectNotFound):  # per-bucket layout, no bucket: nothing there
-            await self._run(functools.partial(self._call, "delete_object", key, Bucket=b, Key=k))
+            await self._meta(functools.partial(self._call, "delete_object", key, Bucket=b, Key=k))
 
     async def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
         check_key(src_key)
@@ -462,12 +468,12 @@ class S3ObjectTier(ObjectTier):
         check_list_args(prefix, delimiter, limit)
         lo = list_lower_bound(prefix, start_after, delimiter)
         if self.bucket:
-            return await self._run(self._list_in, self.bucket, self._pfx, "", prefix, lo,
-                                   delimiter, limit)
+            return await self._meta(self._list_in, self.bucket, self._pfx, "", prefix, lo,
+                                    delimiter, limit)
         if "/" in prefix:
             b = prefix.split("/", 1)[0]
-            return await self._run(self._list_in, b, "", b + "/", prefix, lo, delimiter, limit)
-        return await self._run(self._list_buckets, prefix, lo, delimiter, limit)
+            return await self._meta(self._list_in, b, "", b + "/", prefix, lo, delimiter, limit)
+        return await self._meta(self._list_buckets, prefix, lo, delimiter, limit)
 
     def _list_in(self, bucket: str, strip: str, add: str, prefix: str, lo: str,
                  delimiter: str, limit: int) -> ListPage:
@@ -523,26 +529,42 @@ class S3ObjectTier(ObjectTier):
         return ListPage(objects, prefixes, False)
 
     async def probe(self) -> None:
+        """One try, no retries (a client of its own): a probe asks whether the store answers
+        now, and a hung store must not keep its thread for every retry's timeout."""
         def check() -> None:
-            if not self.bucket:
-                self._call("list_buckets", None)
-                return
             try:
-                self._call("head_bucket", None, Bucket=self.bucket)
-            except ObjectNotFound:
+                if not self.bucket:
+                    self._probe_client().list_buckets()
+                    return
+                self._probe_client().head_bucket(Bucket=self.bucket)
+            except (ClientError, BotoCoreError, OSError) as e:
+                err = self._translate(e, None, "probe")
+                if not isinstance(err, ObjectNotFound):
+                    raise err from None
                 if not self.create_bucket:
                     raise TierUnavailable(
                         f"cold bucket {self.bucket!r} does not exist at {self._where}"
                     ) from None
                 self._make_bucket(self.bucket)
 
-        await self._run(check)
+        await self._meta(check)
+
+    def _probe_client(self) -> Any:
+        if self._probe_obj is None:
+            with self._client_lock:
+                if self._probe_obj is None:
+                    config = self._boto_config.merge(BotoConfig(
+                        retries={"mode": "standard", "total_max_attempts": 1}))
+                    self._probe_obj = boto3.session.Session().client(
+                        "s3", config=config, **self._client_args)
+        return self._probe_obj
 
     async def close(self) -> None:
         await super().close()
-        client, self._client_obj = self._client_obj, None
-        if client is not None:
-            client.close()
+        for client in (self._client_obj, self._probe_obj):
+            if client is not None:
+                client.close()
+        self._client_obj = self._probe_obj = None
 
 
 def s3_tier_from_url(url: str, transfer: TransferOptions | None = None,

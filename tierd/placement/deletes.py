@@ -1,0 +1,206 @@
+"""The pending deletes' worker, the per-key gates that order puts and deletes of one cold
+key, and the rescue of a file whose only copy is an object another upload will replace.
+
+**Deletes** (``intents``) are carried out by a pass over the ``Z`` keys, run when the hooks
+added some, when an upload finished (a deferred delete may be due) and with every full
+scan of the queue.  Under the key's gate, with the record read again, a delete is
+
+* **obsolete** when the key names a live regular file whose cold record lists it: the
+  object is that file's (it replaced what was to be deleted) -- the intention is dropped;
+* **deferred** while the inode whose object it is still needs it: alive, queued, and its
+  record's version is its current one (its bytes may exist only there; its upload copies
+  them to its new names first, then the delete runs);
+* otherwise **done**: ``cold.delete`` (idempotent; a key the store cannot hold needs no
+  delete), the key noted in ``recent`` for listings in flight, and the intention removed if
+  its token is unchanged (one written meanwhile is carried out by the next pass).
+
+**Gates**: a put (upload or copy) of key ``k`` holds ``k``'s gate from before it writes its
+put-intention until its inode's record is written; a delete holds it for its check and
+call.  So a delete never lands after an upload it should not undo, and two files never
+write one key at once.  A reconcile takes its keys in sorted order (the upload goes to the
+first name), so two reconciles cannot deadlock.
+
+**Rescue**: before a put replaces an object that another live file still needs (a pending
+delete says whose it is), that file's bytes are fetched onto hot and held there until its
+own upload is done -- checkpoint rotation (``mv ckpt ckpt.old; mv new ckpt``) of an evicted
+file must not lose ``ckpt.old``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+
+from tierd.meta import MetaTxn
+from tierd.placement import intents
+from tierd.placement.intents import Intent
+from tierd.placement.paths import resolve
+from tierd.placement.reads import Reading
+from tierd.tiers import InvalidKey, KeyRejected, TierError, TierUnavailable
+
+log = logging.getLogger("tierd.placement")
+BATCH = 256
+
+
+class KeyGates:
+    """One asyncio lock per cold key in use, forgotten when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, n = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[key] = (lock, n + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, n = self._locks[key]
+            if n <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, n - 1)
+
+
+class Deleting(Reading):
+    """Adds the delete worker (:meth:`kick_deletes`) and the rescue to the read path."""
+
+    def init_deletes(self) -> None:
+        self.gates = KeyGates()
+        self._rescued: Counter[int] = Counter()
+        self._delete_task: asyncio.Task[None] | None = None
+        self._deletes_again = False
+        self._delete_errors: dict[str, int] = {}
+
+    # -- decisions (inside one snapshot) ----------------------------------------------------
+    @staticmethod
+    def needs_source(tx: MetaTxn, ino: int, key: str) -> bool:
+        """Whether file ``ino`` may still need its object at ``key``: alive, queued, and
+        cold's copy there is of its current version (its bytes may exist only there)."""
+        inode = tx.get_inode(ino)
+        rec = tx.get_cold(ino)
+        return (inode is not None and inode.is_reg and inode.nlink > 0 and rec is not None
+                and key in rec.keys and rec.version == inode.version
+                and tx.queued(ino) is not None)
+
+    @classmethod
+    def decide(cls, tx: MetaTxn, it: Intent) -> str:
+        """``obsolete``, ``defer`` or ``delete`` (see the module docstring)."""
+        owner = resolve(tx, it.key)
+        if owner is not None:
+            oi = tx.get_inode(owner)
+            orec = tx.get_cold(owner)
+            if (oi is not None and oi.is_reg and oi.nlink > 0 and orec is not None
+                    and it.key in orec.keys):
+                return "obsolete"
+        if it.ino and cls.needs_source(tx, it.ino, it.key):
+            return "defer"
+        return "delete"
+
+    # -- the worker -------------------------------------------------------------------------
+    def kick_deletes(self) -> None:
+        """Run a pass over the pending deletes (or another one after the running pass)."""
+        self.deletes_hint = False
+        if self._delete_task is not None and not self._delete_task.done():
+            self._deletes_again = True
+            return
+        self._delete_task = asyncio.create_task(self._delete_passes(), name="tierd-deletes")
+
+    async def stop_deletes(self) -> None:
+        task, self._delete_task = self._delete_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _delete_passes(self) -> None:
+        while True:
+            self._deletes_again = False
+            try:
+                await self._delete_pass()
+            except TierUnavailable as e:
+                # the persister's health check sees it (the call's failure is recorded) and
+                # a full pass follows once the store answers again
+                log.info("pending cold deletes wait for the cold store: %s", e)
+                return
+            except Exception:
+                log.exception("pass over pending cold deletes failed")
+                return
+            self._signal()
+            if not self._deletes_again:
+                return
+
+    async def _delete_pass(self) -> None:
+        after = ""
+        sem = asyncio.Semaphore(self.settings.persist_parallel)
+        while True:
+            with self.meta.snapshot() as tx:
+                batch = intents.scan(tx, after, BATCH)
+            if not batch:
+                return
+            after = batch[-1].key
+
+            async def one(it: Intent) -> None:
+                async with sem:
+                    await self._delete_one(it.key)
+
+            todo = [it for it in batch if it.key not in self.putting]
+            results = await asyncio.gather(*(one(it) for it in todo), return_exceptions=True)
+            for r in results:
+                if isinstance(r, TierUnavailable):
+                    raise r
+                if isinstance(r, BaseException) and not isinstance(r, Exception):
+                    raise r
+
+    async def _delete_one(self, key: str) -> None:
+        async with self.gates.hold(key):
+            if key in self.putting:
+                return  # an upload to it is in flight: its record decides afterwards
+            with self.meta.snapshot() as tx:
+                it = intents.get(tx, key)
+                verdict = self.decide(tx, it) if it is not None else "gone"
+            if it is None or verdict == "defer":
+                return
+            if verdict == "delete":
+                try:
+                    await self.cold.delete(key)
+                except (KeyRejected, InvalidKey):
+                    pass  # the store cannot hold such a key: there is nothing to delete
+                except TierUnavailable:
+                    raise
+                except TierError as e:
+                    n = self._delete_errors[key] = self._delete_errors.get(key, 0) + 1
+                    if n == 1 or n % 100 == 0:
+                        log.warning("deleting %s from the cold store failed (%d tries), "
+                                    "will retry: %s", key, n, e)
+                    return
+                self._delete_errors.pop(key, None)
+                self.recent.deleted(key)
+                self.stats["cold_deleted"] += 1
+            with self.meta.write() as tx:
+                intents.clear(tx, key, it.token)
+
+    # -- rescue -----------------------------------------------------------------------------
+    async def rescue(self, ino: int) -> None:
+        """Make file ``ino`` whole on hot and keep it there until its own upload is done
+        (an object it needs is about to be replaced)."""
+        with self.meta.snapshot() as tx:
+            inode = tx.get_inode(ino)
+        if inode is None or inode.nlink == 0:
+            return
+        log.info("inode %d: fetching its bytes before its cold object is replaced "
+                 "(it has not been copied to its new name yet)", ino)
+        await self.ensure(ino, 0, inode.size, touch=False)
+        self.acquire(ino)
+        self._rescued[ino] += 1
+        self.stats["rescued"] += 1
+
+    def rescue_done(self, ino: int) -> None:
+        """File ``ino`` was persisted: release the holds of its rescues."""
+        for _ in range(self._rescued.pop(ino, 0)):
+            self.release(ino)

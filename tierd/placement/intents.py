@@ -1,0 +1,160 @@
+"""Durable cold-store intentions: pending deletes of cold keys (``Z`` keys), and the keys
+this node deleted while listings of cold were in flight.
+
+Every cold object tierd no longer wants -- a name removed or renamed away, a file deleted,
+a key taken by a directory, symlink or FIFO, an upload whose name changed meanwhile -- gets
+a ``Z<key>`` record **in the same transaction** as the change that made it unwanted (the
+namespace's hooks in ``engine.py``), and the persister's upload writes one *before* it puts
+an object (an upload interrupted by a crash then leaves an intention, never an untracked
+object).  The persister's delete worker (``deletes.py``) carries them out after a crash as
+before it; a delete is idempotent.  Import (``importer.py``) never creates an entry for a
+key with a pending delete, nor for one :class:`RecentDeletes` says this node deleted after
+the listing began: an acknowledged DELETE is never undone by the cold store's stale copy.
+
+Value: the inode whose object the key held (u64, 0 when unknown) and a random token; a
+delete (or the upload that replaced the object) removes the record only if the token is
+unchanged, so an intention written while it ran is carried out again, not lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tierd.meta import MetaTxn
+from tierd.meta.kv import prefix_end
+
+PREFIX = b"Z"
+_U64 = struct.Struct(">Q")
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """A pending delete of cold ``key``, whose object (if any) was put by inode ``ino``."""
+
+    key: str
+    ino: int
+    token: bytes
+
+
+def _k(key: str) -> bytes:
+    return PREFIX + key.encode("utf-8", "surrogateescape")
+
+
+def _decode(k: bytes, v: bytes) -> Intent:
+    return Intent(k[len(PREFIX):].decode("utf-8", "surrogateescape"),
+                  int(_U64.unpack(v[:8])[0]), bytes(v[8:]))
+
+
+def intend(tx: MetaTxn, key: str, ino: int) -> bytes:
+    """Record (or renew) the intention to delete ``key``; returns its token."""
+    token = os.urandom(8)
+    tx.kv.put(_k(key), _U64.pack(ino) + token)
+    return token
+
+
+def get(tx: MetaTxn, key: str) -> Intent | None:
+    raw = tx.kv.get(_k(key))
+    return None if raw is None else _decode(_k(key), raw)
+
+
+def pending(tx: MetaTxn, key: str) -> bool:
+    return tx.kv.get(_k(key)) is not None
+
+
+def clear(tx: MetaTxn, key: str, token: bytes) -> bool:
+    """Remove the intention if it is still the one with ``token``; True if removed."""
+    cur = get(tx, key)
+    if cur is None or cur.token != token:
+        return False
+    tx.kv.delete(_k(key))
+    return True
+
+
+def pending_under(tx: MetaTxn, prefix: str) -> bool:
+    """Whether any pending delete has a key starting with ``prefix`` (one seek)."""
+    start = _k(prefix)
+    for _ in tx.kv.scan(start, prefix_end(start)):
+        return True
+    return False
+
+
+def under(tx: MetaTxn, prefix: str) -> Iterator[Intent]:
+    """The intentions whose keys start with ``prefix``, in key order."""
+    start = _k(prefix)
+    for k, v in tx.kv.scan(start, prefix_end(start)):
+        yield _decode(k, v)
+
+
+def scan(tx: MetaTxn, after: str = "", limit: int = 256) -> list[Intent]:
+    """Up to ``limit`` intentions with keys after ``after`` (key order)."""
+    start = _k(after) + b"\x00" if after else PREFIX
+    out: list[Intent] = []
+    for k, v in tx.kv.scan(start, prefix_end(PREFIX)):
+        out.append(_decode(k, v))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def count(tx: MetaTxn, limit: int = 10_000) -> tuple[int, bool]:
+    """How many deletes are pending (counted up to ``limit``; True when truncated)."""
+    n = 0
+    for _ in tx.kv.scan(PREFIX, prefix_end(PREFIX)):
+        n += 1
+        if n >= limit:
+            return n, True
+    return n, False
+
+
+class RecentDeletes:
+    """Keys this node deleted from cold while some listing of cold was in flight.
+
+    A listing page may have been read before a delete and be processed after it, when the
+    intention is gone: without this record the listing would import the object the node
+    just deleted.  A listing registers its start (:meth:`listing`) and skips keys deleted at
+    or after it (:meth:`deleted_since`).  Nothing is kept while no listing runs, and entries
+    older than the oldest running listing are pruned: this is bounded by the deletes that
+    overlap listings, and needs no persistence (after a restart no listing is in flight)."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, int] = {}
+        self._running: Counter[int] = Counter()
+
+    @contextlib.contextmanager
+    def listing(self) -> Iterator[int]:
+        """For the duration of one listing (import); yields its start time."""
+        started = time.monotonic_ns()
+        self._running[started] += 1
+        try:
+            yield started
+        finally:
+            self._running[started] -= 1
+            if self._running[started] <= 0:
+                del self._running[started]
+            self._prune()
+
+    def deleted(self, key: str) -> None:
+        """``key`` was just deleted from cold by this node."""
+        if self._running:
+            self._at[key] = time.monotonic_ns()
+
+    def deleted_since(self, key: str, started: int) -> bool:
+        t = self._at.get(key)
+        return t is not None and t >= started
+
+    def any_since_under(self, prefix: str, started: int) -> bool:
+        return any(t >= started and k.startswith(prefix) for k, t in self._at.items())
+
+    def _prune(self) -> None:
+        if not self._running:
+            self._at.clear()
+            return
+        oldest = min(self._running)
+        for k in [k for k, t in self._at.items() if t < oldest]:
+            del self._at[k]

@@ -1,0 +1,220 @@
+"""Reconciling one inode with cold: uploads and copies under the keys' gates, each behind a
+durable put-intention, and one transaction that records what cold now holds.
+
+* A file's keys are the paths of its names.  Content whose version cold lacks is uploaded
+  once (``put_file``, MD5 checked by the store) to the first, and copied server-side to the
+  others; keys it is no longer named by become pending deletes (``intents``).
+* **Before a put** (holding the key's gate): the key must still name the file and the
+  version be current -- a version superseded or a file deleted meanwhile is not uploaded;
+  another live file that still needs the object there is rescued first (``deletes.py``);
+  then the put-intention ``Z<key>`` is committed, so an upload a crash interrupts leaves a
+  pending delete rather than an untracked object.
+* **During an upload**, deleting the file cancels it (:meth:`Uploading.gone`).
+* **After** (one transaction): the record (``R``) lists the keys put that still name the
+  file, the put-intentions of those keys are cleared (if unchanged: a rename meanwhile left
+  its own), every other key cold may hold for it becomes a pending delete, and only if the
+  queue token is unchanged and the file has no unflushed writes it leaves the queue CLEAN.
+  A reconcile that failed part-way records the puts that succeeded the same way (not
+  dequeued), so the next round does not upload them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from tierd.meta import STATE_CLEAN, ColdRecord, Inode, MetaTxn
+from tierd.placement import intents
+from tierd.placement.deletes import Deleting
+from tierd.placement.engine import WARM
+from tierd.placement.memtier import MEM
+from tierd.placement.paths import file_keys, resolve
+from tierd.tiers import KeyConflict, KeyRejected, ObjectInfo, ObjectNotFound
+
+
+class Superseded(Exception):
+    """The version being uploaded was deleted or replaced: the upload was skipped or
+    cancelled (the change that superseded it queued the file again)."""
+
+
+@dataclass
+class Round:
+    """One reconcile's progress: the keys put (key -> ETag) and their intention tokens."""
+
+    ino: int
+    new: dict[str, str] = field(default_factory=dict)
+    tokens: dict[str, bytes] = field(default_factory=dict)
+
+
+class Uploading(Deleting):
+    """Adds :meth:`reconcile` (and the cancellation of uploads of deleted files)."""
+
+    def init_uploads(self) -> None:
+        self._uploads: dict[int, asyncio.Future[ObjectInfo]] = {}
+
+    def gone(self, ino: int) -> None:
+        """Inside the transaction that deleted ``ino``: cancel its upload in flight (if
+        that transaction aborts, the upload is simply tried again)."""
+        task = self._uploads.get(ino)
+        if task is not None and not task.done():
+            task.cancel()
+            self.stats["uploads_cancelled"] += 1
+
+    async def reconcile(self, ino: int) -> bool:
+        """Bring cold in line with inode ``ino``; True when it left the queue."""
+        with self.meta.snapshot() as tx:
+            token = tx.queued(ino)
+            if token is None:
+                return True
+            inode = tx.get_inode(ino)
+            rec = tx.get_cold(ino)
+            live = inode is not None and inode.is_reg and inode.nlink > 0
+            targets = file_keys(tx, ino) if live else []
+            old = dict(rec.keys) if rec is not None else {}
+            reusable = {k: e for k, e in old.items() if not intents.pending(tx, k)}
+        policy = self.policy_for(targets[0]) if targets else None
+        if policy is not None and policy.mode == "cache-only":
+            targets = []
+        version = rec.version if rec is not None else 0
+        size = rec.size if rec is not None else 0
+        r = Round(ino)
+        complete = False
+        async with contextlib.AsyncExitStack() as gates:
+            try:
+                if inode is not None and targets:
+                    if self.busy(ino):  # unflushed writes: the commit re-queues it
+                        return False
+                    if self.unpublished(targets):  # renamed into place soon: upload it then
+                        return False
+                    fresh = rec is None or rec.version != inode.version
+                    if fresh:
+                        await self._put(gates, r, targets[0], inode, {})
+                        version, size = inode.version, inode.size
+                    for k in targets:
+                        if k in r.new:
+                            continue
+                        if not fresh and k in reusable:
+                            r.new[k] = reusable[k]  # cold has this version there already
+                            continue
+                        await self._put(gates, r, k, inode, r.new or reusable)
+                complete = True
+            except Superseded:
+                pass  # the change that superseded it queued the file again
+            finally:
+                if complete or r.tokens:
+                    with self.meta.write() as tx:
+                        self._record(tx, r, old, version, size)
+                        if complete and tx.queued(ino) == token and not self.busy(ino):
+                            tx.dequeue(ino)
+                            self._mark_clean(tx, ino, version, bool(r.new))
+                        else:
+                            complete = False
+                    self.deletes_hint = True
+                for k in r.tokens:
+                    if self.putting.get(k) == ino:
+                        del self.putting[k]
+        if not complete:
+            return False
+        self._set_dirty(ino, 0)
+        self.stats["persisted"] += 1
+        if r.new and policy is not None and policy.tier == WARM and self.warmc is not None:
+            # the prefix's data belongs on warm: writes land on hot (the namespace's open
+            # files, staging and S3 sendfile use the hot file) and move down once clean
+            await self.demote_file(ino)
+        elif r.new and policy is not None and policy.tier == MEM:
+            self.admit_mem_later(ino)  # kept in pool memory (a no-op when it has its copy)
+        return True
+
+    def _record(self, tx: MetaTxn, r: Round, old: dict[str, str], version: int,
+                size: int) -> None:
+        """What cold holds for ``r.ino`` now (see the module docstring)."""
+        inode = tx.get_inode(r.ino)
+        live = inode is not None and inode.is_reg and inode.nlink > 0
+        names = set(file_keys(tx, r.ino)) if live else set()
+        kept = {k: e for k, e in r.new.items() if k in names}
+        for k, tok in r.tokens.items():
+            if k in kept:
+                intents.clear(tx, k, tok)
+        for k in old:
+            if k not in kept and not intents.pending(tx, k):
+                intents.intend(tx, k, r.ino)
+        if kept:
+            tx.put_cold(r.ino, ColdRecord(version, size, kept, time.time_ns()))
+        else:
+            tx.delete_cold(r.ino)
+
+    @staticmethod
+    def _mark_clean(tx: MetaTxn, ino: int, version: int, stored: bool) -> None:
+        cur = tx.get_inode(ino)
+        if cur is not None and stored and cur.version == version and cur.state != STATE_CLEAN:
+            cur.state = STATE_CLEAN
+            tx.put_inode(cur)
+
+    def _still_wanted(self, tx: MetaTxn, key: str, inode: Inode) -> bool:
+        cur = tx.get_inode(inode.ino)
+        return (cur is not None and cur.nlink > 0 and cur.version == inode.version
+                and resolve(tx, key) == inode.ino)
+
+    async def _put(self, gates: contextlib.AsyncExitStack, r: Round, key: str, inode: Inode,
+                   have: dict[str, str]) -> None:
+        """Put ``inode``'s content under ``key`` (a server-side copy from ``have`` where
+        cold has it, else an upload); raises :class:`Superseded` when the key no longer
+        names this version."""
+        await gates.enter_async_context(self.gates.hold(key))
+        for _ in range(2):
+            with self.meta.write() as tx:
+                if not self._still_wanted(tx, key, inode):
+                    raise Superseded(key)
+                prior = intents.get(tx, key)
+                needy = (prior.ino if prior is not None and prior.ino != inode.ino
+                         and self.needs_source(tx, prior.ino, key) else 0)
+                if not needy:
+                    r.tokens[key] = intents.intend(tx, key, inode.ino)
+                    self.putting[key] = inode.ino
+                    break
+            await self.rescue(needy)  # then check again
+        else:
+            raise Superseded(key)
+        etag = None
+        if have:
+            etag = await self._copy(key, have)
+        if etag is None:
+            etag = await self._upload(inode, key)
+        r.new[key] = etag
+
+    async def _upload(self, inode: Inode, key: str) -> str:
+        ino, size = inode.ino, inode.size
+        await self.ensure(ino, 0, size, touch=False)  # the whole content must be local
+        md5 = inode.etag if len(inode.etag) == 32 and "-" not in inode.etag else None
+        with self.hold(ino):
+            async with self.hot.fd(ino, create=True) as fd:
+                with self.meta.snapshot() as tx:  # no await from this check to the task
+                    if not self._still_wanted(tx, key, inode):
+                        raise Superseded(key)
+                task = asyncio.ensure_future(self.cold.put_file(key, fd, size, md5_hex=md5))
+                self._uploads[ino] = task
+                try:
+                    info = await task
+                except asyncio.CancelledError:
+                    me = asyncio.current_task()
+                    if task.cancelled() and (me is None or not me.cancelling()):
+                        raise Superseded(key) from None  # the file was deleted
+                    raise
+                finally:
+                    self._uploads.pop(ino, None)
+        self.stats["uploaded_bytes"] += size
+        return info.etag
+
+    async def _copy(self, key: str, have: dict[str, str]) -> str | None:
+        """Another name of the same content: a server-side copy from a key cold holds at
+        this version (checked by ETag first); None when none is usable."""
+        for src, src_etag in have.items():
+            try:
+                info = await self.cold.head(src)
+                if info is not None and info.etag == src_etag:
+                    return (await self.cold.copy(src, key)).etag
+            except (ObjectNotFound, KeyConflict, KeyRejected):
+                continue
+        return None
