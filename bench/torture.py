@@ -58,6 +58,7 @@ from benchlib import admin_call  # noqa: E402
 from botocore.config import Config  # noqa: E402
 from moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer, free_port  # noqa: E402
 from torture_model import (  # noqa: E402
+    LASTING,
     Journal,
     Seen,
     Violation,
@@ -244,8 +245,8 @@ class Torture:
         self.writer_keys: dict[str, list[str]] = {}
         #: wall-clock times of this cycle's kill and of the daemon ready again (for reports)
         self.kill_wall = self.ready_wall = 0.0
-        #: (key, md5) of stale cold objects reported already (reported once, not per cycle)
-        self.reported_cold: set[tuple[str, str | None]] = set()
+        #: lasting wrong states reported already (a cold object, an ETag): (kind, key, seen)
+        self.reported: set[tuple[str, str, str]] = set()
         #: daemon logs kept for the report (those naming a violation)
         self.keep_logs: set[Path] = set()
 
@@ -314,8 +315,9 @@ class Torture:
             w.start()
         duration = self.rng.uniform(a.min_run, a.max_run)
         r = self.rng.random()
-        point = ("s3-send" if r < a.targeted / 2 and a.s3_writers else
-                 "fuse-ns" if r < a.targeted and a.fuse_writers else None)
+        point = ("s3-send" if r < a.s3_send_kills and a.s3_writers else
+                 "fuse-ns" if r < a.s3_send_kills + a.fuse_op_kills and a.fuse_writers
+                 else None)
         time.sleep(duration)
         if point is not None:
             killer.arm(point)
@@ -352,8 +354,14 @@ class Torture:
 
     # -- checks ----------------------------------------------------------------------------
 
-    def note(self, v: Violation, prev_log: Path | None = None) -> None:
-        """Record a violation with the key's operations and the log lines naming it."""
+    def note(self, v: Violation, prev_log: Path | None = None) -> bool:
+        """Record a violation with the key's operations and the log lines naming it; False
+        for a lasting one (an ETag, a cold object) reported before in the same state."""
+        if v.kind in LASTING or v.kind.startswith("cold-"):
+            what = (v.kind, v.key, json.dumps(v.seen, sort_keys=True, default=str))
+            if what in self.reported:
+                return False
+            self.reported.add(what)
         rec = self.journal.records.get(v.key)
         if isinstance(v.seen, dict) and "written" in v.seen and self.kill_wall:
             v.detail += (f"; the object was written at {v.seen['written']} (kill "
@@ -374,6 +382,7 @@ class Torture:
         self.violations.append(v)
         print(f"VIOLATION cycle {v.cycle}: {v.kind} {v.door} {v.key}: {v.detail}",
               file=sys.stderr, flush=True)
+        return True
 
     def verify(self, cycle: int, prev_log: Path) -> None:
         t0 = time.monotonic()
@@ -398,13 +407,14 @@ class Torture:
                 bad.append(Violation("listing-etag", rec.key, "s3-list", cycle, etag,
                                      listed[1], "the listing's ETag is not GET's"))
             found += bad
-            if bad or v_s3 is None or v_fuse is None:
+            if v_s3 is None or v_fuse is None or any(v.kind not in LASTING for v in bad):
                 broken.add(rec.key)
             else:
                 self.journal.settle(rec.key, v_s3)
         for v in found:
             self.note(v, prev_log)
-            broken.add(v.key)
+            if v.kind not in LASTING:
+                broken.add(v.key)
         for key in sorted(broken & set(self.journal.records)):
             self.repair(doors, key, cycle)
         self.lookups(doors, cycle, prev_log)
@@ -491,12 +501,7 @@ class Torture:
         ignore = frozenset(r.key for r in self.journal.records.values() if r.quarantined)
         stale: list[str] = []
         for v in check_cold(self.journal.live(), cold, cycle, ignore):
-            seen = cold.get(v.key)
-            if (v.key, seen.md5 if seen else None) in self.reported_cold:
-                continue  # the same stale object as before: reported once
-            self.reported_cold.add((v.key, seen.md5 if seen else None))
-            self.note(v, prev_log)
-            if v.kind == "cold-resurrectable":
+            if self.note(v, prev_log) and v.kind == "cold-resurrectable":
                 stale.append(v.key)
         if stale:
             self.resurrection_after_persist(stale, cycle, prev_log)
@@ -559,6 +564,9 @@ class Torture:
                     self.persist_and_check_cold(cycle, prev_log)
                 self.cycles_done = cycle
                 self.flush_journal()
+                if a.out is not None:  # a long run's figures so far, should it be cut short
+                    a.out.write_text(json.dumps(self.result(time.monotonic() - t_start),
+                                                indent=2, default=str) + "\n")
                 if prev_log not in self.keep_logs and not a.keep_logs:
                     prev_log.unlink(missing_ok=True)
                 if a.progress:
@@ -638,9 +646,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fuse-writers", type=int, default=3, help="FUSE writer threads")
     p.add_argument("--keys", type=int, default=8, help="keys per writer")
     p.add_argument("--large", type=int, default=4, help="largest S3 PUT, MiB (0: none)")
-    p.add_argument("--targeted", type=float, default=0.2,
-                   help="share of kills at a kill point (half 0-20 ms into a mutating S3 "
-                   "request, half right after rename/unlink/O_TRUNC)")
+    p.add_argument("--s3-send-kills", type=float, default=0.1,
+                   help="share of kills 0-20 ms after a mutating S3 request went out")
+    p.add_argument("--fuse-op-kills", type=float, default=0.2,
+                   help="share of kills 0-5 ms after a rename, unlink or open(O_TRUNC) "
+                   "returned, the writer stopped there (before its fsyncs)")
     p.add_argument("--persist-delay", type=float, default=0.0, help="daemon setting")
     p.add_argument("--import-ttl", type=int, default=1, help="daemon setting")
     p.add_argument("--log-level", default="info", help="daemon setting")

@@ -371,15 +371,77 @@ def diagnose(rec: KeyRecord, seen: Seen) -> tuple[str, str]:
     if not rec.may_be_present():
         return "resurrected", "the key was deleted (acknowledged) and is back"
     assert seen.data is not None
-    expected_zero = any(v.present and zero_run(v.data()) is not None
-                        for v in rec.candidates())
-    at = zero_run(seen.data)
-    if at is not None and not expected_zero:
-        return "zeros", f"{ZERO_RUN} zero bytes at offset {at}"
     for v in reversed(rec.history):
         if v.present and v.size == len(seen.data) and v.md5 == seen.md5:
             return "stale", f"matches an older version: {v.label} seq {v.seq} cycle {v.cycle}"
-    return "content", "matches no version the journal knows"
+    expected_zero = any(v.present and zero_run(v.data()) is not None
+                        for v in rec.candidates())
+    at = zero_run(seen.data)
+    shape = f"; {len(seen.data)} bytes: {layout(rec, seen.data)}"
+    if at is not None and not expected_zero:
+        return "zeros", f"{ZERO_RUN} zero bytes at offset {at}{shape}"
+    return "content", f"matches no version the journal knows{shape}"
+
+
+def _common(a: bytes, b: bytes) -> int:
+    """Length of the common prefix of ``a`` and ``b``."""
+    n, step = 0, 4096
+    limit = min(len(a), len(b))
+    while n < limit:
+        m = min(step, limit - n)
+        if a[n:n + m] == b[n:n + m]:
+            n += m
+            continue
+        while a[n] == b[n]:
+            n += 1
+        break
+    return n
+
+
+def layout(rec: KeyRecord, data: bytes, most: int = 10) -> str:
+    """What ``data`` is made of, in terms of the key's history: ``[start,end) op#seq
+    @offset`` for runs of a version's stream, ``zeros``, ``unknown`` -- e.g. a new file whose
+    first bytes are an unlinked predecessor's."""
+    names: dict[str, str] = {}
+    ends: dict[str, int] = {}
+    for v in rec.history:
+        for p in v.recipe or ():
+            names.setdefault(p.tag, f"{v.label}#{v.seq}" if p.tag.endswith(f"#{v.seq}")
+                             else p.tag)
+            ends[p.tag] = max(ends.get(p.tag, 0), p.off + p.n)
+    streams = {tag: stream(tag, n) for tag, n in ends.items()}
+    segs: list[str] = []
+    pos = 0
+    unknown: int | None = None  # start of a run nothing known matches
+
+    def flush() -> None:
+        nonlocal unknown
+        if unknown is not None:
+            segs.append(f"[{unknown},{pos}) unknown")
+            unknown = None
+
+    while pos < len(data) and len(segs) < most:
+        probe = data[pos:pos + 32]
+        if not probe.strip(b"\0"):
+            flush()
+            end = len(data) - len(data[pos:].lstrip(b"\0"))
+            segs.append(f"[{pos},{end}) zeros")
+            pos = end
+            continue
+        for tag, body in streams.items():
+            at = body.find(probe)
+            if at >= 0:
+                flush()
+                n = _common(data[pos:], body[at:])
+                segs.append(f"[{pos},{pos + n}) {names[tag]} @{at}")
+                pos += n
+                break
+        else:
+            if unknown is None:
+                unknown = pos
+            pos = min(len(data), (pos // 4096 + 1) * 4096)
+    flush()
+    return " ".join(segs) + (" ..." if pos < len(data) else "")
 
 
 def check_read(rec: KeyRecord, door: str, seen: Seen, cycle: int,
@@ -395,10 +457,15 @@ def check_read(rec: KeyRecord, door: str, seen: Seen, cycle: int,
     if check_etag and v.present and seen.data is not None and seen.etag is not None:
         ok = v.etags(seen.data)
         if seen.etag not in ok:
-            out.append(Violation("etag", rec.key, door, cycle, sorted(ok), seen.etag,
+            out.append(Violation("etag", rec.key, door, cycle, sorted(ok), seen.describe(),
                                  f"ETag is not that of the bytes served ({v.label} "
                                  f"seq {v.seq})"))
     return v, out
+
+
+#: violations of a state that stays wrong until the key changes: reported once, and the
+#: key is kept (its content is right) so later checks (the cold copy) see what follows
+LASTING = frozenset({"etag", "listing-etag"})
 
 
 def check_agree(key: str, cycle: int, views: Mapping[str, Seen]) -> list[Violation]:

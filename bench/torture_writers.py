@@ -53,7 +53,11 @@ class Killer:
         self._armed = point
 
     def point(self, point: str) -> None:
-        """A writer passes ``point``; fires the armed kill after a short random delay."""
+        """A writer passes ``point``; fires the armed kill after a short random delay.
+
+        At ``fuse-ns`` the writer waits here for the kill: the file system is left as the
+        rename, unlink or ``open(O_TRUNC)`` left it, before the fsyncs that would make it
+        durable -- the window in which an old version's bytes must still exist."""
         if self._armed != point:
             return
         with self._lock:
@@ -64,6 +68,9 @@ class Killer:
         t = threading.Timer(delay, self.kill, (f"{point}+{delay * 1000:.1f}ms",))
         t.daemon = True
         t.start()
+        if point == "fuse-ns":
+            self.fired.wait(5)
+            time.sleep(0.05)  # the process is gone before the writer's next syscall
 
     def kill(self, how: str) -> None:
         with self._lock:

@@ -95,6 +95,20 @@ def test_deleted_key_present_is_a_resurrection_everywhere() -> None:
     assert check_read(rec, "fuse", Seen(False), 1) == (gone, [])
 
 
+def test_wrong_content_is_explained_in_terms_of_the_history() -> None:
+    """A new file showing its unlinked predecessor's bytes before its own is named so."""
+    j = Journal()
+    j.key("k", "w")
+    old = Version("rename-over", 5, content("k#5", 5085))
+    new = Version("append", 9, content("k#9", 5005))
+    j.ack("k", old, "rename-over")
+    j.ack("k", Version("unlink", 7), "unlink")
+    j.ack("k", new, "append")
+    bad = check_read(j.records["k"], "fuse", Seen(True, old.data() + new.data()), 1)[1]
+    assert kinds(bad) == ["content"]
+    assert "[0,5085) rename-over#5 @0 [5085,10090) append#9 @0" in bad[0].detail
+
+
 def test_in_flight_states_are_accepted_and_nothing_else() -> None:
     """An operation in flight at the kill: its old or new state (O_TRUNC: also empty)."""
     old = Version("put", 1, content("k#1", 100))
@@ -240,7 +254,7 @@ def test_harness_reports_a_tampered_namespace_and_cold_store(tmp_path: Path) -> 
         (cold / "s3/w0/k0").unlink()
         (cold / "s3/w0/stray").write_bytes(b"nobody wrote this")
         t.persist_and_check_cold(3, t.tierd.log_path)
-        found = {(v.kind, v.key) for v in t.violations}
-        assert found == {("cold-missing", "s3/w0/k0"), ("cold-extra", "s3/w0/stray")}, found
+        cold_found = {(v.kind, v.key) for v in t.violations}
+        assert cold_found == {("cold-missing", "s3/w0/k0"), ("cold-extra", "s3/w0/stray")}
     finally:
         t.tierd.stop()
