@@ -25,14 +25,26 @@ Readers keep snapshot isolation: every overlay value is versioned by commit sequ
 and a transaction reads the newest version not newer than its start, over an inner read
 transaction begun at the same instant.  Versions already in the inner engine are dropped
 once no transaction that began before that flush remains.
+
+**Out of space.**  A flush that fails keeps its group queued and is retried; whoever waits
+for durability gets an ``FsError`` with the cause's errno (ENOSPC for a full map or file
+system: 507 / ENOSPC at the doors, not an I/O error).  So that the changes of a full store
+never pile up in memory, a commit that *adds* metadata is refused with ENOSPC before it is
+published -- nothing of it is visible -- while the last flush failed for lack of space, or
+when the inner engine's :meth:`~tierd.meta.kv.KVStore.headroom` (measured after every
+flush) is too small for what is queued plus this change.  Commits that free space or keep
+the size (deletions, bitmap and time updates) always go through: they are how the store
+gets its room back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import errno
 import logging
 import threading
+import time
 import weakref
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -40,13 +52,33 @@ from itertools import islice
 
 from sortedcontainers import SortedDict, SortedList
 
-from tierd.meta.kv import KVStore, KVTxn
+from tierd.errors import FsError
+from tierd.meta.kv import KVStore, KVTxn, no_space
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 0.005  # seconds a non-durable change may wait for its group
+RETRY_DELAY = 0.5  # seconds between attempts of a group whose flush failed
+LOG_EVERY = 30.0  # seconds between repeated log lines of one lasting failure
+#: the inner engine's pages cost more than the bytes of the keys and values in them
+#: (lmdb: measured 1.0 to 1.4 times; the engine's headroom keeps a margin of its own)
+_PAGE_OVERHEAD = 1.25
+#: commits skip the exact size check while the room exceeds what is queued by this
+_SLACK = 1 << 20
 _SCAN_BATCH = 64
 _MISSING = object()
+
+
+def _size(key: bytes, value: bytes | None) -> int:
+    return 0 if value is None else len(key) + len(value)
+
+
+def _flush_error(error: BaseException | None) -> FsError:
+    """What a waiter for durability gets when the flush failed: the cause's errno."""
+    if isinstance(error, FsError):
+        return FsError(error.errno or errno.EIO, f"metadata flush failed: {error.message}")
+    code = error.errno if isinstance(error, OSError) and error.errno else errno.EIO
+    return FsError(code, f"metadata flush failed: {type(error).__name__}: {error}")
 
 
 class _Versions:
@@ -224,8 +256,25 @@ class GroupTxn(KVTxn):
         if self._done:
             return
         if self._local:
+            refused = self._store._admit(self)
+            if refused is not None:
+                self._end()
+                raise refused
             self._store._publish(self._local)
         self._end()
+
+    def growth(self) -> int:
+        """Bytes this transaction adds to the store (negative: it frees some)."""
+        assert self._local is not None
+        delta = 0
+        for k, v in dict.items(self._local):
+            local, self._local = self._local, None  # read what is stored, not our write
+            try:
+                old = self.get(k)
+            finally:
+                self._local = local
+            delta += _size(k, v) - _size(k, old)
+        return delta
 
     def abort(self) -> None:
         if not self._done:
@@ -263,6 +312,11 @@ class GroupCommitStore(KVStore):
         self._durable_seq = 0
         self._flushed: deque[tuple[int, int, list[bytes]]] = deque()  # (gen, seq, keys)
         self._error: BaseException | None = None
+        self._failures = 0  # consecutive failed flushes
+        self._logged = 0.0  # monotonic time of the last line about a lasting failure
+        self._refused_logged = 0.0
+        self._queued_bytes = 0  # keys and values queued since the last flush
+        self._room = inner.headroom()  # the inner engine's, after the last flush
         self._urgent = False
         self._closing = False
         self._wake = threading.Condition(self._lock)
@@ -297,9 +351,37 @@ class GroupCommitStore(KVStore):
                 versions.seqs.append(seq)
                 versions.values.append(v)
                 self._queued[k] = v
+                self._queued_bytes += _size(k, v)
             self._seq = self._queued_seq = seq
             if idle:  # (waking it for every commit costs a thread switch each)
                 self._wake.notify()
+
+    def _admit(self, txn: GroupTxn) -> FsError | None:
+        """None when ``txn`` may be published, else the ENOSPC to raise (see the module
+        doc).  Cheap unless the store is short of room: then the change's size is
+        measured and only changes that add metadata are refused."""
+        room, error = self._room, self._error
+        full = error is not None and no_space(error)
+        if not full and (room is None
+                         or room > _PAGE_OVERHEAD * self._queued_bytes + _SLACK):
+            return None
+        growth = txn.growth()
+        if growth <= 0:
+            return None
+        if not full:
+            assert room is not None
+            if room >= _PAGE_OVERHEAD * (self._queued_bytes + growth):
+                return None
+            why = f"{room} bytes of room left, {self._queued_bytes} bytes waiting for it"
+        else:
+            why = error.message if isinstance(error, FsError) else str(error)
+        now = time.monotonic()
+        if now - self._refused_logged > LOG_EVERY:
+            self._refused_logged = now
+            log.error("metadata store full: refusing changes that add metadata (ENOSPC) "
+                      "until there is room: %s", why)
+        return FsError(errno.ENOSPC, f"the metadata store is full ({why}); only changes "
+                       "that free space are accepted until there is room")
 
     def _drain(self) -> None:
         """Forget ended transactions and drop what nobody can read any more (lock held).
@@ -344,7 +426,8 @@ class GroupCommitStore(KVStore):
                     # gather a group: wait out the interval unless someone needs it durable
                     self._wake.wait_for(lambda: self._urgent or self._closing, self.interval)
                 batch, seq = self._queued, self._queued_seq
-                self._queued, self._urgent = {}, False
+                nbytes = self._queued_bytes
+                self._queued, self._urgent, self._queued_bytes = {}, False, 0
             try:
                 with self.inner.begin(write=True) as tx:
                     for k, v in batch.items():
@@ -353,24 +436,45 @@ class GroupCommitStore(KVStore):
                         else:
                             tx.put(k, v)
             except BaseException as e:  # keep the group queued; waiters learn of it
-                log.error("metadata flush failed: %s: %s", type(e).__name__, e)
+                self._failed(e, len(batch))
                 with self._lock:
                     batch.update(self._queued)
                     self._queued = batch
+                    self._queued_bytes += nbytes
                     self._error = e
-                    self._wake.wait(0.5)
+                    self._wake.wait(RETRY_DELAY)
                 self._resolve()
                 if self._closing:
                     return
                 continue
+            if self._failures:
+                log.warning("metadata flush succeeded again after %d failed attempts",
+                            self._failures)
+                self._failures = 0
+            self.inner.keep_reserve()
+            room = self.inner.headroom()
             with self._lock:
                 self._error = None
+                self._room = room
                 self._gen += 1
                 self._durable_seq = seq
                 self._flushed.append((self._gen, seq, list(batch)))
                 self._drain()
                 self._wake.notify_all()
             self._resolve()
+
+    def _failed(self, e: BaseException, changes: int) -> None:
+        """Log a failed flush: the first one, then one line per :data:`LOG_EVERY`."""
+        self._failures += 1
+        now = time.monotonic()
+        if self._failures > 1 and now - self._logged < LOG_EVERY:
+            return
+        self._logged = now
+        kind = "no space" if no_space(e) else "error"
+        log.error("metadata flush failed (%s, attempt %d): %s: %s; %d changes stay in "
+                  "memory and are retried every %.1f s; operations waiting for durability "
+                  "fail with %s", kind, self._failures, type(e).__name__, e, changes,
+                  RETRY_DELAY, "ENOSPC" if no_space(e) else "EIO")
 
     def _resolve(self) -> None:
         with self._lock:
@@ -394,7 +498,7 @@ class GroupCommitStore(KVStore):
             target = self._seq
             while self._durable_seq < target:
                 if self._error is not None:
-                    raise OSError(f"metadata flush failed: {self._error}") from self._error
+                    raise _flush_error(self._error) from self._error
                 if self._closing and not self._thread.is_alive():
                     raise RuntimeError("metadata store closed before the flush")
                 self._urgent = True
@@ -436,4 +540,4 @@ def _set_result(fut: asyncio.Future[None]) -> None:
 
 def _set_error(fut: asyncio.Future[None], error: BaseException | None) -> None:
     if not fut.done():
-        fut.set_exception(OSError(f"metadata flush failed: {error}"))
+        fut.set_exception(_flush_error(error))

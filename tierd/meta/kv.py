@@ -8,6 +8,7 @@ distributed KV store for several nodes) implements this file and nothing else.
 
 from __future__ import annotations
 
+import errno
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from types import TracebackType
@@ -86,6 +87,21 @@ class KVStore(ABC):
     def stat(self) -> dict[str, int]:
         """Engine-specific size figures for status pages (may be empty)."""
         return {}
+
+    def headroom(self) -> int | None:
+        """Bytes of new metadata that still fit (None: the engine does not know)."""
+        return None
+
+    def keep_reserve(self) -> None:
+        """Called after a durable flush: an engine that keeps space aside for itself on a
+        shared file system tops it up here (see :mod:`tierd.meta.lmdb_engine`)."""
+        return None
+
+
+def no_space(e: BaseException) -> bool:
+    """Whether ``e`` says the store is out of space (its map or its file system): engines
+    raise ``FsError(ENOSPC)`` for that, never a bare I/O error."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def prefix_end(prefix: bytes) -> bytes | None:

@@ -16,25 +16,50 @@ Two durability modes (setting ``meta_sync``):
   nodes and benchmarks of the rest of the stack (~150,000 commits/s).
 
 See docs/metadata.md, "Transactions and durability".
+
+**Out of space** is an answer, not an I/O error: lmdb reports a full map as
+``MDB_MAP_FULL`` and a full file system as a short write ("Input/output error"); both become
+``FsError(ENOSPC)`` naming the cause (the ``meta_map_size`` setting, or the file system of
+the metadata directory), so the doors answer 507 / ENOSPC and the transaction is aborted
+whole.  So that a full file system shared with the data tiers does not stop metadata
+commits -- the deletions that free space are commits too -- the store keeps up to
+:data:`RESERVE` bytes allocated past lmdb's last page (``posix_fallocate`` of
+``data.mdb``, best effort: skipped when there is no room), which lmdb's growth writes into
+without asking the file system for blocks.  :meth:`LmdbStore.headroom` tells the group
+commit how much it may still add (docs/durability.md, "Full disk").
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
 
+from tierd.errors import FsError
 from tierd.meta.kv import KVStore, KVTxn
 
+log = logging.getLogger(__name__)
+
 DEFAULT_MAP_SIZE = 64 << 30  # address space only; the file grows as needed
+#: bytes kept allocated past the last page (at most 1/32 of the file system, and the map)
+RESERVE = 64 << 20
+#: free bytes on the file system below which lmdb's "Input/output error" (a short write)
+#: is taken for what it almost always is there: the file system is full
+_NEARLY_FULL = 16 << 20
+#: pages a group flush may need beyond its data (copied branch pages, the free list)
+_FLUSH_PAGES = 64
+_NUM_METAS = 2
 
 
 class LmdbTxn(KVTxn):
-    def __init__(self, env: lmdb.Environment, write: bool) -> None:
+    def __init__(self, store: LmdbStore, write: bool) -> None:
         self.write = write
-        self._txn = env.begin(write=write, buffers=False)
+        self._store = store
+        self._txn = store.env.begin(write=write, buffers=False)
         self._done = False
 
     def get(self, key: bytes) -> bytes | None:
@@ -44,12 +69,18 @@ class LmdbTxn(KVTxn):
     def put(self, key: bytes, value: bytes) -> None:
         if not self.write:
             raise PermissionError("write in a read-only transaction")
-        self._txn.put(key, value)
+        try:
+            self._txn.put(key, value)
+        except lmdb.Error as e:
+            raise self._store.translate(e) from e
 
     def delete(self, key: bytes) -> bool:
         if not self.write:
             raise PermissionError("write in a read-only transaction")
-        return bool(self._txn.delete(key))
+        try:
+            return bool(self._txn.delete(key))
+        except lmdb.Error as e:
+            raise self._store.translate(e) from e
 
     def scan(
         self, start: bytes, end: bytes | None = None, *, reverse: bool = False
@@ -82,7 +113,10 @@ class LmdbTxn(KVTxn):
     def commit(self) -> None:
         if not self._done:
             self._done = True
-            self._txn.commit()
+            try:
+                self._txn.commit()
+            except lmdb.Error as e:  # lmdb aborted it: nothing of it was written
+                raise self._store.translate(e) from e
 
     def abort(self) -> None:
         if not self._done:
@@ -102,10 +136,12 @@ class LmdbStore(KVStore):
         metasync: bool = False,
     ) -> None:
         self.durable = durable
-        path = Path(path)
+        self.path = path = Path(path)
+        self.map_size = map_size
         path.mkdir(parents=True, exist_ok=True)
-        os.chmod(path, 0o700)
-        self._env = lmdb.open(
+        if os.stat(path).st_mode & 0o777 != 0o700:  # (no write on a full disk otherwise)
+            os.chmod(path, 0o700)
+        self.env = lmdb.open(
             str(path),
             map_size=map_size,
             subdir=True,
@@ -115,21 +151,81 @@ class LmdbStore(KVStore):
             lock=True,
             readahead=False,
         )
+        self.keep_reserve()
 
     def begin(self, write: bool = False) -> KVTxn:
-        return LmdbTxn(self._env, write)
+        return LmdbTxn(self, write)
 
     def sync(self) -> None:
-        self._env.sync(True)
+        self.env.sync(True)
 
     def close(self) -> None:
-        self._env.close()
+        self.env.close()
 
     def stat(self) -> dict[str, int]:
-        info = self._env.info()
-        st = self._env.stat()
+        info = self.env.info()
+        st = self.env.stat()
         return {
             "entries": int(st["entries"]),
             "map_size": int(info["map_size"]),
             "used_bytes": int((info["last_pgno"] + 1) * st["psize"]),
         }
+
+    # -- space ---------------------------------------------------------------------------
+
+    def translate(self, e: lmdb.Error) -> Exception:
+        """The error to raise for ``e``: FsError(ENOSPC) when the map or the file system
+        is full (with what to do about it), else ``e`` itself."""
+        if isinstance(e, lmdb.MapFullError):
+            return FsError(errno.ENOSPC, f"the metadata store is full: its lmdb map "
+                           f"({self.env.info()['map_size']} bytes) has no free page left; "
+                           "delete something, or raise meta_map_size and restart")
+        text = str(e)
+        if ("No space left" in text or "Disk quota" in text
+                or ("Input/output error" in text and self._fs_free() < _NEARLY_FULL)):
+            return FsError(errno.ENOSPC, f"the metadata store is full: no space left on "
+                           f"the file system of {self.path} ({text})")
+        return e
+
+    def _fs_free(self) -> int:
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+    def _pages(self) -> tuple[int, int, int]:
+        """(page size, pages the file has up to its last used one, pages in use)."""
+        info, st = self.env.info(), self.env.stat()
+        used = st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"] + _NUM_METAS
+        return int(st["psize"]), int(info["last_pgno"]) + 1, int(used)
+
+    def headroom(self) -> int:
+        """Bytes of new metadata that still fit, conservatively: free pages in the file
+        and in the map, and what the file system (or the reserve allocated past the last
+        page) can still give the file; minus what a flush needs for itself."""
+        psize, top, used = self._pages()
+        try:
+            file_size = os.stat(self.path / "data.mdb").st_size
+            disk = self._fs_free() + max(0, file_size - top * psize)
+        except OSError:
+            disk = 0
+        grow = min(int(self.env.info()["map_size"]) - top * psize, disk)
+        return max(0, grow + (top - used) * psize - _FLUSH_PAGES * psize)
+
+    def keep_reserve(self) -> None:
+        """Keep :data:`RESERVE` bytes (at most 1/32 of the file system, never past the
+        map) allocated past the last page, so metadata can grow on a full file system.
+        Best effort: without room it is skipped and tried again after the next flush."""
+        psize, top, _ = self._pages()
+        data = self.path / "data.mdb"
+        try:
+            st = os.statvfs(self.path)
+            reserve = min(RESERVE, st.f_blocks * st.f_frsize // 32)
+            want = min(top * psize + reserve, int(self.env.info()["map_size"]))
+            if os.stat(data).st_size >= top * psize + reserve // 2 or want <= top * psize:
+                return
+            fd = os.open(data, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                os.posix_fallocate(fd, 0, want)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.debug("metadata reserve of %s not extended: %s", data, e)
