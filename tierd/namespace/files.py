@@ -19,6 +19,7 @@ from tierd.meta import ROOT_INO, STATE_DIRTY, Dirent, Inode
 from tierd.namespace.base import OpenFile, drop_privs, has_privs, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.entries import _EMPTY_MD5, EntryOps
+from tierd.namespace.staging import retry_full
 from tierd.placement.paths import file_keys
 from tierd.tiers import fileio
 
@@ -131,8 +132,8 @@ class FileOps(EntryOps):
             of.md5_pos = offset + n
         elif of.md5 is not None:
             of.md5 = None
-        try:
-            await fileio.pwrite(of.fd, data, offset)
+        try:  # a full hot tier evicts clean data and the write is tried again
+            await retry_full(self.placement, n, lambda: fileio.pwrite(of.fd, data, offset))
         except OSError:
             # ENOSPC/EIO: do not leave a size that promises bytes that were never written
             if of.size == offset + n and old_size < of.size:

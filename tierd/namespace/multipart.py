@@ -42,6 +42,7 @@ from tierd.namespace.mpu_parts import (
 )
 from tierd.namespace.names import split_key
 from tierd.namespace.objects import ObjectOps
+from tierd.namespace.staging import NO_SPACE, full_error, refuse_over_dirty_limit, retry_full
 
 log = logging.getLogger("tierd.namespace")
 
@@ -96,17 +97,30 @@ class MultipartOps(ObjectOps):
         segments, marker = split_key(dst_key)
         if marker:
             raise FsError(errno.EINVAL, "cannot copy onto a directory marker key")
+        refuse_over_dirty_limit(self.placement)
         src = await self.get_object(src_ident or ident, src_bucket, src_key)
         try:
             if src.inode.is_dir:
                 raise FsError(errno.EINVAL, "cannot copy a directory marker")
+            reuse = bool(src.inode.etag) and "-" not in src.inode.etag
+            size = src.inode.size
+            if self.placement is not None:
+                await self.placement.room_for_write(size)
             path, fd = self.hot.new_temp()
+
+            async def copy() -> hashlib._Hash | None:  # repeatable: a fresh digest each time
+                digest = None if reuse else hashlib.md5()
+                await asyncio.to_thread(copy_range, src.fd, fd, 0, size, 0, digest)
+                return digest
+
             try:
-                reuse = bool(src.inode.etag) and "-" not in src.inode.etag
-                md5 = None if reuse else hashlib.md5()
-                size = src.inode.size
-                await asyncio.to_thread(copy_range, src.fd, fd, 0, size, 0, md5)
-                await asyncio.to_thread(os.fsync, fd)
+                md5 = await retry_full(self.placement, size, copy, "a copy")
+                await retry_full(self.placement, size, lambda: asyncio.to_thread(
+                    os.fsync, fd), "a copy", again=False)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)  # no half copy left in staging
+                raise
             finally:
                 os.close(fd)
         finally:
@@ -215,6 +229,7 @@ class MultipartOps(ObjectOps):
         trailing checksums."""
         self._check_part_number(number)
         self._upload(ident, upload_id)
+        refuse_over_dirty_limit(self.placement)
         payload = body if isinstance(body, Payload) else Payload(body)
 
         async def fill(target: PartTarget, digest: Hasher) -> int:
@@ -235,12 +250,19 @@ class MultipartOps(ObjectOps):
         """Write a part where :class:`PartStore` puts it (``fill`` writes the bytes and
         feeds the MD5; returns how many), make it durable, verify it, store its record;
         on any failure the bytes are dropped and an earlier upload of the part stays."""
+        if self.placement is not None and size:
+            await self.placement.room_for_write(size)
         target = self._target(upload_id, number, size)
         stored = False
         try:
             digest = md5()
-            got = await fill(target, digest)
-            await target.sync()
+            try:
+                got = await fill(target, digest)
+                await target.sync()
+            except OSError as e:  # (a streamed body cannot be sent again: no retry)
+                if e.errno in NO_SPACE:
+                    raise full_error(e, "a part", size or 0) from e
+                raise
             if verify is not None:
                 verify()
             # checksums are read only now: a door may fill in trailing checksums
@@ -276,6 +298,7 @@ class MultipartOps(ObjectOps):
         ``src_ident`` reads the source (as in :meth:`copy_object`)."""
         self._check_part_number(number)
         self._upload(ident, upload_id)
+        refuse_over_dirty_limit(self.placement)
         src = await self.get_object(src_ident or ident, src_bucket, src_key)
         try:
             first, last = byte_range if byte_range is not None else (0, src.size - 1)
@@ -372,6 +395,7 @@ class MultipartOps(ObjectOps):
         metadata given at create."""
         up = self._upload(ident, upload_id)
         self._chosen(upload_id, parts)  # answer a bad list before pausing the upload
+        refuse_over_dirty_limit(self.placement)  # the object's bytes become dirty
         segments, _ = split_key(up.key)
         self._check_put_allowed(ident, up.bucket, segments, "CompleteMultipartUpload")
         st = self._state(upload_id)
@@ -420,10 +444,14 @@ class MultipartOps(ObjectOps):
             path = os.path.join(self.hot.tmp, uuid.uuid4().hex)
             if await asyncio.to_thread(_link_data, data, path, size, may_cut, last):
                 return path, size
+        if self.placement is not None:
+            await self.placement.room_for_write(size)
         path, fd = self.hot.new_temp()
         try:
-            await asyncio.to_thread(self._concat, upload_id, chosen, fd)
-            await asyncio.to_thread(os.fsync, fd)
+            await retry_full(self.placement, size, lambda: asyncio.to_thread(
+                self._concat, upload_id, chosen, fd), "an object's assembly")
+            await retry_full(self.placement, size, lambda: asyncio.to_thread(
+                os.fsync, fd), "an object's assembly", again=False)
         except BaseException:
             os.close(fd)
             os.unlink(path)

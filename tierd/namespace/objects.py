@@ -297,7 +297,8 @@ class ObjectOps(FileOps):
             return d
         ino = self._alloc_ino()
         _, size, md5hex, logged = await stage_body(self.hot, body, install_as=ino,
-                                                   smalllog=self.smalllog)
+                                                   smalllog=self.smalllog,
+                                                   placement=self.placement)
         try:
             if if_match is not None or if_none_match is not None:
                 await self._precondition_etag(ident, bucket, key)

@@ -3,22 +3,80 @@ three costs: receiving (the loop), writing (a thread) and MD5 (another thread; h
 releases the GIL).  Small network chunks are gathered into batches of ~1 MiB so a thread
 hop is paid per MiB, not per 16 KiB chunk, and batch N is written and hashed while batch N+1
 is received.  Nothing is buffered beyond two batches.
+
+**A full hot tier** is answered, not failed: every write to it here goes through
+:func:`retry_full`, which on ENOSPC has placement evict clean (persisted) data and runs the
+write once more -- a write that may be repeated (``pwrite`` at fixed offsets) -- and
+otherwise raises ``FsError(ENOSPC)`` saying why (S3 507 InsufficientStorage, FUSE
+ENOSPC).  The other write paths of the namespace (FUSE writes, copies, parts) use it too.
+A failed body leaves nothing behind: the staging (or data) file is removed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import os
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
+from tierd.errors import FsError
 from tierd.namespace.smalllog import SmallLog
 from tierd.tiers.groupsync import write_all
 from tierd.tiers.hotdir import HotDir
 
+if TYPE_CHECKING:
+    from tierd.placement import Placement
+
 BATCH = 1 << 20
 INLINE = 64 << 10  # a whole body this small is hashed on the loop (~100 µs at most)
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+T = TypeVar("T")
+
+
+def full_error(e: OSError, what: str, nbytes: int) -> FsError:
+    """The ENOSPC to answer for a write of ``nbytes`` (``what``) the hot tier cannot take."""
+    if isinstance(e, FsError):
+        return e
+    return FsError(e.errno or errno.ENOSPC, f"the hot tier is full: {what} of {nbytes} "
+                   "bytes does not fit and no clean (persisted) data is left to evict; "
+                   f"retry once the cold store has taken the dirty data ({e.strerror})")
+
+
+def refuse_over_dirty_limit(placement: Placement | None) -> None:
+    """Backpressure of every S3 write that adds dirty bytes (PUT, CopyObject, UploadPart,
+    UploadPartCopy, CompleteMultipartUpload): past ``dirty_limit`` it is refused with
+    503 SlowDown before any byte is taken (the FUSE door waits instead:
+    ``Placement.admit``)."""
+    if placement is not None and placement.over_dirty_limit():
+        raise FsError(errno.EAGAIN, "too much data is waiting to be persisted to the cold "
+                      "store; retry later", reason="SlowDown")
+
+
+async def retry_full(placement: Placement | None, nbytes: int,
+                     write: Callable[[], Awaitable[T]], what: str = "a write",
+                     *, again: bool = True) -> T:
+    """``await write()``; on ENOSPC evict clean data and, if that freed anything, await
+    it once more (``again=False``: never -- a write that cannot be repeated, such as the
+    ``fsync`` of bytes an earlier call wrote).  ENOSPC that remains is raised as
+    :func:`full_error`."""
+    try:
+        return await write()
+    except OSError as e:
+        if e.errno not in NO_SPACE:
+            raise
+        if not again or placement is None or not await placement.room_for_write(
+                nbytes, failed=True):
+            raise full_error(e, what, nbytes) from e
+    try:
+        return await write()
+    except OSError as e:
+        if e.errno not in NO_SPACE:
+            raise
+        raise full_error(e, what, nbytes) from e
 
 
 def _hash_batch(md5: hashlib._Hash, chunks: list[bytes]) -> None:
@@ -37,7 +95,7 @@ def _finish(hot: HotDir, fd: int, chunks: list[bytes], offset: int, path: str,
 
 async def stage_body(
     hot: HotDir, body: AsyncIterable[bytes], install_as: int = 0,
-    smalllog: SmallLog | None = None,
+    smalllog: SmallLog | None = None, placement: Placement | None = None,
 ) -> tuple[str, int, str, bytes | None]:
     """Write ``body`` to a new fsynced staging file: (path, size, MD5 hex).  On any error
     (including the body iterator raising: a bad checksum, a client gone) the file is
@@ -49,7 +107,9 @@ async def stage_body(
 
     With ``smalllog`` admitting it, a small body's data file is only written, not synced,
     and the bytes are returned (last item) for the caller to log in its commit
-    (:mod:`tierd.namespace.smalllog`); otherwise that item is None."""
+    (:mod:`tierd.namespace.smalllog`); otherwise that item is None.
+
+    With ``placement``, ENOSPC makes room and retries (:func:`retry_full`)."""
     path, fd = "", -1
     md5 = hashlib.md5()
     size = 0
@@ -66,11 +126,12 @@ async def stage_body(
             return
         if fd < 0:
             path, fd = hot.new_temp()
-        chunks, offset = pending, size
+        chunks, offset, n = pending, size, pending_len
         size += pending_len
         pending, pending_len = [], 0
         inflight = asyncio.gather(
-            asyncio.to_thread(write_all, fd, chunks, offset),
+            retry_full(placement, n, lambda: asyncio.to_thread(write_all, fd, chunks, offset),
+                       "an upload"),
             asyncio.to_thread(_hash_batch, md5, chunks),
         )
 
@@ -91,11 +152,13 @@ async def stage_body(
                 # the number is new, nothing sees the file before the metadata names it),
                 # made durable by the caller's log record or with other small files
                 logged = smalllog is not None and smalllog.admits(size)
-                await hot.write_new(install_as, pending, durable=not logged)
+                await retry_full(placement, size, lambda: hot.write_new(
+                    install_as, pending, durable=not logged), "an upload")
                 data = b"".join(pending) if logged else None
                 return hot.path(install_as), size, md5.hexdigest(), data
             path, fd = hot.new_temp()
-            await asyncio.to_thread(_finish, hot, fd, pending, 0, path, 0)
+            await retry_full(placement, size, lambda: asyncio.to_thread(
+                _finish, hot, fd, pending, 0, path, 0), "an upload")
         else:
             await flush_batch()
             if inflight is not None:
@@ -103,7 +166,9 @@ async def stage_body(
                 inflight = None
             if fd < 0:
                 path, fd = hot.new_temp()
-            await asyncio.to_thread(_finish, hot, fd, [], size, path, install_as)
+            # (the sync of bytes written earlier: a failed one is never retried)
+            await retry_full(placement, size, lambda: asyncio.to_thread(
+                _finish, hot, fd, [], size, path, install_as), "an upload", again=False)
     except BaseException:
         if inflight is not None:
             await asyncio.gather(inflight, return_exceptions=True)

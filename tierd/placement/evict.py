@@ -8,8 +8,16 @@ each tier's 2Q (``cache.py``).
 
 The metadata bit of a block is cleared first (one transaction, right after the
 evictability check, with no await in between: a reader either holds the inode or sees the
-block missing), then the block is copied down (demotion) and punched.  A fill of the same
+block missing), then the block is copied down (demotion), the cleared bits are made durable
+(one metadata flush for a whole batch: a crash must never find a bit naming a punched
+block, which would read as zeros), and only then is the block punched.  A fill of the same
 tier and inode waits for the punch (``_evicting``), so a punch can never erase fresh data.
+
+**The write path** (S3 staging, parts, copies, FUSE writes) calls :meth:`room_for_write`:
+before a write it keeps the watermark rule and makes the file system itself hold the bytes
+(the hot directory shares it with staging files and maybe the metadata); after a write
+failed with ENOSPC it evicts a batch of clean data, and the caller retries once.  Nothing
+clean to evict (all dirty or pinned): the caller answers ENOSPC (S3 507).
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from tierd.meta import STATE_CLEAN, MetaTxn
+from tierd.meta import STATE_CLEAN, Inode, MetaTxn
 from tierd.placement import bitmap
 from tierd.placement.engine import HOT, WARM, PlacementCore
 from tierd.placement.paths import file_keys
@@ -26,6 +35,23 @@ from tierd.placement.tiercache import TierCache
 from tierd.tiers import BLOCK_SIZE
 
 log = logging.getLogger("tierd.placement")
+
+#: the least one eviction after a failed write frees (at most 1/8 of the tier): a batch,
+#: not a block per failed write
+WRITE_BATCH = 16 << 20
+#: free bytes the hot file system keeps beyond a write about to be made
+WRITE_SLACK = 1 << 20
+
+
+@dataclass
+class _Unmarked:
+    """Blocks of one inode whose bits were cleared, to be copied down and punched."""
+
+    ino: int
+    blocks: list[int]
+    inode: Inode  # as it was when the bits were cleared
+    warm_bm: bytes
+    done: asyncio.Future[None]  # fills of (tier, ino) wait for it
 
 
 class Evicting(PlacementCore):
@@ -45,6 +71,27 @@ class Evicting(PlacementCore):
         need = tc.to_free(nbytes)
         if need > 0:
             await self.evict(need, tier=tc.name)
+
+    async def room_for_write(self, nbytes: int, *, failed: bool = False) -> int:
+        """Room on the hot file system for ``nbytes`` a write path is about to write, or
+        (``failed``) just failed to write with ENOSPC; returns the bytes evicted.  After a
+        failure 0 means nothing clean is left to evict: the caller answers ENOSPC."""
+        tc = self.hotc
+        want = tc.to_free(nbytes)
+        if failed:
+            want = max(want, 2 * nbytes, min(WRITE_BATCH, tc.capacity // 8))
+        else:
+            free = await asyncio.to_thread(self.hot.fs_free) if nbytes > WRITE_SLACK else (
+                WRITE_SLACK + nbytes)  # (small writes: the watermark and ENOSPC suffice)
+            want = max(want, nbytes + WRITE_SLACK - free)
+        if want <= 0:
+            return 0
+        freed = await self.evict(want, tier=HOT)
+        self.stats["write_evicted_bytes"] += freed
+        if failed and not freed:
+            log.warning("hot tier full: a write of %d bytes found nothing clean to evict "
+                        "(dirty data waits for the cold store, or is pinned)", nbytes)
+        return freed
 
     def _pinned(self, tx: MetaTxn, ino: int) -> bool:
         if not any(p.pin for p in self.policies.values()):
@@ -80,10 +127,9 @@ class Evicting(PlacementCore):
                 if ok:
                     plan.setdefault(ino, []).append(b)
                     freed += BLOCK_SIZE
-        done = 0
-        for ino, blocks in plan.items():
-            done += await self.evict_blocks(tc, ino, blocks)
-        return done
+        unmarked = [u for ino, blocks in plan.items()
+                    if (u := self._unmark(tc, ino, blocks)) is not None]
+        return await self._take_off(tc, unmarked, demote=True)
 
     async def evict_file(self, ino: int, tier: str, *, demote: bool = True) -> int:
         """Every block of one file off ``tier`` (``evict PREFIX``); hot blocks go down to
@@ -116,9 +162,16 @@ class Evicting(PlacementCore):
     async def evict_blocks(self, tc: TierCache, ino: int, blocks: list[int], *,
                            demote: bool = True, pinned_ok: bool = False) -> int:
         """Take ``blocks`` of ``ino`` off tier ``tc``; returns the bytes freed there."""
+        u = self._unmark(tc, ino, blocks, pinned_ok=pinned_ok)
+        return await self._take_off(tc, [u], demote=demote) if u is not None else 0
+
+    def _unmark(self, tc: TierCache, ino: int, blocks: list[int], *,
+                pinned_ok: bool = False) -> _Unmarked | None:
+        """Clear the bits of ``blocks`` (those still set) if the inode may leave ``tc``,
+        and make fills of it on ``tc`` wait for the punch; None when nothing may go."""
         with self.meta.write() as tx:
             if not self._evictable(tx, ino, pinned_ok=pinned_ok):
-                return 0
+                return None
             inode = tx.get_inode(ino)
             assert inode is not None
             bm = inode.blocks.get(tc.name)
@@ -126,7 +179,7 @@ class Evicting(PlacementCore):
                 bm = bitmap.full(inode.size) if tc is self.hotc else b""
             blocks = [b for b in blocks if bitmap.has(bm, b)]
             if not blocks:
-                return 0
+                return None
             inode.blocks[tc.name] = bitmap.with_bits(bm, blocks, False)
             tx.put_inode(inode)
             warm_bm = inode.blocks.get(WARM, b"")
@@ -134,26 +187,52 @@ class Evicting(PlacementCore):
             self._whole.discard(ino)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._evicting[(tc.name, ino)] = done
+        return _Unmarked(ino, blocks, inode, warm_bm, done)
+
+    async def _take_off(self, tc: TierCache, batch: list[_Unmarked], *, demote: bool) -> int:
+        """Copy unmarked blocks down (hot to warm, when ``demote``), make the cleared bits
+        durable, punch; returns the bytes freed.  When the metadata cannot be made durable
+        (its store is full) nothing is punched: the bytes stay, unnamed, and a read
+        fetches them again."""
+        if not batch:
+            return 0
+        freed = 0
         try:
             if tc is self.hotc and demote and self.warmc is not None:
-                try:
-                    await self._demote(ino, [b for b in blocks if not bitmap.has(warm_bm, b)],
-                                       inode.version, inode.size)
-                except Exception as e:  # demotion is an optimisation: cold has the blocks
-                    log.warning("demoting inode %d failed (%s): dropped instead", ino, e)
-            await tc.tier.evict_blocks(ino, blocks)
+                for u in batch:
+                    try:
+                        await self._demote(u.ino, [b for b in u.blocks
+                                                   if not bitmap.has(u.warm_bm, b)],
+                                           u.inode.version, u.inode.size)
+                    except Exception as e:  # an optimisation only: cold has the blocks
+                        log.warning("demoting inode %d failed (%s): dropped instead",
+                                    u.ino, e)
+            try:
+                await self.meta.flush()
+                durable = True
+            except OSError as e:
+                log.warning("eviction from %s: the cleared block bits cannot be made "
+                            "durable (%s): %d files keep their bytes", tc.name, e, len(batch))
+                durable = False
+            sizes = []
+            for u in batch:  # the accounting follows the bits, punched or not
+                sizes.append(sum(bitmap.block_bytes(u.inode.size, b) for b in u.blocks))
+                tc.add_bytes(u.ino, -sizes[-1])
+                for b in u.blocks:
+                    tc.removed(u.ino, b)
+            for u, n in zip(batch, sizes, strict=True):
+                if durable:
+                    await tc.tier.evict_blocks(u.ino, u.blocks)
+                    freed += n
         finally:
-            done.set_result(None)
-            if self._evicting.get((tc.name, ino)) is done:
-                del self._evicting[(tc.name, ino)]
-        n = sum(bitmap.block_bytes(inode.size, b) for b in blocks)
-        tc.add_bytes(ino, -n)
-        for b in blocks:
-            tc.removed(ino, b)
-        self.stats[f"evicted_{tc.name}_bytes"] += n
+            for u in batch:
+                u.done.set_result(None)
+                if self._evicting.get((tc.name, u.ino)) is u.done:
+                    del self._evicting[(tc.name, u.ino)]
+        self.stats[f"evicted_{tc.name}_bytes"] += freed
         if tc is self.hotc:
-            self.stats["evicted_bytes"] += n
-        return n
+            self.stats["evicted_bytes"] += freed
+        return freed
 
     async def _demote(self, ino: int, blocks: list[int], version: int, size: int) -> None:
         """Copy hot blocks (still there: the punch comes after) to warm and record them.

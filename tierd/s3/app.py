@@ -4,7 +4,9 @@ One catch-all route.  :func:`locate` finds the bucket and key (path-style, or vi
 style under the configured domains), :func:`route` picks the handler from the method and
 the sub-resources in the query, and :func:`make_s3_app`'s handler wraps every call: request
 id, authentication, the ``<Error>`` document for :class:`S3Error` and
-:class:`~tierd.errors.FsError`, and ``InternalError`` (logged) for anything else.
+:class:`~tierd.errors.FsError` (and for any ``OSError`` saying the disk is full: 507
+InsufficientStorage, logged in one line), and ``InternalError`` (logged with its
+traceback) for anything else.
 
 ``GET /healthz`` answers ``ok`` only when it is unsigned and has no query string; a signed
 ``GET /healthz`` is ListObjects on a bucket named ``healthz``.
@@ -36,7 +38,7 @@ from tierd.s3 import acl, bucket_policy, buckets, listing, multipart, objects
 from tierd.s3.access import Actions, authorize_request
 from tierd.s3.auth import Authenticator
 from tierd.s3.common import Ctx, S3State
-from tierd.s3.errors import S3Error, from_fs_error
+from tierd.s3.errors import NO_SPACE, S3Error, from_fs_error
 from tierd.s3.xmlio import error_document
 
 log = logging.getLogger("tierd.s3")
@@ -344,7 +346,10 @@ def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
                 log.warning("%s %s: %s", request.method, request.rel_url.path, e)
             return _after_error(ctx, e)
         except FsError as e:
-            return _after_error(ctx, from_fs_error(e, bucket=ctx.bucket, key=ctx.key))
+            err = from_fs_error(e, bucket=ctx.bucket, key=ctx.key)
+            if err.status >= 500:  # 507 out of space, 503: one line, no traceback
+                log.warning("%s %s: %s", request.method, request.rel_url.path, e)
+            return _after_error(ctx, err)
         except (ConnectionError, OSError) as e:
             if isinstance(e, ConnectionError) and ctx.stream is not None:
                 # the client went away mid-body: nothing to answer, nothing to log loudly
@@ -355,6 +360,9 @@ def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
                 return ctx.stream
             if isinstance(e, ConnectionError) or ctx.started:
                 raise
+            if e.errno in NO_SPACE:  # out of space is an answer (507), not a failure
+                log.warning("%s %s: %s", request.method, request.rel_url.path, e)
+                return _after_error(ctx, from_fs_error(e, bucket=ctx.bucket, key=ctx.key))
             log.exception("%s %s failed", request.method, request.rel_url.path)
             return _after_error(ctx, S3Error("InternalError", f"{type(e).__name__}: {e}"))
         except Exception as e:
