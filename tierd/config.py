@@ -165,6 +165,17 @@ class Config:
             metavar="group|commit|durability-points",
         ),
     )
+    meta_map_size: int = field(
+        default=64 << 30,
+        metadata=setting(
+            parse=parse_size,
+            help="Largest size of the metadata store (lmdb's map: address space, the file "
+            "grows as needed).  When it is full, changes that add metadata fail with ENOSPC "
+            "(S3 507 InsufficientStorage) and deletions still work; raise it and restart.  "
+            "Never smaller than the store already is.",
+            metavar="SIZE",
+        ),
+    )
     s3_domain: tuple[str, ...] = field(
         default=(),
         metadata=setting(

@@ -36,7 +36,7 @@ from aiohttp import web
 
 from tierd import __version__
 from tierd.acl.keys import CredentialsError, KeyStore, bootstrap_root_key, migrate_keys
-from tierd.acl.secrets import SecretBox, SecretError
+from tierd.acl.secrets import SecretBox, SecretError, write_private
 from tierd.acl.users import Directory
 from tierd.admin import AdminAuth, bootstrap_admin_token, make_admin_app
 from tierd.admin.auth import TokenError
@@ -97,9 +97,14 @@ class DataDirLock:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+        pid = f"{os.getpid()}\n".encode()
+        try:  # written over the old PID, then cut: no new block needed on a full disk
+            os.pwrite(fd, pid, 0)
+            os.ftruncate(fd, len(pid))
+        except OSError as e:  # only names the holder to a second instance: not fatal
+            log.warning("cannot record the PID in the lock file %s: %s", self.path,
+                        e.strerror or e)
 
     def release(self) -> None:
         if self._fd is None:
@@ -200,8 +205,8 @@ class Daemon:
             # lmdb open/close touch the disk: keep them off the loop.
             try:
                 self.meta = await asyncio.to_thread(
-                    MetaStore.open_lmdb, cfg.meta_dir, sync=cfg.meta_sync
-                )
+                    MetaStore.open_lmdb, cfg.meta_dir, sync=cfg.meta_sync,
+                    map_size=cfg.meta_map_size)
             except Exception as e:  # lmdb errors, SchemaError: nothing to serve without it
                 raise StartupError(
                     f"cannot open the metadata store in {cfg.meta_dir}: {type(e).__name__}: {e}"
@@ -406,10 +411,42 @@ class Daemon:
         return doc
 
     def _write_endpoints(self) -> None:
+        """Write ``endpoints.json`` atomically (readers never see half a file).  On a full
+        disk the previous run's file goes first (it names dead ports anyway, and frees
+        the block the new one needs); if it still does not fit, start anyway without it:
+        the addresses are in the log."""
         path = self.config.endpoints_file
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.endpoints(), indent=2) + "\n")
-        os.replace(tmp, path)  # atomic: readers never see a half-written file
+        text = (json.dumps(self.endpoints(), indent=2) + "\n").encode()
+        for attempt in (0, 1):
+            try:
+                write_private(tmp, text, mode=0o644)
+                os.replace(tmp, path)
+                return
+            except OSError as e:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+                full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+                if full and attempt == 0 and self._stale_endpoints():
+                    continue
+                log.warning("cannot write %s: %s (the addresses are in the log above)",
+                            path, e.strerror or e)
+                return
+
+    def _stale_endpoints(self) -> bool:
+        """Remove an ``endpoints.json`` another process wrote (a killed daemon's); True
+        if one was removed."""
+        path = self.config.endpoints_file
+        try:
+            if json.loads(path.read_text()).get("pid") == os.getpid():
+                return False
+        except (OSError, ValueError, AttributeError):
+            pass
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     def _remove_endpoints(self) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tierd.acl.identity import Identity
-from tierd.acl.secrets import SecretBox, SecretError, write_private
+from tierd.acl.secrets import SecretBox, SecretError, holds, write_private
 from tierd.meta import AccessKey, MetaStore, MetaTxn, User
 
 log = logging.getLogger("tierd.acl")
@@ -210,7 +210,9 @@ def _root_keys(tx: MetaTxn) -> list[AccessKey]:
 
 
 def write_credentials_file(path: Path, key: AccessKey) -> None:
-    """Write the credentials atomically with mode 0600 (never readable by others)."""
+    """Write the credentials atomically with mode 0600 (never readable by others), unless
+    the file holds them already (start-up writes nothing that is there: it must work on a
+    full disk)."""
     text = (
         "# tierd root S3 credentials (uid 0, admin).  Keep this file secret.\n"
         "# Use it directly: AWS_SHARED_CREDENTIALS_FILE=<this file> aws --endpoint-url ...\n"
@@ -218,7 +220,18 @@ def write_credentials_file(path: Path, key: AccessKey) -> None:
         f"aws_access_key_id = {key.access_key}\n"
         f"aws_secret_access_key = {key.secret}\n"
     )
-    write_private(path, text.encode())
+    if not holds(path, text.encode()):
+        write_private(path, text.encode())
+
+
+def _same_key(stored: AccessKey | None, key: AccessKey, box: SecretBox) -> bool:
+    """Whether ``stored`` already is ``key`` (same owner, flags and secret)."""
+    if stored is None or not stored.enabled or stored.user != key.user:
+        return False
+    try:
+        return resolve(stored, box).secret == key.secret
+    except SecretError:
+        return False
 
 
 def _root_user(tx: MetaTxn) -> User:
@@ -264,7 +277,8 @@ def bootstrap_root_key(meta: MetaStore, data_dir: Path,
                     tx.delete_access_key(old.access_key)
             if other is not None:
                 key.created_ns = other.created_ns
-            tx.put_access_key(seal_key(key, box))
+            if not _same_key(other, key, box):  # (no write at each start: a full disk)
+                tx.put_access_key(seal_key(key, box))
             source = "environment"
         else:
             for old in existing:

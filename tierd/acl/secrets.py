@@ -14,6 +14,7 @@ granting that key the other's secret.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -88,17 +89,48 @@ def load_or_create_key(path: Path) -> bytes:
     return key
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically with mode 0600, fsynced (never readable by
-    others, not even for a moment: the temporary file is created 0600)."""
+def write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` atomically with ``mode`` (by default 0600: never
+    readable by others, not even for a moment: the temporary file is created so), fsynced
+    and its name made durable.  On failure (a full disk) the temporary file is removed
+    and ``path`` is left as it was."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        os.fchmod(fd, 0o600)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def holds(path: Path, data: bytes, mode: int = 0o600) -> bool:
+    """Whether ``path`` already holds exactly ``data``; a file holding it with another
+    mode gets ``mode`` (a chmod needs no space, a rewrite might: start-up must work on a
+    full disk)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if st.st_size != len(data) or os.read(fd, len(data) + 1) != data:
+            return False
+        if st.st_mode & 0o777 != mode:
+            os.fchmod(fd, mode)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+    return True

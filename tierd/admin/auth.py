@@ -35,7 +35,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from tierd.acl.secrets import write_private
+from tierd.acl.secrets import holds, write_private
 from tierd.logs import get_logger, kv
 from tierd.s3.auth import STREAMING, UNSIGNED_PAYLOAD, Authenticator
 from tierd.s3.errors import S3Error
@@ -85,12 +85,7 @@ def bootstrap_admin_token(data_dir: Path, env: Mapping[str, str] | None = None) 
         if len(token) < _MIN_TOKEN:
             token = secrets.token_urlsafe(32)
             source = "generated"
-    try:
-        current = path.read_text().strip()
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        current, mode = "", 0
-    if current != token or mode != 0o600:
+    if not holds(path, (token + "\n").encode()):  # (start-up on a full disk writes nothing)
         write_private(path, (token + "\n").encode())
     log.info("admin API token", extra=kv(file=str(path), source=source))
     return token

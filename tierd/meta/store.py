@@ -412,18 +412,20 @@ class MetaStore:
         self._check_schema()
 
     @classmethod
-    def open_lmdb(cls, path: Path | str, *, sync: str = "group") -> MetaStore:
+    def open_lmdb(cls, path: Path | str, *, sync: str = "group",
+                  map_size: int = 0) -> MetaStore:
         """The daemon's store.  ``sync`` is the ``meta_sync`` setting: ``group`` (group
         commit, durable at the durability points: see :mod:`tierd.meta.group_engine`),
         ``commit`` (every transaction fdatasynced before it returns) or
-        ``durability-points`` (lmdb without sync: scratch only)."""
+        ``durability-points`` (lmdb without sync: scratch only); ``map_size`` is
+        ``meta_map_size`` (0: lmdb_engine's default)."""
         from tierd.meta.group_engine import GroupCommitStore
-        from tierd.meta.lmdb_engine import LmdbStore
+        from tierd.meta.lmdb_engine import DEFAULT_MAP_SIZE, LmdbStore
 
         if sync not in SYNC_MODES:
             raise ValueError(f"meta_sync must be one of {', '.join(SYNC_MODES)}, not {sync!r}")
-        lmdb_store = LmdbStore(path, durable=sync != "durability-points",
-                               metasync=sync == "group")
+        lmdb_store = LmdbStore(path, map_size or DEFAULT_MAP_SIZE,
+                               durable=sync != "durability-points", metasync=sync == "group")
         engine: KVStore = GroupCommitStore(lmdb_store) if sync == "group" else lmdb_store
         try:
             return cls(engine)
