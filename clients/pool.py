@@ -29,6 +29,11 @@ class PoolQuotaExceeded(PoolRequestError):
     """The tenant's quota (EDQUOT) or the pool (ENOSPC) has no room: nothing was copied."""
 
 
+class PoolFull(PoolQuotaExceeded):
+    """The pool itself has no room (ENOSPC), whatever the tenant's quota: the message says
+    "memory pool full"; an exceeded quota is a plain :class:`PoolQuotaExceeded` (EDQUOT)."""
+
+
 def default_socket() -> Path:
     env = os.environ.get("TIERD_POOL_SOCKET")
     if env:
@@ -80,8 +85,8 @@ class PoolClient:
             for fd in fds:
                 os.close(fd)
             code = int(reply.get("errno", errno.EIO))
-            cls = PoolQuotaExceeded if code in (errno.EDQUOT, errno.ENOSPC) else \
-                PoolRequestError
+            cls = {errno.EDQUOT: PoolQuotaExceeded, errno.ENOSPC: PoolFull}.get(
+                code, PoolRequestError)
             raise cls(code, str(reply.get("error", "refused")))
         return reply, fds
 

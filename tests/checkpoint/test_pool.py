@@ -12,7 +12,7 @@ import signal
 import time
 
 import pytest
-from tierd_client.pool import PoolClient, PoolQuotaExceeded, PoolRequestError
+from tierd_client.pool import PoolClient, PoolFull, PoolQuotaExceeded, PoolRequestError
 
 from tierd.mempool.extents import ALIGN, Extents
 from tierd.mempool.pool import FarMemory, MemPool, PoolError
@@ -159,10 +159,25 @@ def test_regions_freed_when_the_owner_dies_unless_persistent(tierd: Tierd) -> No
     assert status == 200 and doc["used"] == 0 and doc["bytes_moved_out"] == 0
 
 
-def test_quota_error_names_the_numbers(tierd: Tierd) -> None:
-    with PoolClient(tierd.socket) as c, pytest.raises(PoolQuotaExceeded) as e:
-        c.alloc(1 << 40)
-    assert e.value.errno == errno.EDQUOT and str(1 << 40) in str(e.value)
+def test_pool_full_and_quota_exceeded_are_told_apart(tierd: Tierd) -> None:
+    """A tenant without a quota of its own is limited by the pool: too large a request is
+    "pool full" (ENOSPC), not "quota exceeded"; with a quota below the pool it is EDQUOT.
+    A quota larger than the pool is refused (it would limit nothing)."""
+    with PoolClient(tierd.socket) as c:
+        with pytest.raises(PoolFull) as full:
+            c.alloc(1 << 40)
+        assert full.value.errno == errno.ENOSPC and str(1 << 40) in str(full.value)
+        assert "memory pool full" in str(full.value) and "quota" not in str(full.value)
+        status, _ = tierd.admin_call("PUT", "/v1/pool/quota/0", {"bytes": 8 * MiB})
+        assert status == 200
+        with pytest.raises(PoolQuotaExceeded) as quota:
+            c.alloc(16 * MiB)
+        assert quota.value.errno == errno.EDQUOT and not isinstance(quota.value, PoolFull)
+        assert "quota exceeded" in str(quota.value)
+        status, doc = tierd.admin_call("PUT", "/v1/pool/quota/0", {"bytes": 1 << 40})
+        assert status == 400 and "larger than the pool" in doc["message"], doc
+        status, doc = tierd.admin_call("GET", "/v1/pool")
+        assert doc["tenants"]["0"]["quota"] == 8 * MiB  # the refused one changed nothing
 
 
 def test_tierctl_pool_and_ckpt_commands(tierd: Tierd) -> None:

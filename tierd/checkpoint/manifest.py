@@ -21,7 +21,10 @@ from tierd.errors import FsError
 
 FORMAT = "tierd-ckpt/1"
 DATA = "data"
+PART_PREFIX = "data-"
 MANIFEST = "manifest.json"
+#: most parts (ranks) one step may have
+MAX_PARTS = 1 << 16
 TMP_PREFIX = ".tierd-tmp-step-"
 _RUN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}")
 _STEP = re.compile(r"step-(0|[1-9][0-9]{0,17})")
@@ -46,6 +49,37 @@ def step_dir(step: int) -> str:
 
 def tmp_dir(step: int) -> str:
     return f"{TMP_PREFIX}{step}"
+
+
+def part_name(part: int) -> str:
+    """The file of one rank's part in a multi-part step directory."""
+    return f"{PART_PREFIX}{part}"
+
+
+def check_parts(part: object, parts: object) -> tuple[int, int]:
+    if (isinstance(parts, bool) or not isinstance(parts, int) or not 1 <= parts <= MAX_PARTS
+            or isinstance(part, bool) or not isinstance(part, int)
+            or not 0 <= part < parts):
+        raise FsError(errno.EINVAL, f"part {part!r} of {parts!r} is not valid: parts is the "
+                      f"job's world size (1-{MAX_PARTS}), part a rank below it")
+    return part, parts
+
+
+def check_global_manifest(doc: object, parts: int) -> dict[str, Any]:
+    """The coordinator's manifest of a multi-part step: one ``parts`` entry (index and
+    size) per rank, the rest (DCP's metadata) opaque."""
+    if not isinstance(doc, dict):
+        raise FsError(errno.EINVAL, "manifest must be a JSON object")
+    listed = doc.get("parts")
+    if not isinstance(listed, list) or len(listed) != parts:
+        raise FsError(errno.EINVAL, f"manifest needs a 'parts' list of {parts} entries")
+    for i, e in enumerate(listed):
+        if (not isinstance(e, dict) or e.get("part") != i or not isinstance(e.get("size"), int)
+                or e["size"] < 0):
+            raise FsError(errno.EINVAL, f"manifest part entry {i} needs part={i} and a size")
+    doc.setdefault("entries", [])
+    doc["size"] = 0  # the data is in the parts' files
+    return doc
 
 
 def parse_step_dir(name: str) -> int | None:

@@ -24,13 +24,14 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from tierd.acl import Identity
-from tierd.checkpoint.manifest import DATA, MANIFEST, step_dir, tmp_dir
+from tierd.checkpoint.manifest import DATA, MANIFEST, part_name, step_dir, tmp_dir
 from tierd.errors import FsError
 from tierd.mempool.pool import FarMemory, Region
 from tierd.namespace.entries import RENAME_NOREPLACE
 from tierd.tiers import fileio
 
 if TYPE_CHECKING:
+    from tierd.meta import Inode
     from tierd.namespace import Namespace
 
 BATCH = 64 << 20
@@ -84,27 +85,81 @@ async def _publish(ns: Namespace, far: FarMemory, ident: Identity, bucket: str, 
 
     data_path = await _write_temp(ns, fill_data)
     data = await ns.put_file(ident, bucket, f"{tmp}/{DATA}", data_path, size)
+    man = await _put_manifest(ns, ident, bucket, tmp, manifest)
+    await _rename_step(ns, ident, bucket, run, step)
+    return [data.ino, man.ino]
+
+
+async def write_part(ns: Namespace, far: FarMemory, ident: Identity, bucket: str, run: str,
+                     step: int, part: int, region: Region, size: int) -> int:
+    """Part ``part`` of a multi-part step from its region into the step's temporary
+    directory on hot: durable, not yet published.  Its inode."""
+
+    async def fill(fd: int) -> None:
+        await far.move(size, BATCH, lambda off, n: _sendfile_all(fd, region.fd, off, n))
+
+    path = await _write_temp(ns, fill)
+    node = await ns.put_file(ident, bucket, f"{run}/{tmp_dir(step)}/{part_name(part)}", path,
+                             size)
+    return node.ino
+
+
+async def publish_parts(ns: Namespace, ident: Identity, bucket: str, run: str, step: int,
+                        manifest: dict[str, Any]) -> list[int]:
+    """The step's manifest into its temporary directory (which holds the parts written
+    here), then the directory renamed to ``step-N``: the step appears whole or not at all.
+    The manifest's inode."""
+    man = await _put_manifest(ns, ident, bucket, f"{run}/{tmp_dir(step)}", manifest)
+    await _rename_step(ns, ident, bucket, run, step)
+    return [man.ino]
+
+
+async def _put_manifest(ns: Namespace, ident: Identity, bucket: str, tmp: str,
+                        manifest: dict[str, Any]) -> Inode:
     body = json.dumps(manifest, indent=1, sort_keys=True).encode()
 
     async def fill_manifest(fd: int) -> None:
         await asyncio.to_thread(os.pwrite, fd, body, 0)
 
     man_path = await _write_temp(ns, fill_manifest)
-    man = await ns.put_file(ident, bucket, f"{tmp}/{MANIFEST}", man_path, len(body),
-                            hashlib.md5(body).hexdigest(), {"content-type": "application/json"})
+    return await ns.put_file(ident, bucket, f"{tmp}/{MANIFEST}", man_path, len(body),
+                             hashlib.md5(body).hexdigest(),
+                             {"content-type": "application/json"})
+
+
+async def _rename_step(ns: Namespace, ident: Identity, bucket: str, run: str,
+                       step: int) -> None:
+    """``.tierd-tmp-step-N`` → ``step-N`` in one metadata transaction.  When ``step-N``
+    is there already -- the cold store's copy, written by another node that holds parts
+    of the same step, listed into this namespace -- the files move in one by one (the
+    manifest is the same bytes on every node: the one there stays)."""
     run_dir = await ns.resolve(ident, f"{bucket}/{run}")
-    await ns.rename(ident, run_dir.ino, tmp_dir(step).encode(), run_dir.ino,
-                    step_dir(step).encode(), RENAME_NOREPLACE)
+    try:
+        await ns.rename(ident, run_dir.ino, tmp_dir(step).encode(), run_dir.ino,
+                        step_dir(step).encode(), RENAME_NOREPLACE)
+    except FsError as e:
+        if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise
+        src = await ns.resolve(ident, f"{bucket}/{run}/{tmp_dir(step)}")
+        dst = await ns.resolve(ident, f"{bucket}/{run}/{step_dir(step)}")
+        for name, _inode in await ns.listdir(ident, src.ino):
+            if name.decode() == MANIFEST:
+                with contextlib.suppress(FsError):
+                    await ns.rename(ident, src.ino, name, dst.ino, name, RENAME_NOREPLACE)
+                continue
+            await ns.rename(ident, src.ino, name, dst.ino, name, 0)
+        await remove_step_dir(ns, ident, bucket, run, tmp_dir(step))
     await ns.sync()
-    return [data.ino, man.ino]
 
 
 async def remove_step_dir(ns: Namespace, ident: Identity, bucket: str, run: str,
                           name: str) -> None:
-    """Delete one step directory (or a crash's temporary one) and what it holds."""
+    """Delete one step directory (or a crash's temporary one) and what it holds: the data
+    file or the parts held here, and the manifest."""
     try:
-        for leaf in (DATA, MANIFEST):
-            await ns.delete_object(ident, bucket, f"{run}/{name}/{leaf}")
+        d = await ns.resolve(ident, f"{bucket}/{run}/{name}")
+        for leaf, _inode in await ns.listdir(ident, d.ino):
+            await ns.delete_object(ident, bucket, f"{run}/{name}/{leaf.decode()}")
         d = await ns.resolve(ident, f"{bucket}/{run}")
         await ns.rmdir(ident, d.ino, name.encode())
     except FsError as e:  # gone already (an implicit directory goes with its last key)
@@ -126,10 +181,11 @@ async def read_manifest(ns: Namespace, ident: Identity, bucket: str, run: str,
 
 
 async def open_data(ns: Namespace, ident: Identity, bucket: str, run: str,
-                    step: int) -> tuple[int, int, str]:
-    """(read-only fd of the whole data file on hot, inode, where it was: hot or cold).
-    The caller owns one placement hold on the inode (release it when the reader is done)."""
-    inode = await ns.resolve(ident, f"{bucket}/{run}/{step_dir(step)}/{DATA}")
+                    step: int, leaf: str = DATA) -> tuple[int, int, str]:
+    """(read-only fd of the whole file ``leaf`` of the step on hot, inode, where it was:
+    hot or cold).  The caller owns one placement hold on the inode (release it when the
+    reader is done)."""
+    inode = await ns.resolve(ident, f"{bucket}/{run}/{step_dir(step)}/{leaf}")
     await ns.access(ident, inode.ino, os.R_OK)
     p = ns.placement
     where = "hot"
@@ -149,3 +205,57 @@ async def open_data(ns: Namespace, ident: Identity, bucket: str, run: str,
             p.release(inode.ino)
         raise
     return fd, inode.ino, where
+
+
+async def import_remote(ns: Namespace, ident: Identity, bucket: str, run: str, step: int,
+                        leaf: str, size: int, timeout: float) -> None:
+    """Make ``step-N/leaf``, written by another node, a name here: it reaches this node
+    through the shared cold store (its writer's daemon persists it), so look it up there
+    until it is in cold with the size the manifest gives, for up to ``timeout`` s."""
+    key = f"{run}/{step_dir(step)}/{leaf}"
+    p = ns.placement
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        with contextlib.suppress(FsError):
+            if (await ns.resolve(ident, f"{bucket}/{key}")).size == size:
+                return
+        if p is not None:
+            info = await p.cold.head(f"{bucket}/{key}")
+            if info is not None and info.size == size:
+                # (the step's directory only: a listing of a few files, metadata only)
+                await p.importer.import_prefix(f"{bucket}/{run}/{step_dir(step)}/")
+                await p.forget_dropped()
+                with contextlib.suppress(FsError):
+                    if (await ns.resolve(ident, f"{bucket}/{key}")).size == size:
+                        return
+        if loop.time() >= deadline:
+            raise FsError(errno.ETIMEDOUT, f"{bucket}/{key} ({size} bytes) was written by "
+                          "another node and is not in the cold store yet: wait for that "
+                          f"node to persist the step (waited {timeout:g} s)")
+        await asyncio.sleep(0.2)
+
+
+async def in_cold(ns: Namespace, bucket: str, run: str, step: int, leaf: str,
+                  size: int | None = None) -> bool:
+    """Whether the cold store has ``step-N/leaf`` (of ``size`` bytes when given)."""
+    p = ns.placement
+    if p is None:
+        return False
+    info = await p.cold.head(f"{bucket}/{run}/{step_dir(step)}/{leaf}")
+    return info is not None and (size is None or info.size == size)
+
+
+async def cold_manifest(ns: Namespace, bucket: str, run: str,
+                        step: int) -> dict[str, Any] | None:
+    """The step's manifest as the cold store has it (written by the node of the job's
+    coordinator), or None."""
+    p = ns.placement
+    if p is None:
+        return None
+    key = f"{bucket}/{run}/{step_dir(step)}/{MANIFEST}"
+    info = await p.cold.head(key)
+    if info is None:
+        return None
+    doc = json.loads(await p.cold.get_range(key, 0, info.size))
+    return doc if isinstance(doc, dict) else None

@@ -23,9 +23,9 @@ import contextlib
 import errno
 import os
 import time
+import uuid
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from tierd.acl import Identity
@@ -34,6 +34,7 @@ from tierd.checkpoint.manifest import (
     DATA,
     FORMAT,
     MANIFEST,
+    PART_PREFIX,
     TMP_PREFIX,
     check_manifest,
     check_run,
@@ -41,6 +42,17 @@ from tierd.checkpoint.manifest import (
     parse_step_dir,
     step_dir,
     tmp_dir,
+)
+from tierd.checkpoint.parts import REMOTE_WAIT, Parts, manifest_parts
+from tierd.checkpoint.reclaim import Reclaimer
+from tierd.checkpoint.state import (
+    COMMITTED,
+    FAILED,
+    LOCAL,
+    PERSISTED,
+    STAGING,
+    Run,
+    Step,
 )
 from tierd.errors import FsError
 from tierd.logs import get_logger, kv
@@ -53,58 +65,11 @@ if TYPE_CHECKING:
 
 log = get_logger("checkpoint")
 
-STAGING, COMMITTED, LOCAL, PERSISTED, FAILED = (
-    "staging", "committed", "local", "persisted", "failed")
 #: how long a save waits for a region of its run still being written out before giving up
 REGION_WAIT = 60.0
 
-
-@dataclass
-class Step:
-    step: int
-    ident: Identity
-    state: str
-    region: Region | None = None
-    conn: int = 0
-    manifest: dict[str, Any] | None = None
-    inos: list[int] = field(default_factory=list)
-    error: str = ""
-    local: asyncio.Event = field(default_factory=asyncio.Event)
-    persisted: asyncio.Event = field(default_factory=asyncio.Event)
-    #: monotonic times of stage and commit (the phase durations tierd.metrics observes)
-    staged_at: float = field(default_factory=time.monotonic)
-    committed_at: float = 0.0
-
-    def describe(self) -> dict[str, Any]:
-        return {"step": self.step, "state": self.state, "in_pool": self.region is not None,
-                "size": (self.manifest or {}).get("size"), "error": self.error or None}
-
-
-@dataclass
-class Run:
-    bucket: str
-    name: str
-    keep_local: int
-    keep_cold: int
-    steps: dict[int, Step] = field(default_factory=dict)
-    regions: list[Region] = field(default_factory=list)
-    scanned: bool = False
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    # one retention pass at a time: every step's persist task runs one, and two at once
-    # removed the same old step (the second failed, and marked its own step failed)
-    retaining: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    def committed(self) -> list[int]:
-        """Steps a reader may see, oldest first."""
-        return sorted(n for n, s in self.steps.items() if s.state in (COMMITTED, LOCAL,
-                                                                      PERSISTED))
-
-    def region_busy(self, r: Region) -> bool:
-        return any(s.region is r and s.state in (STAGING, COMMITTED) for s in self.steps.values())
-
-    def signal(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
+__all__ = ["COMMITTED", "FAILED", "LOCAL", "PERSISTED", "STAGING", "CheckpointService",
+           "Run", "Step"]
 
 
 class CheckpointService:
@@ -120,21 +85,41 @@ class CheckpointService:
         self._holds: dict[int, list[int]] = defaultdict(list)
         #: (phase, seconds) of each step: stall, local, persisted (the daemon's metrics)
         self.observe: Callable[[str, float], None] | None = None
+        #: this daemon's name in a multi-node job's parts (a writer compares it with the
+        #: coordinator's to learn whether its node gets the commit directly)
+        self.node = uuid.uuid4().hex[:16]
+        self.parts = Parts(self)
+        self.reclaimer = Reclaimer(self)
 
     def register(self, server: PoolServer) -> None:
         for op, fn in (("ckpt.stage", self._stage), ("ckpt.commit", self._commit),
                        ("ckpt.abort", self._abort), ("ckpt.wait", self._wait),
                        ("ckpt.list", self._list), ("ckpt.open", self._open),
-                       ("ckpt.delete", self._delete)):
+                       ("ckpt.delete", self._delete), ("ckpt.hello", self._hello)):
             server.route(op, fn)
         server.on_close.append(self._closed)
+        self.pool.late_reclaimers.append(self.reclaimer.reclaim)
 
     async def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.pool.late_reclaimers.remove(self.reclaimer.reclaim)
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+
+    def track(self, t: asyncio.Task[None]) -> None:
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        self.track(asyncio.create_task(coro, name=name))
+
+    def hold(self, peer: Peer, ino: int) -> None:
+        """A placement hold on ``ino`` for as long as ``peer`` is connected (set by the
+        opener: :func:`publish.open_data`)."""
+        self._holds[peer.conn].append(ino)
 
     # -- runs --------------------------------------------------------------------------
     async def run(self, ident: Identity, msg: dict[str, Any], create: bool = False) -> Run:
@@ -157,6 +142,8 @@ class CheckpointService:
         await self._check_access(ident, run, create)
         if not run.scanned:
             await self._scan(run)
+        await self.parts.resolve(run)
+        run.used_at = time.monotonic()
         return run
 
     async def _check_access(self, ident: Identity, run: Run, write: bool) -> None:
@@ -208,11 +195,15 @@ class CheckpointService:
         run.scanned = True
 
     async def _learn_inos(self, run: Run, s: Step) -> None:
+        """The files of a published step (its data or the parts held here, and the
+        manifest)."""
         inos = []
-        for leaf in (DATA, MANIFEST):
-            with contextlib.suppress(FsError):
-                inos.append((await self.ns.resolve(
-                    Identity.ROOT, f"{run.bucket}/{run.name}/{step_dir(s.step)}/{leaf}")).ino)
+        with contextlib.suppress(FsError):
+            d = await self.ns.resolve(Identity.ROOT,
+                                      f"{run.bucket}/{run.name}/{step_dir(s.step)}")
+            inos = [inode.ino for name, inode in await self.ns.listdir(Identity.ROOT, d.ino)
+                    if name.decode(errors="replace") in (DATA, MANIFEST)
+                    or name.startswith(PART_PREFIX.encode())]
         s.inos = inos
         if self._all_clean(inos):
             s.state = PERSISTED
@@ -223,34 +214,46 @@ class CheckpointService:
             return bool(inos) and all(tx.queued(i) is None for i in inos)
 
     # -- saving ------------------------------------------------------------------------
+    async def _hello(self, peer: Peer, msg: dict[str, Any]) -> Reply:
+        return Reply(node=self.node, tenant=peer.tenant)
+
     async def _stage(self, peer: Peer, msg: dict[str, Any]) -> Reply:
         run = await self.run(peer.ident, msg, create=True)
         n = check_step(msg.get("step"))
+        run.conns.add(peer.conn)
+        if msg.get("parts") is not None:
+            return await self.parts.stage(peer, run, n, msg)
         size = max(int(msg["size"]), 1)
         old = run.steps.get(n)
         if old is not None and old.state != FAILED:
             raise FsError(errno.EEXIST, f"step {n} of run {run.name!r} already exists "
                           f"({old.state}); delete it first or save another step")
-        region = await self._region(run, peer, size)
+        region = await self.region_for(run, peer, size)
+        old = run.steps.get(n)  # (the wait for a region let other requests in)
+        if old is not None and old.state != FAILED:
+            raise FsError(errno.EEXIST, f"step {n} of run {run.name!r} is being saved")
         for s in run.steps.values():
-            if s.region is region:
-                s.region = None  # its pool copy is overwritten now; hot has it
+            s.forget_region(region)  # its pool copy is overwritten now; hot has it
         region.conn, region.persistent = peer.conn, False
         run.steps[n] = Step(n, peer.ident, STAGING, region, peer.conn)
-        return Reply([os.dup(region.fd)], region=region.describe())
+        run.region_part[region.id] = -1
+        return Reply([os.dup(region.fd)], region=region.describe(), node=self.node)
 
-    async def _region(self, run: Run, peer: Peer, size: int) -> Region:
-        """A region of at least ``size`` bytes: an idle one of the run's, else a new one,
-        making room by freeing the run's idle regions and waiting for busy ones."""
+    async def region_for(self, run: Run, peer: Peer, size: int, part: int = -1) -> Region:
+        """A region of at least ``size`` bytes: an idle one of the run's (the one this
+        part had last time first: the writer's mapping of it is warm), else a new one,
+        making room by reclaiming the pool copies of other runs (least recently used
+        first), freeing the run's own idle regions and waiting for busy ones."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REGION_WAIT
         while True:
             idle = [r for r in run.regions if r.tenant == peer.tenant and r.size >= size
                     and not run.region_busy(r) and r.id in self.pool.regions]
             if idle:
-                return min(idle, key=lambda r: r.size)
+                return min(idle, key=lambda r: (run.region_part.get(r.id) != part, r.size))
             try:
-                self.pool.check_room(peer.tenant, size)
+                with self.reclaimer.sparing(run):
+                    self.pool.check_room(peer.tenant, size)
             except PoolError:
                 spare = [r for r in run.regions if r.tenant == peer.tenant
                          and not run.region_busy(r)]
@@ -271,22 +274,27 @@ class CheckpointService:
 
     def drop_region(self, run: Run, r: Region) -> None:
         run.regions.remove(r)
+        run.region_part.pop(r.id, None)
         for s in run.steps.values():
-            if s.region is r:
-                s.region = None
+            s.forget_region(r)
         if r.id in self.pool.regions:
             self.pool.free(r.id)
 
     def _staged(self, run: Run, peer: Peer, n: int) -> Step:
         s = run.steps.get(n)
-        if s is None or s.state != STAGING or s.conn != peer.conn:
+        if s is None or s.parts or s.state != STAGING or s.conn != peer.conn:
             raise FsError(errno.ENOENT, f"step {n} of run {run.name!r} is not being staged "
                           "by this connection")
         return s
 
     async def _commit(self, peer: Peer, msg: dict[str, Any]) -> Reply:
         run = await self.run(peer.ident, msg)
-        s = self._staged(run, peer, check_step(msg.get("step")))
+        n = check_step(msg.get("step"))
+        if msg.get("part") is not None:
+            return await self.parts.commit_part(peer, run, n, msg)
+        if msg.get("parts") is not None:
+            return await self.parts.commit(peer, run, n, msg)
+        s = self._staged(run, peer, n)
         assert s.region is not None
         doc = check_manifest(msg.get("manifest"), s.region.size)
         doc.update(format=FORMAT, run=run.name, step=s.step)
@@ -296,14 +304,15 @@ class CheckpointService:
         if self.observe is not None:
             self.observe("stall", s.committed_at - s.staged_at)
         s.region.conn, s.region.persistent = 0, True  # the daemon's now, until published
-        t = asyncio.create_task(self._persist(run, s), name=f"ckpt-{run.name}-{s.step}")
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+        self.spawn(self._persist(run, s), f"ckpt-{run.name}-{s.step}")
         return Reply(state=s.state)
 
     async def _abort(self, peer: Peer, msg: dict[str, Any]) -> Reply:
         run = await self.run(peer.ident, msg)
-        s = self._staged(run, peer, check_step(msg.get("step")))
+        n = check_step(msg.get("step"))
+        if msg.get("part") is not None:
+            return await self.parts.abort(peer, run, n, msg)
+        s = self._staged(run, peer, n)
         del run.steps[s.step]
         if s.region is not None:
             s.region.conn, s.region.persistent = 0, True
@@ -311,14 +320,22 @@ class CheckpointService:
         return Reply(aborted=s.step)
 
     def _closed(self, peer: Peer) -> None:
-        """A client went away: its staged steps vanish (their regions are already freed)."""
+        """A client went away: its staged steps vanish (their regions are already freed),
+        and its parts' steps learn what that means for them (:meth:`Parts.closed`)."""
+        self.parts.closed(peer)
         for run in self.runs.values():
+            run.conns.discard(peer.conn)
             for n in [n for n, s in run.steps.items()
-                      if s.state == STAGING and s.conn == peer.conn]:
+                      if s.state == STAGING and not s.parts and s.conn == peer.conn]:
                 del run.steps[n]
                 log.info("dropped a staged checkpoint of a closed connection",
                          extra=kv(run=run.name, step=n, pid=peer.pid))
-            run.regions = [r for r in run.regions if r.id in self.pool.regions]
+            gone = [r for r in run.regions if r.id not in self.pool.regions]
+            for r in gone:
+                run.regions.remove(r)
+                run.region_part.pop(r.id, None)
+                for s in run.steps.values():
+                    s.forget_region(r)
             run.signal()
         p = self.ns.placement
         for ino in self._holds.pop(peer.conn, []):
@@ -330,22 +347,7 @@ class CheckpointService:
         try:
             s.inos = await publish.publish(self.ns, self.pool.far, s.ident, run.bucket,
                                            run.name, s.step, s.region, s.manifest)
-            s.state = LOCAL
-            s.local.set()
-            if self.observe is not None:
-                self.observe("local", time.monotonic() - s.committed_at)
-            run.signal()
-            await self._retain(run)
-            p = self.ns.placement
-            if p is not None:
-                for ino in s.inos:
-                    await p.wait_persisted(ino)
-            if s.state == LOCAL:
-                s.state = PERSISTED
-            s.persisted.set()
-            if self.observe is not None:
-                self.observe("persisted", time.monotonic() - s.committed_at)
-            await self._retain(run)
+            await self.published(run, s)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -358,7 +360,31 @@ class CheckpointService:
         finally:
             run.signal()
 
-    async def _retain(self, run: Run) -> None:
+    async def published(self, run: Run, s: Step,
+                        elsewhere: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Step ``s`` is on hot under its name: ``local``; then ``persisted`` once the
+        placement engine has its files in cold (and ``elsewhere`` returned: the parts other
+        nodes wrote), with a retention pass after each."""
+        s.state = LOCAL
+        s.local.set()
+        if self.observe is not None:
+            self.observe("local", time.monotonic() - s.committed_at)
+        run.signal()
+        await self.retain(run)
+        p = self.ns.placement
+        if p is not None:
+            for ino in s.inos:
+                await p.wait_persisted(ino)
+        if elsewhere is not None:
+            await elsewhere()
+        if s.state == LOCAL:
+            s.state = PERSISTED
+        s.persisted.set()
+        if self.observe is not None:
+            self.observe("persisted", time.monotonic() - s.committed_at)
+        await self.retain(run)
+
+    async def retain(self, run: Run) -> None:
         async with run.retaining:
             done = sorted(n for n, s in run.steps.items() if s.state in (LOCAL, PERSISTED))
             if not done:
@@ -407,7 +433,7 @@ class CheckpointService:
         for o in [o for n, o in run.steps.items() if n < s.step and o.state != STAGING]:
             await o.persisted.wait()  # (a staged step may never commit: not waited for)
         # the step's own retention pass runs after its event is set: make sure one has
-        await self._retain(run)
+        await self.retain(run)
 
     def _step(self, run: Run, n: int | None) -> Step:
         """Step ``n`` (None: the newest) or an error naming the steps there are."""
@@ -435,9 +461,14 @@ class CheckpointService:
                 "keep_local": run.keep_local, "keep_cold": run.keep_cold}
 
     async def _open(self, peer: Peer, msg: dict[str, Any]) -> Reply:
+        """A step's manifest and data.  A multi-part step answers its manifest alone, and
+        each part with ``part`` (a rank reads only the parts its plan needs)."""
         run = await self.run(peer.ident, msg)
         want = msg.get("step")
-        s = self._step(run, None if want is None else check_step(want))
+        n = None if want is None else check_step(want)
+        timeout = float(msg.get("timeout") or REMOTE_WAIT)
+        await self.parts.settle(run, n, timeout)
+        s = self._step(run, n)
         if s.region is not None and s.manifest is not None:
             try:  # the pool's ownership rule; other readers go through the namespace's
                 region = self.pool.get(s.region.id, peer.tenant)
@@ -448,9 +479,14 @@ class CheckpointService:
                              region=region.describe(), manifest=s.manifest)
         manifest = s.manifest or await publish.read_manifest(
             self.ns, peer.ident, run.bucket, run.name, s.step)
+        if manifest_parts(manifest):
+            s.manifest = manifest
+            if msg.get("part") is None:
+                return Reply(step=s.step, where="manifest", manifest=manifest)
+            return await self.parts.open_part(peer, run, s, manifest, msg["part"], timeout)
         fd, ino, where = await publish.open_data(self.ns, peer.ident, run.bucket, run.name,
                                                  s.step)
-        self._holds[peer.conn].append(ino)
+        self.hold(peer, ino)
         return Reply([fd], step=s.step, where=where, manifest=manifest)
 
     async def _delete(self, peer: Peer, msg: dict[str, Any]) -> Reply:
@@ -460,6 +496,10 @@ class CheckpointService:
         """Remove step ``msg["step"]`` of a run (the SDK's delete, ``tierctl ckpt rm``)."""
         run = await self.run(ident, msg)
         n = check_step(msg.get("step"))
+        s = run.steps.get(n)
+        if s is not None and s.parts and s.state == STAGING and s.orphaned_at:
+            self.parts.drop(run, s, "deleted while its parts were in doubt")
+            return n
         s = self._step(run, n)
         if s.state == COMMITTED:
             raise FsError(errno.EBUSY, f"step {n} is still being written out; wait for it")
@@ -492,7 +532,8 @@ class CheckpointService:
         await publish.remove_step_dir(self.ns, ident, run.bucket, run.name, step_dir(n))
         gone = run.steps.pop(n, None)  # only once the namespace let it go
         if gone is not None:
-            gone.region = None
+            for r in gone.regions():
+                gone.forget_region(r)
         run.signal()
 
     def status(self) -> list[dict[str, Any]]:

@@ -32,6 +32,14 @@ class MemoryDoor:
         self.pool = MemPool(capacity, default_quota, far)
         with ns.meta.snapshot() as tx:
             self.pool.quotas = tx.list_pool_quotas()
+        if default_quota > self.pool.capacity:
+            log.warning("pool_default_quota is larger than the pool: it limits nothing",
+                        extra=kv(default_quota=default_quota, capacity=self.pool.capacity))
+        for tenant, q in self.pool.quotas.items():
+            if q > self.pool.capacity:
+                log.warning("a tenant's pool quota is larger than the pool: it limits "
+                            "nothing", extra=kv(tenant=tenant, quota=q,
+                                                capacity=self.pool.capacity))
         self.server = PoolServer(socket_path, self.pool)
         self.ckpt = CheckpointService(ns, self.pool, keep_local=keep_local,
                                       keep_cold=keep_cold)
@@ -70,6 +78,11 @@ class MemoryDoor:
     def set_quota(self, tenant: int, nbytes: int) -> dict[str, Any]:
         if tenant < 0 or nbytes < 0:
             raise ValueError("tenant and bytes must be non-negative")
+        if nbytes > self.pool.capacity:
+            # it would limit nothing, and its errors would say "quota" when the pool is full
+            raise ValueError(f"a quota of {nbytes} bytes is larger than the pool "
+                             f"({self.pool.capacity} bytes, pool_capacity): use at most that, "
+                             "or 0 for the whole pool")
         with self.ns.meta.write() as tx:
             if nbytes == 0:
                 tx.delete_pool_quota(tenant)

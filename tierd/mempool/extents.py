@@ -5,27 +5,38 @@ real CXL pool is one device address range: regions occupy extents of it, and a p
 enough free bytes in total can still fail a large allocation when the free bytes are
 scattered.  Modelling the range keeps that behaviour (and the ``fragmentation`` statistic)
 honest instead of treating capacity as a single counter.
+
+Large regions take whole 2 MiB units.  Small ones (under half a unit: the memory tier's
+copies of small files) are **packed**: they take 4 KiB pages of a 2 MiB slab carved from
+the range, so a thousand 10 KiB files hold 12 MiB of the pool, not 2 GiB.  A slab goes back
+to the range when its last region is freed.
 """
 
 from __future__ import annotations
 
 import bisect
 
-#: extents are multiples of this (a huge page: how CXL memory is usually carved up)
+#: extents of large regions are multiples of this (a huge page: how CXL memory is carved)
 ALIGN = 2 << 20
+#: small regions are multiples of this, packed into slabs of ALIGN bytes
+PAGE = 4 << 10
+#: regions below this size are packed
+SMALL = ALIGN // 2
 
 
 def align_up(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+    """The bytes a region of ``n`` bytes holds of the pool."""
+    unit = PAGE if n < SMALL else ALIGN
+    return (max(n, 1) + unit - 1) // unit * unit
 
 
-class Extents:
-    """Free extents of ``[0, capacity)``, kept sorted by offset and coalesced."""
+class _Range:
+    """Free extents of ``[base, base+size)`` in multiples of ``unit``, sorted, coalesced."""
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity // ALIGN * ALIGN
-        self._starts: list[int] = [0] if self.capacity else []
-        self._lens: list[int] = [self.capacity] if self.capacity else []
+    def __init__(self, base: int, size: int, unit: int) -> None:
+        self.unit = unit
+        self._starts: list[int] = [base] if size else []
+        self._lens: list[int] = [size] if size else []
 
     @property
     def free(self) -> int:
@@ -35,14 +46,7 @@ class Extents:
     def largest(self) -> int:
         return max(self._lens, default=0)
 
-    def fragmentation(self) -> float:
-        """0 when all free bytes are one extent, towards 1 when they are scattered."""
-        free = self.free
-        return 0.0 if free == 0 else 1.0 - self.largest / free
-
     def alloc(self, size: int) -> int | None:
-        """Offset of a new extent of ``size`` (aligned) bytes, or None if none fits."""
-        size = align_up(size)
         for i, length in enumerate(self._lens):
             if length >= size:
                 off = self._starts[i]
@@ -55,8 +59,6 @@ class Extents:
         return None
 
     def release(self, offset: int, size: int) -> None:
-        """Give an extent back, merging it with free neighbours."""
-        size = align_up(size)
         i = bisect.bisect_left(self._starts, offset)
         if i < len(self._starts) and self._starts[i] < offset + size:
             raise ValueError(f"extent {offset}+{size} overlaps a free extent")
@@ -75,3 +77,64 @@ class Extents:
         else:
             self._starts.insert(i, offset)
             self._lens.insert(i, size)
+
+
+class Extents:
+    """The pool's range: large extents first-fit in 2 MiB units, small ones in slabs."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity // ALIGN * ALIGN
+        self._big = _Range(0, self.capacity, ALIGN)
+        #: slab offset -> its free pages
+        self._slabs: dict[int, _Range] = {}
+
+    @property
+    def free(self) -> int:
+        return self._big.free + sum(s.free for s in self._slabs.values())
+
+    @property
+    def largest(self) -> int:
+        """The largest extent one region could take now."""
+        return max([self._big.largest, *(s.largest for s in self._slabs.values())])
+
+    def fits(self, size: int) -> bool:
+        need = align_up(size)
+        if need < SMALL and any(s.largest >= need for s in self._slabs.values()):
+            return True
+        return self._big.largest >= (need if need >= SMALL else ALIGN)
+
+    def fragmentation(self) -> float:
+        """0 when all free bytes are one extent, towards 1 when they are scattered."""
+        free = self.free
+        return 0.0 if free == 0 else 1.0 - self.largest / free
+
+    def alloc(self, size: int) -> int | None:
+        """Offset of a new extent for a region of ``size`` bytes, or None if none fits."""
+        need = align_up(size)
+        if need >= SMALL:
+            return self._big.alloc(need)
+        for slab in self._slabs.values():
+            off = slab.alloc(need)
+            if off is not None:
+                return off
+        base = self._big.alloc(ALIGN)
+        if base is None:
+            return None
+        slab = self._slabs[base] = _Range(base, ALIGN, PAGE)
+        return slab.alloc(need)
+
+    def release(self, offset: int, size: int) -> None:
+        """Give an extent back, merging it with free neighbours (and an emptied slab with
+        the range)."""
+        need = align_up(size)
+        if need >= SMALL:
+            self._big.release(offset, need)
+            return
+        base = offset // ALIGN * ALIGN
+        slab = self._slabs.get(base)
+        if slab is None:
+            raise ValueError(f"extent {offset}+{size} is in no slab")
+        slab.release(offset, need)
+        if slab.free == ALIGN:
+            del self._slabs[base]
+            self._big.release(base, ALIGN)

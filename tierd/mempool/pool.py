@@ -102,11 +102,18 @@ class MemPool:
         #: users of the pool (the memory tier) give regions back so that checkpoints and
         #: clients, which hold the only copy of their bytes, come first
         self.reclaimers: list[Callable[[int, int], None]] = []
+        #: asked after ``reclaimers``: checkpoints' pool copies of steps durable on hot
+        #: (they also serve restores and the run's next save, so they go last)
+        self.late_reclaimers: list[Callable[[int, int], None]] = []
 
     # -- accounting --------------------------------------------------------------------
     def quota_of(self, tenant: int) -> int:
         q = self.quotas.get(tenant, self.default_quota)
         return q if q > 0 else self.capacity
+
+    def quota_limited(self, tenant: int) -> bool:
+        """Whether the tenant's quota, not the pool's size, is what bounds it."""
+        return self.quota_of(tenant) < self.capacity
 
     def used_by(self, tenant: int) -> int:
         return sum(align_up(r.size) for r in self.regions.values() if r.tenant == tenant)
@@ -119,25 +126,31 @@ class MemPool:
         """Raise the error an allocation of ``size`` would get, before anyone copies.
         Reclaimable cache regions are given back first."""
         err = self._room_error(tenant, size)
-        if err is not None and err.errno != errno.EINVAL and self.reclaimers:
-            for reclaim in self.reclaimers:
-                reclaim(tenant, align_up(size))
+        for reclaim in [*self.reclaimers, *self.late_reclaimers]:
+            if err is None or err.errno == errno.EINVAL:
+                break
+            reclaim(tenant, align_up(size))
             err = self._room_error(tenant, size)
         if err is not None:
             raise err
 
     def _room_error(self, tenant: int, size: int) -> PoolError | None:
+        """EDQUOT when the tenant's own quota is what is exceeded, ENOSPC ("pool full")
+        when the pool has no extent for it -- a tenant without a quota of its own (its
+        limit is the whole pool) that finds the pool full is told so, not that a quota was
+        exceeded."""
         if size <= 0:
             return PoolError(errno.EINVAL, f"region size must be positive, not {size}")
         need = align_up(size)
         used, quota = self.used_by(tenant), self.quota_of(tenant)
-        if used + need > quota:
+        if self.quota_limited(tenant) and used + need > quota:
             return PoolError(errno.EDQUOT, f"pool quota exceeded for tenant {tenant}: "
                              f"{used} bytes used + {need} asked > quota {quota}")
-        if need > self.extents.largest:
+        if not self.extents.fits(size):
             return PoolError(errno.ENOSPC, f"memory pool full: {need} bytes asked, "
                              f"{self.extents.free} free (largest extent "
-                             f"{self.extents.largest}) of {self.capacity}")
+                             f"{self.extents.largest}) of {self.capacity}; tenant {tenant} "
+                             f"holds {used}")
         return None
 
     # -- regions -----------------------------------------------------------------------
@@ -152,8 +165,11 @@ class MemPool:
         try:
             fd = os.memfd_create(f"tierd-region-{rid}",
                                  os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        except OSError:
+        except OSError as e:
             self.extents.release(offset, size)
+            if e.errno in (errno.EMFILE, errno.ENFILE):  # one descriptor per region
+                raise PoolError(errno.ENOSPC, f"memory pool full: no descriptor left for "
+                                f"another region ({len(self.regions)} regions)") from None
             raise
         try:
             os.ftruncate(fd, size)
@@ -222,6 +238,7 @@ class MemPool:
             "used": self.used,
             "free": self.extents.free,
             "largest_free": self.extents.largest,
+            "default_quota": self.default_quota,
             "fragmentation": round(self.extents.fragmentation(), 4),
             "regions": len(self.regions),
             "tenants": {str(k): v for k, v in sorted(tenants.items())},
