@@ -73,6 +73,7 @@ NON_SETTING_ENV: frozenset[str] = frozenset(
         "TIERD_ADMIN_URL",  # tierctl: where the admin API listens
         "TIERD_ADMIN_TOKEN",  # admin API bearer token (tierd.admin.auth, tierctl)
         "TIERD_VENV",  # dev.sh: location of the virtual environment
+        "TIERD_CRASHPOINT",  # tests: die at a named step (tierd.namespace.crashpoint)
     }
 )
 

@@ -25,6 +25,12 @@ so numeric order is byte order:
 ``S<ino>``                  import stamp of a directory: when cold was last listed (ns)
 ``Y<prefix>``               :class:`PlacementPolicy`
 ``U<uid>``                  memory-pool quota of a tenant (u64 bytes)
+``W<ino>``                  small-write log: version and bytes of a small PUT's data file
+``G<ino>``                  garbage: the inode's data file is unreachable (written in the
+                            transaction that dropped the inode); removed once that
+                            transaction is durable, or at the next start
+``V<ino>``                  in-place write intention: the data file may differ from the
+                            recorded version (a durable ``V`` at start bumps the version)
 ==========================  ===================================================
 """
 
@@ -153,6 +159,7 @@ class MetaTxn:
         for name, _ in list(self.list_xattrs(ino)):
             self.kv.delete(b"X" + _u64(ino) + name)
         self.kv.delete(b"O" + _u64(ino))
+        self.kv.delete(b"V" + _u64(ino))
 
     def iter_inodes(self) -> Iterator[Inode]:
         for _, raw in self.kv.scan(b"I", prefix_end(b"I")):
@@ -345,6 +352,34 @@ class MetaTxn:
         """(ino, version, data) of every logged file, in inode order."""
         for k, v in self.kv.scan(b"W", prefix_end(b"W")):
             yield int(_U64.unpack(k[1:])[0]), int(_U64.unpack(v[:8])[0]), bytes(v[8:])
+
+    # -- crash safety of data files (docs/durability.md) ------------------------------------
+    def add_garbage(self, ino: int) -> None:
+        """``ino``'s data file is unreachable once this transaction commits; its space is
+        reclaimed after the commit is durable (a crash before that rolls the drop back, and
+        the bytes must still be there)."""
+        self.kv.put(b"G" + _u64(ino), b"")
+
+    def remove_garbage(self, ino: int) -> None:
+        self.kv.delete(b"G" + _u64(ino))
+
+    def list_garbage(self) -> list[int]:
+        return [int(_U64.unpack(k[1:])[0]) for k, _ in self.kv.scan(b"G", prefix_end(b"G"))]
+
+    def add_intent(self, ino: int) -> None:
+        """``ino``'s data file is about to change in place: until :meth:`remove_intent`
+        (in the commit that records the change) its bytes may differ from the recorded
+        version, and recovery gives it a new one."""
+        self.kv.put(b"V" + _u64(ino), b"")
+
+    def remove_intent(self, ino: int) -> bool:
+        return self.kv.delete(b"V" + _u64(ino))
+
+    def has_intent(self, ino: int) -> bool:
+        return self.kv.get(b"V" + _u64(ino)) is not None
+
+    def list_intents(self) -> list[int]:
+        return [int(_U64.unpack(k[1:])[0]) for k, _ in self.kv.scan(b"V", prefix_end(b"V"))]
 
     # -- placement: persist queue, cold records, import stamps, policies -------------------
     def enqueue(self, ino: int, token: bytes) -> None:

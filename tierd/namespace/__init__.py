@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from tierd.errors import FsError
-from tierd.meta import ROOT_INO, Inode, MetaStore
+from tierd.meta import ROOT_INO, STATE_DIRTY, Inode, MetaStore, MetaTxn
 from tierd.namespace.base import ROOT_MODE, Change, StatFs, now_ns
 from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
 from tierd.namespace.multipart import MultipartOps
@@ -51,17 +51,29 @@ class Namespace(MultipartOps, XattrOps):
         """``placement`` (started by the caller) makes cold the system of record and
         ``hot_dir`` its block cache; without it, data lives only in ``hot_dir``."""
         ns = cls(meta, HotDir(Path(hot_dir)), umask, placement)
-        ns._recover()
-        await ns._sync_meta()
+        unclean_below = ns._recover()
+        await ns._sync_meta()  # what recovery changed, durable before a file goes
+        reclaimed = ns.garbage.recover()
+        unnamed = 0
+        if unclean_below:
+            unnamed = await asyncio.to_thread(ns.garbage.remove_unnamed, unclean_below)
+        if reclaimed or unnamed:
+            log.info("recovered: %d dropped data files reclaimed, %d data files no inode "
+                     "names removed", reclaimed, unnamed)
         if placement is not None:
             await placement.import_buckets()
         return ns
 
-    def _recover(self) -> None:
+    def _recover(self) -> int:
         """Create the root on first start; after a crash, drop staged uploads and the
-        files that were unlinked while open (nothing can hold them any more).  First of
-        all, small files whose data only the metadata log holds get it back."""
+        files that were unlinked while open (nothing can hold them any more), and give
+        every file changed in place since its last durable point a new version.  First of
+        all, small files whose data only the metadata log holds get it back.
+
+        Returns 0 after a clean stop, else the first inode number this start may hand out
+        (data files of lower numbers that no inode names are leftovers of the crash)."""
         self.smalllog.replay()
+        unclean_below = 0
         with self.meta.write() as tx:
             if tx.get_inode(ROOT_INO) is None:
                 t = now_ns()
@@ -75,7 +87,7 @@ class Namespace(MultipartOps, XattrOps):
                 # nobody waited for may be lost (group commit), including counter increments.
                 # Numbers handed out then must never be handed out again (a data file of a
                 # lost inode may still exist), so skip well past them.
-                tx.add_counter("next_ino", COUNTER_SKIP)
+                unclean_below = tx.add_counter("next_ino", COUNTER_SKIP) + 1
                 tx.add_counter("next_version", COUNTER_SKIP)
                 log.warning("the metadata store was not closed cleanly: inode and version "
                             "numbers skip ahead by %d", COUNTER_SKIP)
@@ -86,13 +98,35 @@ class Namespace(MultipartOps, XattrOps):
                 if self.placement is not None:
                     self.placement.deleted(tx, ino)
                 tx.delete_inode(ino)
-        for ino in orphans:
-            self._forget_data(ino)
+                tx.add_garbage(ino)  # reclaimed once this is durable (load)
+            changed = self._bump_changed(tx)
         staged = self.hot.clear_temp()
         self._recover_uploads()
-        if orphans or staged:
-            log.info("recovered: %d orphaned files and %d staged uploads removed",
-                     len(orphans), staged)
+        if orphans or staged or changed:
+            log.info("recovered: %d orphaned files and %d staged uploads removed, %d files "
+                     "changed in place given a new version", len(orphans), staged, changed)
+        return unclean_below
+
+    def _bump_changed(self, tx: MetaTxn) -> int:
+        """Files whose in-place change was cut short by the crash (their ``V`` key is
+        durable, the commit that would have removed it is not): the data file may hold
+        any mix of the recorded version and the new bytes, so it becomes a new version
+        with an unknown ETag (computed on demand), dirty and queued for the persister.
+        Their whole content is on hot: the writer made it local before the intention."""
+        n = 0
+        for ino in tx.list_intents():
+            tx.remove_intent(ino)
+            inode = tx.get_inode(ino)
+            if inode is None or not inode.is_reg:
+                continue
+            inode.version = tx.next_version()
+            inode.etag = ""
+            inode.state = STATE_DIRTY
+            inode.ctime_ns = now_ns()
+            tx.put_inode(inode)
+            self._queue(tx, inode)
+            n += 1
+        return n
 
     async def close(self) -> None:
         """Make every open file durable and release it."""
@@ -104,6 +138,7 @@ class Namespace(MultipartOps, XattrOps):
                 await self.release(fh)
             except OSError:
                 log.exception("releasing handle %d at shutdown", fh)
+        await self.garbage.drain()
         await self.smalllog.close()
         await asyncio.to_thread(self.hot.small.close)  # every small file already handed in
         with self.meta.write() as tx:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tierd.acl import X_OK, Identity, check_access
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, Inode, MetaStore, MetaTxn
+from tierd.namespace.garbage import Garbage
 from tierd.namespace.names import check_name
 from tierd.namespace.smalllog import SmallLog
 from tierd.tiers.hotdir import HotDir
@@ -77,6 +78,11 @@ class OpenFile:
     md5_pos: int = 0  # end of the bytes queued for hashing
     md5_done: int = 0  # end of the bytes hashed so far
     privs: bool = False  # mode has setuid, or setgid with group exec: a write must drop them
+    # the size the last commit recorded: a write below it changes bytes a committed (maybe
+    # durable) version names, and needs a durable intention first (files.FileOps.write)
+    committed_size: int = 0
+    intent: bool = False  # this inode's ``V`` key is durable: bytes may change in place
+    intending: asyncio.Future[None] | None = None  # the ``V`` key being made durable
     # hashing runs behind the writes, on the other core, as a chain of tasks in write order
     hash_tail: asyncio.Future[None] | None = None
     hash_backlog: int = 0
@@ -151,6 +157,9 @@ class NamespaceBase:
         self.meta = meta
         self.hot = hot
         self.smalllog = SmallLog(meta, hot)
+        self.garbage = Garbage(meta, hot, self._placement_forget)
+        # inodes whose size is being changed (files.FileOps._set_size): writes wait
+        self._resizing: dict[int, asyncio.Future[None]] = {}
         self.umask = umask
         # with placement, data lives once in cold and hot caches blocks (docs/placement.md)
         self.placement = placement
@@ -266,7 +275,7 @@ class NamespaceBase:
         if of is None:
             of = OpenFile(inode.ino, functools.partial(self.hot.open, inode.ino, create=True),
                           inode.size, mtime_ns=inode.mtime_ns,
-                          ctime_ns=inode.ctime_ns)
+                          ctime_ns=inode.ctime_ns, committed_size=inode.size)
             if inode.size == 0:
                 of.md5 = hashlib.md5()
             self._open[inode.ino] = of
@@ -278,16 +287,22 @@ class NamespaceBase:
         return fh
 
     def _forget_data(self, ino: int) -> None:
-        """Drop a file's bytes once nothing names or holds it."""
-        self.hot.remove(ino)
+        """Drop a file's bytes once nothing names or holds it: called after the commit that
+        deleted the inode and wrote its ``G`` key; the file goes once that commit is
+        durable (:mod:`tierd.namespace.garbage`)."""
+        self.garbage.add(ino)
+
+    def _placement_forget(self, ino: int) -> None:
         if self.placement is not None:
             self.placement.forget(ino)
 
     # -- placement hooks (no-ops without placement) ----------------------------------------
     def _open_dirty(self, ino: int) -> bool:
-        """Unflushed writes in the hot file: not uploadable, not evictable."""
+        """Unflushed writes in the hot file (or about to be: the intention is being made
+        durable): not uploadable, not evictable."""
         of = self._open.get(ino)
-        return of is not None and (of.dirty or of.synced_gen != of.gen)
+        return of is not None and (of.dirty or of.synced_gen != of.gen
+                                   or of.intending is not None)
 
     def _queue(self, tx: MetaTxn, inode: Inode, content: bool = True) -> None:
         """Inside the txn that changed ``inode``'s content (or names): persist it."""
@@ -314,7 +329,9 @@ class NamespaceBase:
 
     def _drop_inode(self, tx: MetaTxn, inode: Inode) -> bool:
         """Called when ``inode`` lost its last name: delete it now, or mark it an orphan if
-        a handle still holds it.  Returns True when its data must be removed after commit."""
+        a handle still holds it.  Returns True when its data must be removed after commit
+        (:meth:`_forget_data`; the ``G`` key that says so is written here, in the same
+        transaction)."""
         if self.placement is not None and inode.is_reg:
             self.placement.deleted(tx, inode.ino)
         if inode.ino in self._open:
@@ -322,6 +339,8 @@ class NamespaceBase:
             tx.add_orphan(inode.ino)
             return False
         tx.delete_inode(inode.ino)
+        if inode.is_reg:
+            tx.add_garbage(inode.ino)
         return inode.is_reg
 
     async def _commit_open(self, of: OpenFile) -> None:

@@ -3,6 +3,7 @@ unlink/rmdir, rename, listing and path resolution — Linux semantics and errnos
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hashlib
 import os
@@ -23,6 +24,7 @@ from tierd.namespace.base import (
     now_ns,
 )
 from tierd.namespace.contentmeta import forget_content_meta
+from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.names import SYMLINK_MAX, check_bucket_name, check_name
 
 RENAME_NOREPLACE = 1
@@ -242,16 +244,38 @@ class EntryOps(NamespaceBase):
 
     async def _set_size(self, ino: int, size: int, drop: bool = False) -> None:
         """Truncate or extend a file's data and commit the new size and version at once
-        (``drop``: also clear setuid/setgid, for an unprivileged caller)."""
+        (``drop``: also clear setuid/setgid, for an unprivileged caller).
+
+        Metadata first, space later: bytes a committed version names are cut only after
+        the commit of the smaller size is durable, so a crash leaves the old size with its
+        bytes or the new size (docs/durability.md).  Bytes past the recorded size that a
+        crash leaves behind are never read (every read stops at the size) and are cut
+        before anything extends the file (:meth:`_cut_stale`), so an extension reads
+        zeros.  Writes to the inode wait while this runs."""
         if drop:
             with self.meta.write() as tx:
                 inode = self._get(tx, ino)
                 inode.mode = drop_privs(inode.mode)
                 tx.put_inode(inode)
         await self._prepare_write(ino, size)
+        while (busy := self._resizing.get(ino)) is not None:
+            await asyncio.shield(busy)
+        done = self._resizing[ino] = asyncio.get_running_loop().create_future()
+        try:
+            await self._resize(ino, size)
+        finally:
+            del self._resizing[ino]
+            done.set_result(None)
+
+    async def _resize(self, ino: int, size: int) -> None:
+        with self.meta.snapshot() as tx:
+            cut = size < self._get(tx, ino).size  # committed bytes go: durable first
         of = self._open.get(ino)
         if of is not None:
-            os.ftruncate(of.fd, size)
+            if size > of.size:
+                self._cut_stale(of.fd, of.size)
+            if size > of.size or not cut:
+                os.ftruncate(of.fd, size)  # no committed byte is lost
             of.size = size
             of.touch()
             if size == 0:
@@ -259,22 +283,44 @@ class EntryOps(NamespaceBase):
             elif of.md5 is not None and size != of.md5_pos:
                 of.md5 = None
             await self._commit_open(of)
-            return
-        fd = self.hot.open(ino, create=True)
+            fd = of.fd
+        else:
+            fd = self.hot.open(ino, create=True)
+            try:
+                with self.meta.write() as tx:
+                    inode = self._get(tx, ino)
+                    if size > inode.size:
+                        self._cut_stale(fd, inode.size)
+                        os.ftruncate(fd, size)
+                    inode.size = size
+                    inode.mtime_ns = inode.ctime_ns = now_ns()
+                    inode.version = tx.next_version()
+                    forget_content_meta(inode)
+                    inode.etag = _EMPTY_MD5 if size == 0 else ""
+                    inode.state = STATE_DIRTY
+                    tx.put_inode(inode)
+                    self._queue(tx, inode)
+            except BaseException:
+                os.close(fd)
+                raise
         try:
-            os.ftruncate(fd, size)
+            if cut:
+                crashpoint("truncate.committed")
+                await self._sync_meta()
+                crashpoint("truncate.durable")
+                await asyncio.to_thread(os.ftruncate, fd, size)
+                crashpoint("truncate.cut")
         finally:
-            os.close(fd)
-        with self.meta.write() as tx:
-            inode = self._get(tx, ino)
-            inode.size = size
-            inode.mtime_ns = inode.ctime_ns = now_ns()
-            inode.version = tx.next_version()
-            forget_content_meta(inode)
-            inode.etag = _EMPTY_MD5 if size == 0 else ""
-            inode.state = STATE_DIRTY
-            tx.put_inode(inode)
-            self._queue(tx, inode)
+            if of is None:
+                os.close(fd)
+
+    @staticmethod
+    def _cut_stale(fd: int, size: int) -> None:
+        """Before the file grows past ``size``: bytes the data file holds beyond it are
+        not content (a crash between a smaller size's commit and the cut, or writes
+        that were never committed) and must read as zeros once the size covers them."""
+        if os.fstat(fd).st_size > size:
+            os.ftruncate(fd, size)
 
     # -- creating --------------------------------------------------------------------------
     def _creatable(self, tx: MetaTxn, ident: Identity, parent: int, name: bytes) -> Inode:

@@ -18,6 +18,7 @@ from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Dirent, Inode
 from tierd.namespace.base import OpenFile, drop_privs, has_privs, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
+from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.entries import _EMPTY_MD5, EntryOps
 from tierd.namespace.staging import retry_full
 from tierd.placement.paths import file_keys
@@ -117,10 +118,16 @@ class FileOps(EntryOps):
         n = len(data)
         if n == 0:
             return 0
+        while (resizing := self._resizing.get(of.ino)) is not None:
+            await asyncio.shield(resizing)  # a truncate cuts committed bytes once durable
         if self.placement is not None and not of.dirty:
             # first write since the last commit: backpressure, and the old content local
             await self.placement.admit(n)
             await self._prepare_write(of.ino, of.size)
+        if offset < of.committed_size and not of.intent:
+            await self._intend(of)  # bytes a committed version names change in place
+        if offset > of.size:
+            self._cut_stale(of.fd, of.size)  # the gap must read as zeros
         if of.privs and not h.ident.is_root:
             self._drop_privs(of)
         # claim the range synchronously so later writes see the new size and hash position
@@ -140,6 +147,7 @@ class FileOps(EntryOps):
                 of.size = max(old_size, os.fstat(of.fd).st_size)
             of.md5 = None
             raise
+        crashpoint("write.done")
         if hash_this and of.md5 is not None:
             self._hash_behind(of, bytes(data))
             if of.hash_backlog > HASH_BACKLOG and of.hash_tail is not None:
@@ -159,7 +167,7 @@ class FileOps(EntryOps):
             raise FsError(errno.EBADF, f"file handle {fh} is not open")
         of = h.ofile
         try:
-            if of.dirty:
+            if of.dirty or of.synced_gen != of.gen or of.intent:
                 await self._durable(of)
         finally:
             of.refs -= 1
@@ -174,17 +182,45 @@ class FileOps(EntryOps):
             if inode is None or inode.nlink > 0:
                 return
             tx.delete_inode(ino)
+            tx.add_garbage(ino)
         self._forget_data(ino)
 
+    async def _intend(self, of: OpenFile) -> None:
+        """Before the first in-place change of committed bytes since the last durable
+        point: the inode's ``V`` key, durable (concurrent writers share one flush).  A
+        crash from here until the commit that removes it gives the file a new version at
+        start (``Namespace._recover``): never the old version's ETag over new bytes."""
+        if of.intending is None:
+            of.intending = asyncio.ensure_future(self._write_intent(of))
+        await asyncio.shield(of.intending)
+
+    async def _write_intent(self, of: OpenFile) -> None:
+        try:
+            with self.meta.write() as tx:
+                tx.add_intent(of.ino)
+            crashpoint("write.intent")
+            await self._sync_meta()
+            of.intent = True
+            crashpoint("write.intended")
+        finally:
+            of.intending = None
+
     async def _durable(self, of: OpenFile) -> None:
-        """Data fsynced, then size/version/ETag committed, then metadata synced."""
-        if of.synced_gen == of.gen:
+        """Data fsynced, then size/version/ETag committed (and the in-place intention
+        removed, when no write came in meanwhile), then metadata synced."""
+        if of.synced_gen == of.gen and not of.intent:
             return
         gen = of.gen
         if of.opened:  # else nothing was written through it
             await asyncio.to_thread(os.fdatasync, of.fd)
+        crashpoint("durable.synced")
         if of.committed_gen < gen:
-            await self._commit_open(of)
+            await self._commit_open(of, synced=gen)
+        elif of.intent and of.gen == gen:
+            with self.meta.write() as tx:
+                tx.remove_intent(of.ino)
+            of.intent = False
+        crashpoint("durable.committed")
         await self._sync_meta()
         of.synced_gen = max(of.synced_gen, gen)
         await self._write_through(of.ino)
@@ -234,14 +270,18 @@ class FileOps(EntryOps):
 
         of.hash_tail = asyncio.ensure_future(step())
 
-    async def _commit_open(self, of: OpenFile) -> None:
-        """Record an open file's live size and a new content version (no fsync)."""
+    async def _commit_open(self, of: OpenFile, synced: int = -1) -> None:
+        """Record an open file's live size and a new content version (no fsync).
+        ``synced``: the data file was fsynced at that generation; if no write came in
+        since, the commit also removes the in-place intention (its bytes are now the
+        recorded version's)."""
         if of.hash_tail is not None:  # let hashing catch up so the ETag is complete
             await asyncio.shield(of.hash_tail)
         gen = of.gen
         etag = ""
         if of.md5 is not None and of.md5_done == of.md5_pos == of.size:
             etag = of.md5.copy().hexdigest()
+        settled = of.intent and gen == synced
         with self.meta.write() as tx:
             inode = tx.get_inode(of.ino)
             if inode is None:
@@ -254,7 +294,12 @@ class FileOps(EntryOps):
             inode.state = STATE_DIRTY
             tx.put_inode(inode)
             self._queue(tx, inode)
+            if settled:
+                tx.remove_intent(of.ino)
         of.committed_gen = max(of.committed_gen, gen)
+        of.committed_size = inode.size
+        if settled:
+            of.intent = False
 
     async def etag(self, ino: int) -> str:
         """The MD5 ETag of a file, computed (in a thread) and cached when writes out of order
@@ -268,7 +313,7 @@ class FileOps(EntryOps):
                 continue
             if inode.etag or not inode.is_reg:
                 return inode.etag
-            digest = await asyncio.to_thread(self._hash_file, ino)
+            digest = await asyncio.to_thread(self._hash_file, ino, inode.size)
             with self.meta.write() as tx:
                 cur = self._get(tx, ino)
                 if cur.version != inode.version:
@@ -277,12 +322,19 @@ class FileOps(EntryOps):
                 tx.put_inode(cur)
             return digest
 
-    def _hash_file(self, ino: int) -> str:
+    def _hash_file(self, ino: int, size: int) -> str:
+        """MD5 of the first ``size`` bytes (what the version holds: a crash may leave bytes
+        past it in the data file; a sparse tail reads as zeros)."""
         h = hashlib.md5()
         fd = self.hot.open(ino)
         try:
-            while chunk := os.read(fd, 4 << 20):
+            pos = 0
+            while pos < size:
+                chunk = os.pread(fd, min(4 << 20, size - pos), pos)
+                if not chunk:
+                    chunk = bytes(min(4 << 20, size - pos))
                 h.update(chunk)
+                pos += len(chunk)
         finally:
             os.close(fd)
         return h.hexdigest()

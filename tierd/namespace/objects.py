@@ -24,6 +24,7 @@ from tierd.acl.s3map import allowed, enforce
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
 from tierd.namespace.base import IMPLICIT, Change, has_privs, now_ns
+from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.entries import _EMPTY_MD5
 from tierd.namespace.files import FileOps
 from tierd.namespace.names import check_bucket_name, split_key
@@ -366,6 +367,7 @@ class ObjectOps(FileOps):
         """Commit an installed data file (inode ``ino``'s, durable) as ``bucket/key``;
         ``logged``: the file is only in the page cache and these are its bytes, logged in
         the same commit (:mod:`tierd.namespace.smalllog`)."""
+        crashpoint("put.installed")
         try:
             inode, dropped = self._commit_put(ident, bucket, key, segments, ino, size, etag,
                                               objmeta, if_match, if_none_match, in_txn,
@@ -373,6 +375,7 @@ class ObjectOps(FileOps):
         except BaseException:
             self.hot.remove(ino)
             raise
+        crashpoint("put.committed")
         if logged is not None:
             self.smalllog.logged(ino, len(logged))
         if dropped is not None:
@@ -380,6 +383,7 @@ class ObjectOps(FileOps):
         self._notify(Change(ino=dropped, parent=inode.parent, name=segments[-1]))
         inode.parent = 0
         await self._sync_meta()
+        crashpoint("put.durable")
         await self._write_through(inode.ino)
         return inode
 
@@ -477,6 +481,7 @@ class ObjectOps(FileOps):
                 if self._unref(tx, child):
                     drop = child.ino
             pruned = self._prune_implicit(tx, d.ino)
+        crashpoint("delete.committed")
         if drop is not None:
             self._forget_data(drop)
         self._notify(Change(ino=child.ino, parent=d.ino, name=name), *pruned)
