@@ -329,14 +329,15 @@ def test_compose_runs_tierd_with_minio_as_the_cold_store() -> None:
 
 # --- the Dockerfile against the README and dev.sh --------------------------------------------
 
-#: dev.sh's apt_packages, each with the reason the image has it or not.  A package added to
-#: dev.sh fails test_dockerfile_packages until it is classified here.
+#: dev.sh's runtime_apt and test_apt, each with the reason the image has it or not.  A
+#: package added to dev.sh fails test_dockerfile_packages until it is classified here.
 RUNTIME = {"fuse3", "util-linux"}  # fusermount3 + libfuse3; umount (fallback)
 BUILD = {"gcc", "libfuse3-dev", "pkg-config"}  # compiling pyfuse3
 NOT_IN_IMAGE = {
     "python3-dev", "python3-venv",  # the python base image has headers and venv
     "attr", "acl", "fio", "rsync", "git", "sqlite3", "rclone", "s3cmd",  # tests, benchmarks
     "systemd",  # systemd-analyze verify of deploy/systemd/tierd.service (tests)
+    "chromium",  # the status page's browser test (tests/admin/test_status_page.py)
 }
 
 
@@ -369,9 +370,11 @@ def apt_installs(stage: list[tuple[str, str]]) -> set[str]:
 
 
 def dev_sh_packages() -> set[str]:
-    m = re.search(r"^apt_packages=\(([^)]*)\)", (ROOT / "dev.sh").read_text(), re.M)
-    assert m, "dev.sh has no apt_packages=(...) line"
-    return set(m.group(1).split())
+    """dev.sh's runtime_apt and test_apt lists together."""
+    found = re.findall(r"^(?:runtime|test)_apt=\(([^)]*)\)", (ROOT / "dev.sh").read_text(),
+                       re.M)
+    assert len(found) == 2, "dev.sh has no runtime_apt=(...) and test_apt=(...) lines"
+    return set(" ".join(found).split())
 
 
 def test_dockerfile_packages_cover_what_dev_sh_installs_for_building_and_running() -> None:
@@ -388,8 +391,10 @@ def test_dockerfile_installs_this_repository_with_pip_like_dev_sh() -> None:
     stages = dockerfile_stages()
     runs = [rest for instr, rest in stages[0] if instr == "RUN"]
     assert any(re.search(r"\bpip install\b.*\s\.$", r) for r in runs), runs
-    # dev.sh installs the same project (editable, with the test extra)
-    assert re.search(r'pip" install -q -e "\.\[test\]"', (ROOT / "dev.sh").read_text())
+    # dev.sh installs the same project (editable; for the tests with the test extra)
+    dev = (ROOT / "dev.sh").read_text()
+    assert re.search(r'pip_step runtime -e \.$', dev, re.M)
+    assert re.search(r'pip_step test -e "\.\[test\]"', dev)
     copied = {shlex.split(rest)[0] for instr, rest in stages[0] if instr == "COPY"}
     copied |= {w for instr, rest in stages[0] if instr == "COPY" for w in shlex.split(rest)[:-1]}
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
