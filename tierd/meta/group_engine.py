@@ -379,9 +379,10 @@ class GroupCommitStore(KVStore):
         if now - self._refused_logged > LOG_EVERY:
             self._refused_logged = now
             log.error("metadata store full: refusing changes that add metadata (ENOSPC) "
-                      "until there is room: %s", why)
+                      "until there is room: %s; %s", why, self.inner.space_hint)
         return FsError(errno.ENOSPC, f"the metadata store is full ({why}); only changes "
-                       "that free space are accepted until there is room")
+                       f"that free space are accepted until there is room: "
+                       f"{self.inner.space_hint}")
 
     def _drain(self) -> None:
         """Forget ended transactions and drop what nobody can read any more (lock held).

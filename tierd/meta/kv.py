@@ -88,6 +88,9 @@ class KVStore(ABC):
         """Engine-specific size figures for status pages (may be empty)."""
         return {}
 
+    #: what an operator does about a full store (the engine knows its knobs)
+    space_hint = "free some space"
+
     def headroom(self) -> int | None:
         """Bytes of new metadata that still fit (None: the engine does not know)."""
         return None

@@ -138,6 +138,8 @@ class LmdbStore(KVStore):
         self.durable = durable
         self.path = path = Path(path)
         self.map_size = map_size
+        self.space_hint = (f"delete something, raise meta_map_size (the lmdb map), or free "
+                           f"space on the file system of {path}")
         path.mkdir(parents=True, exist_ok=True)
         if os.stat(path).st_mode & 0o777 != 0o700:  # (no write on a full disk otherwise)
             os.chmod(path, 0o700)
