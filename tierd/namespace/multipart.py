@@ -144,13 +144,19 @@ class MultipartOps(ObjectOps):
         if removed:
             log.info("recovered: %d leftover multipart files removed", removed)
 
-    def _upload(self, ident: Identity, upload_id: str) -> MultipartUpload:
+    def _upload(self, ident: Identity, upload_id: str, *,
+                bucket_owner: bool = False) -> MultipartUpload:
+        """The upload, for its creator or root (EACCES else); with ``bucket_owner`` also
+        for the owner of its bucket (listing its parts, aborting it: S3's rights of a
+        bucket owner over uploads into its bucket)."""
         with self.meta.snapshot() as tx:
             up = tx.get_upload(upload_id)
+            b = tx.get_bucket(up.bucket) if up is not None and bucket_owner else None
         if up is None:
             raise FsError(errno.ENOENT, f"upload {upload_id!r} does not exist (completed, "
                           "aborted or never created)", reason="NoSuchUpload")
-        if not ident.is_root and ident.uid != up.uid:
+        owner = b is not None and b.owner_uid == ident.uid and not ident.anonymous
+        if not ident.is_root and ident.uid != up.uid and not owner:
             raise FsError(errno.EACCES, f"upload {upload_id!r} belongs to another user")
         return up
 
@@ -317,7 +323,7 @@ class MultipartOps(ObjectOps):
     async def list_parts(
         self, ident: Identity, upload_id: str, after: int = 0, limit: int = 1000
     ) -> tuple[MultipartUpload, list[UploadPart], bool]:
-        up = self._upload(ident, upload_id)
+        up = self._upload(ident, upload_id, bucket_owner=True)
         with self.meta.snapshot() as tx:
             parts: list[UploadPart] = []
             for p in tx.list_parts(upload_id, after):
@@ -349,7 +355,7 @@ class MultipartOps(ObjectOps):
         return ups[:limit], len(ups) > limit
 
     async def abort_multipart(self, ident: Identity, upload_id: str) -> None:
-        self._upload(ident, upload_id)
+        self._upload(ident, upload_id, bucket_owner=True)
         with self.meta.write() as tx:
             tx.delete_upload(upload_id)
             tx.delete_parts(upload_id)
@@ -357,9 +363,11 @@ class MultipartOps(ObjectOps):
         self._parts.forget(upload_id)
         await self._parts.remove(upload_id)
 
-    async def get_upload(self, ident: Identity, upload_id: str) -> MultipartUpload:
-        """The upload (NoSuchUpload if unknown; EACCES if another user's)."""
-        return self._upload(ident, upload_id)
+    async def get_upload(self, ident: Identity, upload_id: str, *,
+                         bucket_owner: bool = False) -> MultipartUpload:
+        """The upload (NoSuchUpload if unknown; EACCES if another user's, unless
+        ``bucket_owner`` and ``ident`` owns its bucket)."""
+        return self._upload(ident, upload_id, bucket_owner=bucket_owner)
 
     def _chosen(self, upload_id: str, parts: list[tuple[int, str]]
                 ) -> tuple[list[UploadPart], list[UploadPart]]:
@@ -388,16 +396,21 @@ class MultipartOps(ObjectOps):
 
     async def complete_multipart(
         self, ident: Identity, upload_id: str, parts: list[tuple[int, str]],
-        objmeta: dict[str, str] | None = None,
+        objmeta: dict[str, str] | None = None, *, if_match: str | None = None,
+        if_none_match: str | None = None,
     ) -> Inode:
         """Assemble the listed parts, in order, into the object; ETag is MD5-of-MD5s-N.
         ``objmeta`` (e.g. a composite checksum, the part layout) is merged over the
-        metadata given at create."""
+        metadata given at create.  ``if_match`` / ``if_none_match`` (``"*"``) are checked
+        in the commit, as for a PUT: a failed condition (reason ``PreconditionFailed``)
+        leaves the old object and the upload as they were."""
         up = self._upload(ident, upload_id)
         self._chosen(upload_id, parts)  # answer a bad list before pausing the upload
         refuse_over_dirty_limit(self.placement)  # the object's bytes become dirty
         segments, _ = split_key(up.key)
         self._check_put_allowed(ident, up.bucket, segments, "CompleteMultipartUpload")
+        if if_match is not None or if_none_match is not None:
+            await self._precondition_etag(ident, up.bucket, up.key)
         st = self._state(upload_id)
         async with st.complete_lock:
             if st.gone:  # another Complete (or an Abort) finished first
@@ -418,7 +431,7 @@ class MultipartOps(ObjectOps):
                 inode = await self._install_put(
                     ident, up.bucket, up.key, segments, path, size,
                     f"{digest.hexdigest()}-{len(chosen)}", {**up.objmeta, **(objmeta or {})},
-                    in_txn=finish)
+                    in_txn=finish, if_match=if_match, if_none_match=if_none_match)
                 self._parts.forget(upload_id)  # paused writers wake up and fail
             finally:
                 st.resume()

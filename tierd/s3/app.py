@@ -277,7 +277,8 @@ async def send_continue(ctx: Ctx, handler: Handler) -> None:
             segments, marker = split_key(ctx.key)
             if not marker:
                 ctx.ns.check_put_allowed(ctx.ident, ctx.bucket, segments)
-        elif handler is multipart.upload_part:
+        elif handler is multipart.upload_part:  # in the handler's order of checks
+            multipart.part_number(ctx)
             await ctx.ns.get_upload(ctx.ident, ctx.query.get("uploadId", ""))
     except FsError as e:
         raise await objects.fs_error(ctx, e) from None

@@ -82,7 +82,11 @@ class Body:
 
     def __init__(self, request: web.Request, auth: Auth | None, *,
                  max_size: int | None = None,
-                 checksum_algorithm: str | None = None) -> None:
+                 checksum_algorithm: str | None = None,
+                 checksum_headers: bool = True) -> None:
+        """``checksum_headers`` False: the request's ``x-amz-checksum-*`` headers describe
+        something else than this body (CompleteMultipartUpload: the whole object) and are
+        left to the handler."""
         self.request = request
         self.auth = auth  # None: an anonymous request (tierd.s3.access)
         self.max_size = max_size
@@ -131,7 +135,7 @@ class Body:
                 raise S3Error("InvalidDigest")
             self._md5 = hashlib.md5()
         given = [(a, h[checksums.META_PREFIX + a]) for a in checksums.ALGORITHMS
-                 if checksums.META_PREFIX + a in h]
+                 if checksum_headers and checksums.META_PREFIX + a in h]
         if len(given) > 1:
             raise S3Error("InvalidRequest", "Expecting a single x-amz-checksum- header. "
                           "Multiple checksum Types are not allowed.")

@@ -6,6 +6,13 @@ boto3 does by default with CRC32) and a type (COMPOSITE, or FULL_OBJECT for the 
 part's checksum is then computed (and verified when the client sent one) and the completed
 object carries the COMPOSITE ``checksum-of-checksums-N`` or the FULL_OBJECT CRC combined from
 the part CRCs.  Completion also records the part sizes so ``GET ?partNumber=N`` works.
+
+CompleteMultipartUpload as AWS answers it: an ``x-amz-checksum-*`` header there is the
+checksum of the whole object (FULL_OBJECT, or COMPOSITE with or without its ``-N``) and is
+checked against the one the parts give (BadDigest), never against the XML body; a retry
+after a lost response (the upload is gone, the key holds the object it made) answers as
+the first call did; ``If-None-Match: *`` and ``If-Match`` make it conditional like a PUT.
+The bucket owner may list and abort other users' uploads into its bucket.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from tierd.errors import FsError
-from tierd.meta import MultipartUpload, UploadPart
+from tierd.meta import Inode, MultipartUpload, UploadPart
 from tierd.s3 import checksums, xmlio
 from tierd.s3.body import INLINE_HASH, Body
 from tierd.s3.buckets import bucket_or_404, xml_response
@@ -30,11 +37,12 @@ from tierd.s3.common import (
     Ctx,
     encode_layout,
     max_keys,
+    object_checksum,
     objmeta_from_headers,
     quoted,
 )
 from tierd.s3.errors import S3Error, from_fs_error
-from tierd.s3.objects import fs_error, head_source
+from tierd.s3.objects import _put_conditions, fs_error, head_source
 from tierd.s3.xmlio import document, el, iso8601
 
 MAX_PARTS = 10000
@@ -45,11 +53,18 @@ def _upload_error(ctx: Ctx, e: FsError) -> S3Error:
     return from_fs_error(e, missing="NoSuchUpload", bucket=ctx.bucket, key=ctx.key)
 
 
-async def _upload(ctx: Ctx) -> MultipartUpload:
-    """The upload named by ``uploadId``; NoSuchUpload unless it is for this bucket/key."""
+#: objmeta key of a completed object: the upload it was made by (a retried Complete of
+#: that upload is answered from it; dropped with every other content fact when the bytes
+#: change: tierd.namespace.contentmeta)
+META_UPLOAD = "tierd.s3.upload-id"
+
+
+async def _upload(ctx: Ctx, *, bucket_owner: bool = False) -> MultipartUpload:
+    """The upload named by ``uploadId``; NoSuchUpload unless it is for this bucket/key.
+    ``bucket_owner``: the bucket's owner may have it too (list its parts, abort it)."""
     upload_id = ctx.query.get("uploadId", "")
     try:
-        up = await ctx.ns.get_upload(ctx.ident, upload_id)
+        up = await ctx.ns.get_upload(ctx.ident, upload_id, bucket_owner=bucket_owner)
     except FsError as e:
         raise _upload_error(ctx, e) from None
     if (up.bucket, up.key) != (ctx.bucket, ctx.key):
@@ -95,7 +110,7 @@ async def create(ctx: Ctx) -> web.Response:
     return xml_response(ctx, document("InitiateMultipartUploadResult", body))
 
 
-def _part_number(ctx: Ctx) -> int:
+def part_number(ctx: Ctx) -> int:
     raw = ctx.query.get("partNumber", "")
     try:
         n = int(raw)
@@ -108,7 +123,7 @@ def _part_number(ctx: Ctx) -> int:
 
 
 async def upload_part(ctx: Ctx) -> web.Response:
-    number = _part_number(ctx)
+    number = part_number(ctx)
     up = await _upload(ctx)
     alg = up.objmeta.get(META_MPU_ALGORITHM)
     body = Body(ctx.request, ctx.verified, max_size=MAX_PUT_SIZE, checksum_algorithm=alg)
@@ -170,7 +185,7 @@ async def _copy_part(ctx: Ctx, up: MultipartUpload, number: int, src_bucket: str
 
 
 async def upload_part_copy(ctx: Ctx) -> web.Response:
-    number = _part_number(ctx)
+    number = part_number(ctx)
     up = await _upload(ctx)
     src_bucket, src_key, src = await head_source(ctx)
     byte_range: tuple[int, int] | None = None
@@ -231,9 +246,77 @@ def _parse_complete(raw: bytes) -> list[tuple[int, str, dict[str, str]]]:
     return parts
 
 
+async def _completed_before(ctx: Ctx) -> Inode | None:
+    """The object this upload made, when a Complete of it already succeeded (the client
+    lost the answer and asks again): the key still holds that object."""
+    upload_id = ctx.query.get("uploadId", "")
+    try:
+        inode = await ctx.ns.head_object(ctx.ident, ctx.bucket, ctx.key)
+    except FsError:
+        return None
+    return inode if upload_id and inode.objmeta.get(META_UPLOAD) == upload_id else None
+
+
+def _complete_answer(ctx: Ctx, inode: Inode) -> web.Response:
+    host = ctx.request.host
+    body = (el("Location", f"http://{host}/{ctx.bucket}/{ctx.key}") + el("Bucket", ctx.bucket)
+            + el("Key", ctx.key) + el("ETag", quoted(inode.etag)))
+    ck = object_checksum(inode)
+    if ck is not None:
+        body += el("Checksum" + ck[0].upper(), ck[1])
+        body += el("ChecksumType", inode.objmeta.get(checksums.META_TYPE, "FULL_OBJECT"))
+    return xml_response(ctx, document("CompleteMultipartUploadResult", body))
+
+
+def _check_object_checksum(ctx: Ctx, alg: str | None, kind: str, value: str | None,
+                           count: int) -> None:
+    """The ``x-amz-checksum-*`` header of a Complete names the whole object's checksum:
+    it must be the upload's algorithm and type and equal what the parts give (a
+    COMPOSITE value may leave out its ``-N``); BadDigest when it differs."""
+    h = ctx.headers
+    given = [(a, h[checksums.META_PREFIX + a].strip()) for a in checksums.ALGORITHMS
+             if checksums.META_PREFIX + a in h]
+    want_type = h.get(checksums.META_TYPE, "").strip().upper()
+    if want_type and want_type != (kind if alg else ""):
+        raise S3Error("InvalidRequest", f"the upload's checksum type is {kind if alg else 'none'}"
+                      f", not {want_type}")
+    if len(given) > 1:
+        raise S3Error("InvalidRequest", "Expecting a single x-amz-checksum- header. "
+                      "Multiple checksum Types are not allowed.")
+    if not given:
+        return
+    a, v = given[0]
+    if alg is None or value is None:
+        raise S3Error("InvalidRequest", "the upload was created without a checksum "
+                      "algorithm: its Complete cannot give the object's checksum")
+    if a != alg:
+        raise S3Error("InvalidRequest", f"the upload was created with the {alg.upper()} "
+                      f"checksum algorithm: its Complete may give only the object's "
+                      f"{alg.upper()} checksum")
+    base, dash, n = v.partition("-")
+    if kind == "COMPOSITE":
+        if dash and n != str(count):
+            raise S3Error("BadDigest", f"the {a.upper()} given is for {n} parts, the upload "
+                          f"completes {count}")
+        ok = base == value.partition("-")[0]
+    else:
+        ok = v == value
+    if not ok:
+        raise S3Error("BadDigest", f"The {a.upper()} you specified did not match the "
+                      "calculated checksum.")
+
+
 async def complete(ctx: Ctx) -> web.Response:
-    up = await _upload(ctx)
-    raw = await Body(ctx.request, ctx.verified).read_all(xmlio.MAX_XML_BODY)
+    try:
+        up = await _upload(ctx)
+    except S3Error as e:
+        done = await _completed_before(ctx) if e.code == "NoSuchUpload" else None
+        if done is None:
+            raise
+        return _complete_answer(ctx, done)  # a retry: the same answer as the first time
+    if_match, if_none = _put_conditions(ctx)
+    raw = await Body(ctx.request, ctx.verified, checksum_headers=False).read_all(
+        xmlio.MAX_XML_BODY)
     listed = _parse_complete(raw)
     _, stored_list, _ = await ctx.ns.list_parts(ctx.ident, up.upload_id, 0, MAX_PARTS)
     stored = {p.number: p for p in stored_list}
@@ -252,7 +335,8 @@ async def complete(ctx: Ctx) -> web.Response:
         sizes.append(p.size)
         if alg:
             values.append(p.checksums.get(alg, ""))
-    extra: dict[str, str] = {}
+    extra: dict[str, str] = {META_UPLOAD: up.upload_id}
+    value: str | None = None
     if len(sizes) == len(listed):
         extra[META_PARTS] = encode_layout(sizes)
         if alg and all(values):
@@ -262,22 +346,25 @@ async def complete(ctx: Ctx) -> web.Response:
                 value = checksums.composite(alg, values)
             extra[checksums.META_PREFIX + alg] = value
             extra[checksums.META_TYPE] = kind
+        _check_object_checksum(ctx, alg, kind, value, len(listed))
+        declared = ctx.headers.get("x-amz-mp-object-size")
+        if declared is not None and declared.strip() != str(sum(sizes)):
+            raise S3Error("InvalidRequest", f"x-amz-mp-object-size is {declared.strip()}; the "
+                          f"parts listed hold {sum(sizes)} bytes")
     try:
         inode = await ctx.ns.complete_multipart(ctx.ident, up.upload_id,
-                                                [(n, e) for n, e, _ in listed], objmeta=extra)
+                                                [(n, e) for n, e, _ in listed], objmeta=extra,
+                                                if_match=if_match, if_none_match=if_none)
     except FsError as e:
+        if e.reason == "PreconditionFailed":
+            raise S3Error("PreconditionFailed", Condition="If-None-Match"
+                          if e.errno == errno.EEXIST else "If-Match") from None
         raise await fs_error(ctx, e) from None
-    host = ctx.request.host
-    body = (el("Location", f"http://{host}/{ctx.bucket}/{ctx.key}") + el("Bucket", ctx.bucket)
-            + el("Key", ctx.key) + el("ETag", quoted(inode.etag)))
-    if alg and checksums.META_PREFIX + alg in extra:
-        body += el("Checksum" + alg.upper(), extra[checksums.META_PREFIX + alg])
-        body += el("ChecksumType", kind)
-    return xml_response(ctx, document("CompleteMultipartUploadResult", body))
+    return _complete_answer(ctx, inode)
 
 
 async def abort(ctx: Ctx) -> web.Response:
-    up = await _upload(ctx)
+    up = await _upload(ctx, bucket_owner=True)
     try:
         await ctx.ns.abort_multipart(ctx.ident, up.upload_id)
     except FsError as e:
@@ -286,7 +373,7 @@ async def abort(ctx: Ctx) -> web.Response:
 
 
 async def list_parts(ctx: Ctx) -> web.Response:
-    up = await _upload(ctx)
+    up = await _upload(ctx, bucket_owner=True)
     limit = max_keys(ctx, "max-parts")
     marker_raw = ctx.query.get("part-number-marker", "0") or "0"
     try:
@@ -332,7 +419,9 @@ async def list_uploads(ctx: Ctx) -> web.Response:
             MAX_PARTS if delimiter else limit)
     except FsError as e:
         raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
-    ups = [u for u in ups if ctx.ident.is_root or u.uid == ctx.ident.uid]
+    owner = (await ctx.ns.get_bucket(ctx.bucket)).owner_uid  # sees every upload into it
+    ups = [u for u in ups if ctx.ident.is_root or (ctx.ident.uid in (u.uid, owner)
+                                                   and not ctx.ident.anonymous)]
     rows: list[str] = []
     prefixes: list[str] = []
     count = 0
