@@ -73,7 +73,8 @@ def test_warmup_evict_pin_jobs_report_progress_and_place_data(
     assert job["files_done"] == job["files"] == len(SIZES)
     assert job["eta_s"] is None and job["error"] is None and job["bytes_per_s"] > 0
     assert job["started"] >= job["created"] and job["finished"] >= job["started"]
-    assert job["result"] == {"prefix": "ds/", "warmed": total, "files": len(SIZES)}
+    assert job["result"] == {"prefix": "ds/", "warmed": total, "files": len(SIZES),
+                             "copied": {"hot": total}}
     assert du(a, "ds/")["hot"] == total
 
     job = wait(a, start(a, kind="evict", prefix="ds/", tier="hot")["id"])

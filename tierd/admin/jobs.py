@@ -177,16 +177,19 @@ async def _warmup(job: Job, ops: PlacementOps) -> None:
         except StopAsyncIteration:
             return None
 
+    copied: dict[str, int] = {}
     try:
         while (doc := await _step(step())) is not None:
             job.total, job.files = int(doc["total"]), int(doc["files"])
             job.done = int(doc["done"])
+            copied = dict(doc.get("copied", copied))
             if "tier" in doc:
                 job.files_done += 1
     finally:
         with contextlib.suppress(RuntimeError):  # still running after a second cancel
             await gen.aclose()
-    job.result = {"prefix": job.prefix, "warmed": job.done, "files": job.files_done}
+    job.result = {"prefix": job.prefix, "warmed": job.done, "files": job.files_done,
+                  "copied": copied}
 
 
 async def _pin(job: Job, ops: PlacementOps) -> None:

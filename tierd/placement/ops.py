@@ -165,7 +165,8 @@ class PlacementOps:
         files = self._files(prefix)
         total = sum(size for _, size, _ in files)
         done, t0 = 0, time.monotonic()
-        yield {"done": 0, "total": total, "files": len(files)}
+        copied: dict[str, int] = {}  # bytes per tier they actually went to (mem spills)
+        yield {"done": 0, "total": total, "files": len(files), "copied": copied}
         for ino, size, keys in files:
             target = tier or (self.p.policy_for(keys[0]).tier if keys else HOT)
             if target == WARM and self.p.warmc is None:
@@ -177,8 +178,9 @@ class PlacementOps:
             else:
                 await self.p.fill(ino, target)
             done += size
+            copied[target] = copied.get(target, 0) + size
             yield {"done": done, "total": total, "files": len(files), "tier": target,
-                   "bytes_per_s": done / max(time.monotonic() - t0, 1e-6)}
+                   "copied": copied, "bytes_per_s": done / max(time.monotonic() - t0, 1e-6)}
 
     async def persist_wait(self, prefix: str, timeout: float | None) -> dict[str, Any]:
         ok = await self.p.drain(prefix, timeout)
