@@ -131,6 +131,12 @@ def test_dev_sh_serve_installs_the_runtime_only_and_says_what_it_does(
     r = subprocess.run([str(ROOT / "dev.sh"), "serve", "--help"], capture_output=True,
                        text=True, env=env, timeout=800, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr[-3000:]
+    py = venv / "bin" / "python"
+    for module in ("pytest", "moto", "mypy", "torch", "schemathesis"):
+        got = subprocess.run([str(py), "-c", f"import {module}"], capture_output=True)
+        assert got.returncode != 0, f"./dev.sh serve installed {module}"
+    assert subprocess.run([str(py), "-c", "import tierd, tierd_fuse, pyfuse3"],
+                          capture_output=True).returncode == 0
     said = [line for line in r.stderr.splitlines() if line.startswith("dev.sh: ")]
     assert said[0] == f"dev.sh: creating a virtual environment in {venv}"
     assert any("installing tierd (editable) and its runtime dependencies" in line
@@ -138,12 +144,6 @@ def test_dev_sh_serve_installs_the_runtime_only_and_says_what_it_does(
     assert said[-1].startswith("dev.sh: starting tierd serve --help")
     assert "Collecting" in r.stdout + r.stderr  # pip's own progress is shown, not hidden
     assert "Usage: " in r.stdout and "--data-dir" in r.stdout  # tierd serve --help ran
-    py = venv / "bin" / "python"
-    for module in ("pytest", "moto", "mypy", "torch", "schemathesis"):
-        got = subprocess.run([str(py), "-c", f"import {module}"], capture_output=True)
-        assert got.returncode != 0, f"./dev.sh serve installed {module}"
-    assert subprocess.run([str(py), "-c", "import tierd, tierd_fuse, pyfuse3"],
-                          capture_output=True).returncode == 0
     # a second run installs nothing and says so by saying nothing but the start
     r = subprocess.run([str(ROOT / "dev.sh"), "serve", "--help"], capture_output=True,
                        text=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
