@@ -31,6 +31,9 @@ so numeric order is byte order:
                             transaction is durable, or at the next start
 ``V<ino>``                  in-place write intention: the data file may differ from the
                             recorded version (a durable ``V`` at start bumps the version)
+``Z<cold key head>``        pending delete of a cold object (the key's first 400 bytes, plus a
+                            digest when longer; value: u64 inode, token, the key), managed by
+                            :mod:`tierd.placement.intents` through ``MetaTxn.kv``
 ==========================  ===================================================
 """
 
