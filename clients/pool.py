@@ -8,17 +8,19 @@ client may be shared by threads (``dcp.async_save`` writes from a thread).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import mmap
 import os
 import socket
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tierd.mempool.wire import encode, recv_message
+from tierd.mempool.wire import SHARED_SOCKET, encode, recv_message
 
 
 class PoolRequestError(OSError):
@@ -35,19 +37,43 @@ class PoolFull(PoolQuotaExceeded):
 
 
 def default_socket() -> Path:
+    """Where the daemon is, when the caller does not say: ``TIERD_POOL_SOCKET``; else the
+    ``pool_socket`` of ``endpoints.json`` in ``TIERD_DATA_DIR``; else that of a daemon of
+    the caller's own (its default data directory); else the shared ``/run/tierd/pool.sock``
+    -- which needs neither the caller's home directory nor read access to the daemon's data
+    directory (a training user's container has neither)."""
     env = os.environ.get("TIERD_POOL_SOCKET")
     if env:
         return Path(env)
     data = os.environ.get("TIERD_DATA_DIR")
-    if not data:
+    if data:
+        return _from_endpoints(Path(data)) or (
+            SHARED_SOCKET if _is_socket(SHARED_SOCKET) else Path(data) / "pool.sock")
+    own = None
+    with contextlib.suppress(Exception):  # no usable home directory: not an error here
         import platformdirs
 
-        data = platformdirs.user_data_dir("tierd")
-    ep = Path(data) / "endpoints.json"
+        own = Path(platformdirs.user_data_dir("tierd"))
+    found = _from_endpoints(own) if own is not None else None
+    if found is not None:
+        return found
+    if _is_socket(SHARED_SOCKET) or own is None:
+        return SHARED_SOCKET
+    return own / "pool.sock"
+
+
+def _from_endpoints(data: Path) -> Path | None:
     try:
-        return Path(json.loads(ep.read_text())["pool_socket"])
-    except (OSError, ValueError, KeyError):
-        return Path(data) / "pool.sock"
+        return Path(json.loads((data / "endpoints.json").read_text())["pool_socket"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(path.stat().st_mode)
+    except OSError:
+        return False
 
 
 @dataclass
@@ -72,7 +98,8 @@ class PoolClient:
             self._sock.close()
             raise ConnectionError(f"cannot reach the tierd memory pool at {self.path}: "
                                   f"{e.strerror or e} (is tierd running? set "
-                                  "TIERD_POOL_SOCKET)") from None
+                                  f"TIERD_POOL_SOCKET; the shared place is {SHARED_SOCKET})"
+                                  ) from None
         self._lock = threading.Lock()
 
     def call(self, op: str, **fields: Any) -> tuple[dict[str, Any], list[int]]:

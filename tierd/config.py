@@ -58,6 +58,7 @@ from tierd.config_parsers import (
     parse_umask,
     setting,
 )
+from tierd.mempool.wire import SHARED_SOCKET
 
 T = TypeVar("T")
 
@@ -76,6 +77,15 @@ NON_SETTING_ENV: frozenset[str] = frozenset(
         "TIERD_CRASHPOINT",  # tests: die at a named step (tierd.namespace.crashpoint)
     }
 )
+
+
+def _default_pool_socket(c: Config) -> Path:
+    """DATA_DIR/pool.sock; for root with the default data directory (in root's home, which
+    training users cannot traverse) the shared location every uid can reach and every
+    client looks at."""
+    if os.geteuid() == 0 and c.data_dir == Path(platformdirs.user_data_dir("tierd")):
+        return SHARED_SOCKET
+    return c.data_dir / "pool.sock"
 
 
 # --- the settings table ---------------------------------------------------------------------
@@ -483,8 +493,9 @@ class Config:
             "Bytes of shared memory in the memory pool (regions, checkpoints).")))
     pool_socket: Path = field(
         default=DERIVED, metadata=setting(
-            derive=lambda c: c.data_dir / "pool.sock", parse=parse_path, metavar="PATH",
-            help="Unix socket of the memory pool (default: DATA_DIR/pool.sock)."))
+            derive=_default_pool_socket, parse=parse_path, metavar="PATH",
+            help="Unix socket of the memory pool (default: DATA_DIR/pool.sock; "
+                 "/run/tierd/pool.sock for root with the default data_dir)."))
     pool_default_quota: int = field(
         default=0, metadata=setting(parse=parse_size, metavar="SIZE", help=(
             "Pool bytes a tenant (uid) without its own quota may hold; 0: the whole pool.")))

@@ -54,6 +54,8 @@ class MemoryDoor:
 
     async def start(self) -> None:
         parent = self.server.path.parent
+        # /run/tierd (the shared location) is made here: 0755, traversable by every uid
+        parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         # tenants of every uid must reach the socket; the directory is only made
         # traversable (o+x), its subdirectories keep their own 0700
         mode = os.stat(parent).st_mode & 0o7777

@@ -60,6 +60,19 @@ class Reply(dict[str, Any]):
 Handler = Callable[[Peer, dict[str, Any]], Awaitable[Reply]]
 
 
+def _listening(path: Path) -> bool:
+    """Whether a live server accepts connections on the unix socket ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 class PoolServer:
     def __init__(self, path: Path, pool: MemPool) -> None:
         self.path = path
@@ -81,7 +94,12 @@ class PoolServer:
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(os.lstat(self.path).st_mode):
-                os.unlink(self.path)  # left by a killed daemon; the data-dir lock is ours
+                # a socket left by a killed daemon goes; a live one is another daemon's
+                # (the shared /run/tierd/pool.sock is outside any data directory's lock)
+                if await asyncio.to_thread(_listening, self.path):
+                    raise OSError(errno.EADDRINUSE, f"another tierd serves the pool on "
+                                  f"{self.path}; give this one another pool_socket")
+                os.unlink(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.bind(str(self.path))

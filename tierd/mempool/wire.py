@@ -11,7 +11,14 @@ from __future__ import annotations
 import json
 import socket
 import struct
+from pathlib import Path
 from typing import Any
+
+#: the documented place of a machine's pool socket: where a root daemon with the default
+#: data directory listens (that directory is in root's home, which other users cannot
+#: traverse), where the Kubernetes DaemonSet puts it, and where clients of any uid look
+#: when they are not told (``TIERD_POOL_SOCKET``)
+SHARED_SOCKET = Path("/run/tierd/pool.sock")
 
 HEADER = struct.Struct(">I")
 MAX_MESSAGE = 16 << 20  # a manifest of many tensors fits; anything larger is a bug or abuse
