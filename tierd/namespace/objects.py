@@ -320,6 +320,8 @@ class ObjectOps(FileOps):
         segments, marker = split_key(key)
         if marker:
             raise FsError(errno.EINVAL, f"key {key!r} names a directory marker, not a file")
+        if self.placement is not None:  # dirty_limit: a background publisher waits
+            await self.placement.admit(size)
         return await self._install_put(ident, bucket, key, segments, path, size, etag,
                                        objmeta or {})
 
