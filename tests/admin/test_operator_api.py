@@ -76,7 +76,8 @@ def test_a_bad_prefix_is_400_before_a_streamed_answer_starts(op: Admin) -> None:
     with urllib.request.urlopen(req, timeout=30) as r:
         assert r.status == 200
         lines = [json.loads(line) for line in r]
-    assert lines[0] == {"done": 0, "total": 301_000, "files": 2}
+    assert {k: lines[0][k] for k in ("done", "total", "files")} == {
+        "done": 0, "total": 301_000, "files": 2}
     assert lines[-1]["done"] == 301_000
 
 
