@@ -602,6 +602,7 @@ def test_operations_guide_names_only_tests_and_files_that_exist() -> None:
 def test_tierd_serve_exits_naming_the_placeholder_it_found(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
     env |= secret_env()
+    env["TIERD_COLD_URL"] = "s3://training-data/tierd"  # as configmap.yaml sets it
     r = subprocess.run([str(BIN / "tierd"), "serve", "--data-dir", str(tmp_path / "d"),
                         "--s3-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
                        env=env, capture_output=True, text=True, timeout=120)
