@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol
 
@@ -180,23 +180,6 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-class Pending:
-    """Copies queued for one save; :meth:`wait` returns once they are in pool memory."""
-
-    def __init__(self, event: Event, then: Callable[[], None] | None = None) -> None:
-        self._event = event
-        self._then = then
-
-    def done(self) -> bool:
-        return self._then is None and self._event.query()
-
-    def wait(self) -> None:
-        self._event.synchronize()
-        then, self._then = self._then, None
-        if then is not None:
-            then()
-
-
 class Copier:
     """The SDK's copies over one runtime (see the module docstring)."""
 
@@ -272,7 +255,5 @@ class Copier:
                     self.rt.copy_async(d[off:off + n], buf)
                     events[turn] = self.rt.record()
                     turn ^= 1
-            for ev in events:
-                if ev is not None:
-                    ev.synchronize()
+            self.rt.record().synchronize()  # everything queued, the plain copies too
         self.rt.join()

@@ -27,6 +27,7 @@ MANIFEST = "manifest.json"
 MAX_PARTS = 1 << 16
 TMP_PREFIX = ".tierd-tmp-step-"
 _RUN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}")
+_SAVE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _STEP = re.compile(r"step-(0|[1-9][0-9]{0,17})")
 
 
@@ -47,8 +48,17 @@ def step_dir(step: int) -> str:
     return f"step-{step}"
 
 
-def tmp_dir(step: int) -> str:
-    return f"{TMP_PREFIX}{step}"
+def tmp_dir(step: int, save: str = "") -> str:
+    """The step's temporary directory; a multi-part step's is its save attempt's own, so
+    removing an abandoned attempt never touches the parts of the attempt that replaced it."""
+    return f"{TMP_PREFIX}{step}-{save}" if save else f"{TMP_PREFIX}{step}"
+
+
+def check_save(save: object) -> str:
+    if not isinstance(save, str) or not _SAVE.fullmatch(save):
+        raise FsError(errno.EINVAL, f"save id {save!r} is not valid: 1-64 letters, digits, "
+                      "_ and -")
+    return save
 
 
 def part_name(part: int) -> str:

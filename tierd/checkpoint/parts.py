@@ -41,6 +41,7 @@ from tierd.checkpoint.manifest import (
     FORMAT,
     check_global_manifest,
     check_parts,
+    check_save,
     part_name,
     tmp_dir,
 )
@@ -81,7 +82,7 @@ class Parts:
     # -- saving --------------------------------------------------------------------------
     async def stage(self, peer: Peer, run: Run, n: int, msg: dict[str, Any]) -> Reply:
         part, parts = check_parts(msg.get("part"), msg.get("parts"))
-        save = str(msg.get("save") or "")[:64]
+        save = check_save(msg.get("save"))
         coordinator = bool(msg.get("coordinator"))
         size = max(int(msg["size"]), 1)
         s = run.steps.get(n)
@@ -113,7 +114,8 @@ class Parts:
             s.hold = contextlib.ExitStack()
             p = self.svc.ns.placement
             if p is not None:
-                s.hold.enter_context(p.publishing(f"{run.bucket}/{run.name}/{tmp_dir(n)}/"))
+                s.hold.enter_context(p.publishing(
+                    f"{run.bucket}/{run.name}/{tmp_dir(n, save)}/"))
         elif part in s.members or s.save != save or s.state != STAGING:
             raise FsError(errno.EEXIST, f"part {part} of step {n} is already being saved")
         for other in run.steps.values():
@@ -153,8 +155,8 @@ class Parts:
         assert p.region is not None
         try:
             p.ino = await publish.write_part(self.svc.ns, self.svc.pool.far, s.ident,
-                                             run.bucket, run.name, s.step, p.index,
-                                             p.region, p.size)
+                                             run.bucket, run.name, tmp_dir(s.step, s.save),
+                                             p.index, p.region, p.size)
             p.state = WRITTEN
         except asyncio.CancelledError:
             raise
@@ -213,7 +215,7 @@ class Parts:
             if s.state == FAILED:
                 return
             man = await publish.publish_parts(svc.ns, s.ident, run.bucket, run.name, s.step,
-                                              s.manifest)
+                                              tmp_dir(s.step, s.save), s.manifest)
             s.inos = [p.ino for p in s.members.values()] + man
             self._release_hold(s)
             sizes = {e["part"]: e["size"] for e in s.manifest["parts"]}
@@ -254,7 +256,7 @@ class Parts:
         s.state, s.error = FAILED, why
         s.local.set()
         s.persisted.set()
-        self._cleanup(run, s, remove_step=False)
+        self._cleanup(run, s)
 
     def drop(self, run: Run, s: Step, why: str) -> None:
         """Forget a step that will never be committed here, and remove its parts."""
@@ -267,10 +269,10 @@ class Parts:
         s.local.set()
         s.persisted.set()
         log.info("checkpoint step dropped", extra=kv(run=run.name, step=s.step, why=why))
-        self._cleanup(run, s, remove_step=True)
+        self._cleanup(run, s)
         run.signal()
 
-    def _cleanup(self, run: Run, s: Step, remove_step: bool) -> None:
+    def _cleanup(self, run: Run, s: Step) -> None:
         for p in s.members.values():
             if p.region is not None and p.region.id in self.svc.pool.regions:
                 p.region.conn, p.region.persistent = 0, True  # back to the run, idle
@@ -285,7 +287,7 @@ class Parts:
                     await t
             try:
                 await publish.remove_step_dir(self.svc.ns, Identity.ROOT, run.bucket,
-                                              run.name, tmp_dir(s.step))
+                                              run.name, tmp_dir(s.step, s.save))
             finally:
                 self._release_hold(s)
 
@@ -370,6 +372,12 @@ class Parts:
             return Reply([os.dup(p.region.fd)], step=s.step, part=part, size=size,
                          where="pool", manifest=None)
         leaf = part_name(part)
+        if p is not None and s.state == COMMITTED:  # its region went to another writer:
+            with contextlib.suppress(TimeoutError):  # its file is being published
+                await asyncio.wait_for(s.local.wait(), timeout)
+            if s.state == FAILED:
+                raise FsError(errno.EIO, f"step {s.step} of run {run.name!r} failed: "
+                              f"{s.error}")
         await publish.import_remote(svc.ns, peer.ident, run.bucket, run.name, s.step, leaf,
                                     size, 0.0 if p is not None else timeout)
         fd, ino, where = await publish.open_data(svc.ns, peer.ident, run.bucket, run.name,

@@ -91,7 +91,7 @@ async def _publish(ns: Namespace, far: FarMemory, ident: Identity, bucket: str, 
 
 
 async def write_part(ns: Namespace, far: FarMemory, ident: Identity, bucket: str, run: str,
-                     step: int, part: int, region: Region, size: int) -> int:
+                     tmp: str, part: int, region: Region, size: int) -> int:
     """Part ``part`` of a multi-part step from its region into the step's temporary
     directory on hot: durable, not yet published.  Its inode."""
 
@@ -99,18 +99,17 @@ async def write_part(ns: Namespace, far: FarMemory, ident: Identity, bucket: str
         await far.move(size, BATCH, lambda off, n: _sendfile_all(fd, region.fd, off, n))
 
     path = await _write_temp(ns, fill)
-    node = await ns.put_file(ident, bucket, f"{run}/{tmp_dir(step)}/{part_name(part)}", path,
-                             size)
+    node = await ns.put_file(ident, bucket, f"{run}/{tmp}/{part_name(part)}", path, size)
     return node.ino
 
 
 async def publish_parts(ns: Namespace, ident: Identity, bucket: str, run: str, step: int,
-                        manifest: dict[str, Any]) -> list[int]:
+                        tmp: str, manifest: dict[str, Any]) -> list[int]:
     """The step's manifest into its temporary directory (which holds the parts written
     here), then the directory renamed to ``step-N``: the step appears whole or not at all.
     The manifest's inode."""
-    man = await _put_manifest(ns, ident, bucket, f"{run}/{tmp_dir(step)}", manifest)
-    await _rename_step(ns, ident, bucket, run, step)
+    man = await _put_manifest(ns, ident, bucket, f"{run}/{tmp}", manifest)
+    await _rename_step(ns, ident, bucket, run, step, tmp)
     return [man.ino]
 
 
@@ -128,19 +127,20 @@ async def _put_manifest(ns: Namespace, ident: Identity, bucket: str, tmp: str,
 
 
 async def _rename_step(ns: Namespace, ident: Identity, bucket: str, run: str,
-                       step: int) -> None:
+                       step: int, tmp: str = "") -> None:
     """``.tierd-tmp-step-N`` → ``step-N`` in one metadata transaction.  When ``step-N``
     is there already -- the cold store's copy, written by another node that holds parts
     of the same step, listed into this namespace -- the files move in one by one (the
     manifest is the same bytes on every node: the one there stays)."""
+    tmp = tmp or tmp_dir(step)
     run_dir = await ns.resolve(ident, f"{bucket}/{run}")
     try:
-        await ns.rename(ident, run_dir.ino, tmp_dir(step).encode(), run_dir.ino,
+        await ns.rename(ident, run_dir.ino, tmp.encode(), run_dir.ino,
                         step_dir(step).encode(), RENAME_NOREPLACE)
     except FsError as e:
         if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
             raise
-        src = await ns.resolve(ident, f"{bucket}/{run}/{tmp_dir(step)}")
+        src = await ns.resolve(ident, f"{bucket}/{run}/{tmp}")
         dst = await ns.resolve(ident, f"{bucket}/{run}/{step_dir(step)}")
         for name, _inode in await ns.listdir(ident, src.ino):
             if name.decode() == MANIFEST:
@@ -148,7 +148,7 @@ async def _rename_step(ns: Namespace, ident: Identity, bucket: str, run: str,
                     await ns.rename(ident, src.ino, name, dst.ino, name, RENAME_NOREPLACE)
                 continue
             await ns.rename(ident, src.ino, name, dst.ino, name, 0)
-        await remove_step_dir(ns, ident, bucket, run, tmp_dir(step))
+        await remove_step_dir(ns, ident, bucket, run, tmp)
     await ns.sync()
 
 
