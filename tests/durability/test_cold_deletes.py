@@ -180,3 +180,43 @@ def test_non_regular_entry_over_a_persisted_name(cold: Cold, tmp_path: Path,
         assert "f" not in t.listing(BUCKET)
         _settled(t, {"other": b"other"})
         assert sorted(os.listdir(d)) == ["other"]
+
+
+def test_rotation_of_an_evicted_file_keeps_both(cold: Cold, tmp_path: Path) -> None:
+    """``mv ckpt ckpt.old; mv new ckpt`` when ckpt's bytes are only in cold (evicted) and
+    the newcomer is persisted first (one upload at a time, the lower inode first): the
+    upload over ``ckpt`` must not destroy the only copy of what is now ``ckpt.old``."""
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("no /dev/fuse")
+    t = Tierd(tmp_path, cold, mount=True, TIERD_PERSIST_DELAY="1",
+              TIERD_PERSIST_PARALLEL="1")
+    with running(t):
+        assert t.mnt is not None
+        d = t.mnt / BUCKET
+        d.mkdir()
+        new, old = os.urandom(3 << 20), os.urandom(5 << 20)
+        (d / "new").write_bytes(new)  # the lower inode number
+        (d / "ckpt").write_bytes(old)
+        assert t.persist_wait(BUCKET + "/")["persisted"]
+        assert t.admin("POST", "/v1/placement/evict",
+                       {"prefix": f"{BUCKET}/ckpt", "tier": "all"})["evicted"] > 0
+        os.rename(d / "ckpt", d / "ckpt.old")
+        os.rename(d / "new", d / "ckpt")
+        _settled(t, {"ckpt": new, "ckpt.old": old})
+        assert (d / "ckpt.old").read_bytes() == old and (d / "ckpt").read_bytes() == new
+
+
+def test_hard_links_follow_a_content_change(cold: Cold, tmp_path: Path) -> None:
+    """Two names of one file, both in cold; the content changes: both keys get it."""
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("no /dev/fuse")
+    t = Tierd(tmp_path, cold, mount=True)
+    with running(t):
+        assert t.mnt is not None
+        d = t.mnt / BUCKET
+        d.mkdir()
+        (d / "f").write_bytes(b"first version")
+        os.link(d / "f", d / "g")
+        _settled(t, {"f": b"first version", "g": b"first version"})
+        (d / "f").write_bytes(b"second")  # O_TRUNC: the same inode, new content
+        _settled(t, {"f": b"second", "g": b"second"})

@@ -3,13 +3,20 @@ root, ``a`` vs ``a/b`` conflicts, housekeeping."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
 
 import pytest
 
-from tierd.tiers import FileObjectTier, KeyConflict, ObjectNotFound, open_object_tier
+from tierd.tiers import (
+    FileObjectTier,
+    KeyConflict,
+    KeyRejected,
+    ObjectNotFound,
+    open_object_tier,
+)
 from tierd.tiers.file_tier import TMP_DIR
 
 from .conftest import pattern
@@ -123,3 +130,38 @@ async def test_listing_ignores_housekeeping_and_non_keys(tier: FileObjectTier,
     assert [o.key for o in page.objects] == ["bkt/k"]
     page = await tier.list("", delimiter="/")
     assert page.common_prefixes == ["bkt/"] and page.objects == []
+
+
+async def test_holes_stay_holes_and_the_md5_covers_them(tier: FileObjectTier,
+                                                        tmp_path: Path) -> None:
+    """A sparse source is stored sparse (only its data extents are written), with the MD5
+    of every byte, zeros of the holes included; a source shorter than the size is still
+    the caller's error."""
+    path = tmp_path / "sparse"
+    data = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        f.truncate(64 << 20)
+        f.seek(32 << 20)
+        f.write(data)
+    info = await tier.put_file("bkt/sparse", str(path), 64 << 20)
+    whole = bytes(32 << 20) + data + bytes(31 << 20)
+    assert info.etag == hashlib.md5(whole, usedforsecurity=False).hexdigest()
+    st = (tmp_path / "cold" / "bkt" / "sparse").stat()
+    assert st.st_size == 64 << 20 and st.st_blocks * 512 < 4 << 20
+    assert await tier.get_range("bkt/sparse", 32 << 20, 1 << 20) == data
+    assert await tier.get_range("bkt/sparse", 0, 16) == bytes(16)
+
+
+async def test_a_path_too_long_for_the_file_system_is_the_keys_error(
+        tier: FileObjectTier, tmp_path: Path) -> None:
+    """ENAMETOOLONG is :class:`KeyRejected` (one key), never TierUnavailable (the store):
+    the store stays reachable, a listing of such a prefix is empty, a delete a no-op."""
+    deep = "bkt/" + "/".join(["d" * 250] * 17) + "/f"
+    with pytest.raises(KeyRejected):
+        await tier.put_file(deep, src(tmp_path, b"x"), 1)
+    assert tier.reachable()
+    assert (await tier.list(deep.rsplit("/", 1)[0] + "/")).objects == []
+    with pytest.raises(KeyRejected):
+        await tier.delete(deep)
+    await tier.put_file("bkt/ok", src(tmp_path, b"ok"), 2)  # everything else works
+    assert await tier.get_range("bkt/ok", 0, 2) == b"ok"

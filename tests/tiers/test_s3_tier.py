@@ -8,6 +8,7 @@ import base64
 import hashlib
 import http.server
 import os
+import signal
 import threading
 import time
 import zlib
@@ -28,6 +29,7 @@ from tierd.tiers import (
     object_tier_from_config,
     open_object_tier,
 )
+from tierd.tiers.health import Health
 from tierd.tiers.s3_tier import S3ObjectTier
 
 from .conftest import COLD_BUCKET, pattern, s3_settings
@@ -88,6 +90,60 @@ async def test_unavailable_while_stopped_and_recovers_after_restart(
         assert await tier.get_range("bkt/k", 0, len(data)) == data
     finally:
         await tier.close()
+
+
+async def test_hung_store_times_out_and_shows_unreachable(own_moto: MotoServer,
+                                                           tmp_path: Path) -> None:
+    """SIGSTOP: the server accepts connections and never answers.  A metadata call gives
+    up after ``call_timeout`` (TierUnavailable, not a hang), the store reads as
+    unreachable with the reason, and the first answer after SIGCONT makes it reachable."""
+    own_moto.client().create_bucket(Bucket="cold")
+    tier = open_object_tier("s3://cold/pfx", **s3_settings(own_moto, max_attempts=1,
+                                                           read_timeout=30.0))
+    tier.call_timeout = 1.5
+    assert own_moto._proc is not None
+    try:
+        await tier.put_file("bkt/k", src(tmp_path, b"data"), 4)
+        assert tier.reachable()
+        os.kill(own_moto._proc.pid, signal.SIGSTOP)
+        try:
+            for call in (tier.head("bkt/k"), tier.list("bkt/"), tier.delete("bkt/none"),
+                         tier.probe()):
+                started = time.monotonic()
+                with pytest.raises(TierUnavailable, match=r"did not answer within 1\.5 s"):
+                    await call
+                assert time.monotonic() - started < 4
+            assert not tier.reachable()
+            assert "did not answer" in (tier.describe_health()["reason"] or "")
+        finally:
+            os.kill(own_moto._proc.pid, signal.SIGCONT)
+        for _ in range(100):  # the calls stuck in threads drain; then an answer
+            try:
+                await tier.probe()
+                break
+            except TierUnavailable:
+                await asyncio.sleep(0.1)
+        assert tier.reachable() and tier.describe_health()["reason"] is None
+        assert await tier.get_range("bkt/k", 0, 4) == b"data"
+    finally:
+        await tier.close()
+
+
+def test_hung_call_counts_as_unreachable_before_it_returns() -> None:
+    """A call in flight longer than the timeout, with no answer since it began, makes the
+    store unreachable even though nothing has failed yet."""
+    h = Health()
+    h.ok_at -= 10.0  # the last answer, 10 s ago
+    call = h.begin()
+    h._calls[call] -= 5.0  # a call began 5 s ago
+    assert not h.reachable(2.0) and h.describe(2.0)["reason"].startswith("a call has not")
+    h.progress()  # a transfer moved: the store answers
+    assert h.reachable(2.0)
+    h.end(call, True)
+    h.end(h.begin(), False, "refused")
+    assert not h.reachable(2.0) and h.describe(2.0)["reason"] == "refused"
+    h.end(h.begin(), True)
+    assert h.reachable(2.0)
 
 
 async def test_create_bucket_recreates_it_after_restart(own_moto: MotoServer,

@@ -11,14 +11,18 @@ before it; a delete is idempotent.  Import (``importer.py``) never creates an en
 key with a pending delete, nor for one :class:`RecentDeletes` says this node deleted after
 the listing began: an acknowledged DELETE is never undone by the cold store's stale copy.
 
-Value: the inode whose object the key held (u64, 0 when unknown) and a random token; a
-delete (or the upload that replaced the object) removes the record only if the token is
-unchanged, so an intention written while it ran is carried out again, not lost.
+Value: the inode whose object the key held (u64, 0 when unknown), a random token, and the
+cold key itself; a delete (or the upload that replaced the object) removes the record only
+if the token is unchanged, so an intention written while it ran is carried out again, not
+lost.  The record's own key is the cold key's first :data:`HEAD` bytes -- plus a digest of
+the whole when it is longer (a namespace path can be far longer than a metadata key may
+be) -- so records still sort by cold key and a prefix is still one range scan.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import struct
 import time
@@ -30,6 +34,7 @@ from tierd.meta import MetaTxn
 from tierd.meta.kv import prefix_end
 
 PREFIX = b"Z"
+HEAD = 400  # bytes of the cold key in the record's key (lmdb keys: at most 511 bytes)
 _U64 = struct.Struct(">Q")
 
 
@@ -42,25 +47,32 @@ class Intent:
     token: bytes
 
 
+def _raw(key: str) -> bytes:
+    return key.encode("utf-8", "surrogateescape")
+
+
 def _k(key: str) -> bytes:
-    return PREFIX + key.encode("utf-8", "surrogateescape")
+    raw = _raw(key)
+    if len(raw) <= HEAD:
+        return PREFIX + raw
+    return PREFIX + raw[:HEAD] + hashlib.sha256(raw).digest()[:16]
 
 
-def _decode(k: bytes, v: bytes) -> Intent:
-    return Intent(k[len(PREFIX):].decode("utf-8", "surrogateescape"),
-                  int(_U64.unpack(v[:8])[0]), bytes(v[8:]))
+def _decode(v: bytes) -> Intent:
+    return Intent(v[16:].decode("utf-8", "surrogateescape"), int(_U64.unpack(v[:8])[0]),
+                  bytes(v[8:16]))
 
 
 def intend(tx: MetaTxn, key: str, ino: int) -> bytes:
     """Record (or renew) the intention to delete ``key``; returns its token."""
     token = os.urandom(8)
-    tx.kv.put(_k(key), _U64.pack(ino) + token)
+    tx.kv.put(_k(key), _U64.pack(ino) + token + _raw(key))
     return token
 
 
 def get(tx: MetaTxn, key: str) -> Intent | None:
     raw = tx.kv.get(_k(key))
-    return None if raw is None else _decode(_k(key), raw)
+    return None if raw is None else _decode(raw)
 
 
 def pending(tx: MetaTxn, key: str) -> bool:
@@ -77,26 +89,26 @@ def clear(tx: MetaTxn, key: str, token: bytes) -> bool:
 
 
 def pending_under(tx: MetaTxn, prefix: str) -> bool:
-    """Whether any pending delete has a key starting with ``prefix`` (one seek)."""
-    start = _k(prefix)
-    for _ in tx.kv.scan(start, prefix_end(start)):
-        return True
-    return False
+    """Whether any pending delete has a key starting with ``prefix`` (one seek, unless
+    the prefix is longer than :data:`HEAD`)."""
+    return next(under(tx, prefix), None) is not None
 
 
 def under(tx: MetaTxn, prefix: str) -> Iterator[Intent]:
     """The intentions whose keys start with ``prefix``, in key order."""
-    start = _k(prefix)
-    for k, v in tx.kv.scan(start, prefix_end(start)):
-        yield _decode(k, v)
+    start = PREFIX + _raw(prefix)[:HEAD]
+    for _, v in tx.kv.scan(start, prefix_end(start)):
+        it = _decode(v)
+        if it.key.startswith(prefix):
+            yield it
 
 
 def scan(tx: MetaTxn, after: str = "", limit: int = 256) -> list[Intent]:
     """Up to ``limit`` intentions with keys after ``after`` (key order)."""
     start = _k(after) + b"\x00" if after else PREFIX
     out: list[Intent] = []
-    for k, v in tx.kv.scan(start, prefix_end(PREFIX)):
-        out.append(_decode(k, v))
+    for _, v in tx.kv.scan(start, prefix_end(PREFIX)):
+        out.append(_decode(v))
         if len(out) >= limit:
             break
     return out

@@ -188,7 +188,9 @@ def _copy_sparse(src: int, out: int, size: int, stop: threading.Event, tick: Tic
                  md5: Any | None) -> int:
     """Copy the first ``size`` bytes of ``src`` into the empty file ``out``, leaving holes
     where ``src`` has them; feed every byte (zeros of holes too) to ``md5`` when given.
-    Returns the bytes accounted for (``size`` unless stopped or the source is short)."""
+    Returns the bytes accounted for (``size`` unless stopped); a source shorter than
+    ``size`` (before or after: holes are not bytes it promised) is the source's error."""
+    _long_enough(src, size)
     pos = 0
     for start, end in [*_extents(src, size), (size, size)]:
         while pos < start and not stop.is_set():  # a hole: nothing written
@@ -211,11 +213,21 @@ def _copy_sparse(src: int, out: int, size: int, stop: threading.Event, tick: Tic
             pos += got
             tick()
     if not stop.is_set():
+        _long_enough(src, size)
         try:
             os.ftruncate(out, size)  # a trailing hole
         except OSError as e:
             raise _SideError("dst", e) from None
     return pos
+
+
+def _long_enough(src: int, size: int) -> None:
+    try:
+        have = os.fstat(src).st_size
+    except OSError as e:
+        raise _SideError("src", e) from None
+    if have < size:
+        raise _SideError("src", OSError(errno.EIO, f"source has {have} bytes, expected {size}"))
 
 
 def _fsync_dir(path: str) -> None:
@@ -523,6 +535,10 @@ class FileObjectTier(ObjectTier):
             it = os.scandir(path)
         except (FileNotFoundError, NotADirectoryError):
             return out
+        except OSError as err:
+            if err.errno in KEY_ERRNOS:
+                return out  # a prefix deeper than the file system takes holds no object
+            raise
         with it:
             for e in it:
                 if not rel and e.name.startswith("."):

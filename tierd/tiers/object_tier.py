@@ -31,8 +31,7 @@ that has not answered within ``call_timeout`` seconds raises :class:`TierUnavail
 S3 engine's HTTP calls also have botocore's connect and read timeouts, so transfers cannot
 hang either).  Every call's outcome feeds :class:`Health`: the store is *reachable* while the
 last outcome was an answer and no call has waited longer than ``call_timeout`` since the
-last answer -- a hung store (stopped, a dead NFS server) shows as unreachable even when no
-call ever returns.
+last answer (:mod:`tierd.tiers.health`).
 
 **Concurrency**: every blocking call (boto3, fsspec, file I/O) runs on the tier's own bounded
 thread pool, never on the event loop.  Large transfers are split into ranges/parts run in
@@ -52,10 +51,11 @@ import errno
 import functools
 import os
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
+
+from tierd.tiers.health import Health
 
 T = TypeVar("T")
 
@@ -292,65 +292,6 @@ def part_size_for(size: int, part_size: int) -> int:
     return -(-size // 10_000 // mib) * mib + mib
 
 
-# --- reachability ---------------------------------------------------------------------------
-
-
-class Health:
-    """Reachability of a store, from the outcomes of its calls (see the module docstring).
-
-    ``ok_at`` is when the store last answered (a call returned, even with "no such key", or
-    a long transfer made progress), ``failed_at`` when a call last failed as unavailable;
-    calls in flight are remembered by start time.  Threads may call :meth:`progress`."""
-
-    def __init__(self) -> None:
-        self.ok_at = time.monotonic()  # presumed reachable until a call says otherwise
-        self.failed_at = 0.0
-        self.error = ""
-        self._calls: dict[int, float] = {}
-        self._seq = 0
-
-    def begin(self) -> int:
-        self._seq += 1
-        self._calls[self._seq] = time.monotonic()
-        return self._seq
-
-    def end(self, call: int, outcome: BaseException | bool | None) -> None:
-        """``True``: answered; a :class:`TierUnavailable`: failed; ``None`` or another
-        exception: says nothing about the store (the caller's own error, a cancel)."""
-        self._calls.pop(call, None)
-        if outcome is True:
-            self.ok_at = time.monotonic()
-        elif isinstance(outcome, TierUnavailable):
-            self.failed_at = time.monotonic()
-            self.error = str(outcome)
-
-    def progress(self) -> None:
-        """A long call moved (bytes sent or received): the store is answering."""
-        self.ok_at = time.monotonic()
-
-    def stalled_for(self) -> float:
-        """How long the oldest call started after the last answer has waited (0: none)."""
-        waiting = [t for t in self._calls.values() if t > self.ok_at]
-        return time.monotonic() - min(waiting) if waiting else 0.0
-
-    def reachable(self, stall_after: float) -> bool:
-        return self.failed_at <= self.ok_at and self.stalled_for() < stall_after
-
-    def describe(self, stall_after: float) -> dict[str, Any]:
-        """For status pages: reachability and the evidence for it."""
-        now = time.monotonic()
-        stalled = self.stalled_for()
-        reason = ""
-        if self.failed_at > self.ok_at:
-            reason = self.error
-        elif stalled >= stall_after:
-            reason = f"a call has not answered for {stalled:.0f} s"
-        return {"reachable": not reason, "reason": reason or None,
-                "last_answer_seconds_ago": round(now - self.ok_at, 3),
-                "calls_in_flight": len(self._calls),
-                "timeout_seconds": stall_after}
-
-
 # --- the interface --------------------------------------------------------------------------
 
 
@@ -494,7 +435,7 @@ class ObjectTier(abc.ABC):
         except TimeoutError:
             err = TierUnavailable(f"cold store {self.url} did not answer within "
                                   f"{self.call_timeout:g} s")
-            self.health.end(self.health.begin(), err)
+            self.health.end(self.health.begin(), False, str(err))
             raise err from None
 
     async def _tracked(self, aw: Awaitable[T]) -> T:
@@ -502,7 +443,7 @@ class ObjectTier(abc.ABC):
         try:
             result = await aw
         except TierUnavailable as e:
-            self.health.end(call, e)
+            self.health.end(call, False, str(e))
             raise
         except TierError:
             self.health.end(call, True)  # an answer: no such key, changed, conflict...
