@@ -22,10 +22,10 @@ See docs/metadata.md, "Transactions and durability".
 ``FsError(ENOSPC)`` naming the cause (the ``meta_map_size`` setting, or the file system of
 the metadata directory), so the doors answer 507 / ENOSPC and the transaction is aborted
 whole.  So that a full file system shared with the data tiers does not stop metadata
-commits -- the deletions that free space are commits too -- the store keeps up to
-:data:`RESERVE` bytes allocated past lmdb's last page (``posix_fallocate`` of
-``data.mdb``, best effort: skipped when there is no room), which lmdb's growth writes into
-without asking the file system for blocks.  :meth:`LmdbStore.headroom` tells the group
+commits -- the deletions that free space are commits too -- the store keeps a reserve
+allocated past lmdb's last page (an eighth of the store, 4 to 64 MiB; ``posix_fallocate``
+of ``data.mdb``, best effort: skipped when there is no room), which lmdb's growth writes
+into without asking the file system for blocks.  :meth:`LmdbStore.headroom` tells the group
 commit how much it may still add (docs/durability.md, "Full disk").
 """
 
@@ -34,6 +34,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,14 +46,18 @@ from tierd.meta.kv import KVStore, KVTxn
 log = logging.getLogger(__name__)
 
 DEFAULT_MAP_SIZE = 64 << 30  # address space only; the file grows as needed
-#: bytes kept allocated past the last page (at most 1/32 of the file system, and the map)
+#: bytes kept allocated past the last page: an eighth of the store, at least
+#: RESERVE_MIN, at most RESERVE (and at most 1/32 of the file system, and the map)
 RESERVE = 64 << 20
+RESERVE_MIN = 4 << 20
 #: free bytes on the file system below which lmdb's "Input/output error" (a short write)
 #: is taken for what it almost always is there: the file system is full
 _NEARLY_FULL = 16 << 20
 #: pages a group flush may need beyond its data (copied branch pages, the free list)
 _FLUSH_PAGES = 64
 _NUM_METAS = 2
+#: seconds the file system's free space and the file's size are taken as measured
+_SPACE_TTL = 0.05
 
 
 class LmdbTxn(KVTxn):
@@ -140,6 +145,8 @@ class LmdbStore(KVStore):
         self.map_size = map_size
         self.space_hint = (f"delete something, raise meta_map_size (the lmdb map), or free "
                            f"space on the file system of {path}")
+        self._space_at = 0.0  # when _free, _reserve and _file_size were measured
+        self._free = self._reserve = self._file_size = 0
         path.mkdir(parents=True, exist_ok=True)
         if os.stat(path).st_mode & 0o777 != 0o700:  # (no write on a full disk otherwise)
             os.chmod(path, 0o700)
@@ -193,41 +200,60 @@ class LmdbStore(KVStore):
         st = os.statvfs(self.path)
         return st.f_bavail * st.f_frsize
 
-    def _pages(self) -> tuple[int, int, int]:
-        """(page size, pages the file has up to its last used one, pages in use)."""
+    def _pages(self) -> tuple[int, int, int, int]:
+        """(page size, pages the file has up to its last used one, pages in use, map
+        size)."""
         info, st = self.env.info(), self.env.stat()
         used = st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"] + _NUM_METAS
-        return int(st["psize"]), int(info["last_pgno"]) + 1, int(used)
+        return (int(st["psize"]), int(info["last_pgno"]) + 1, int(used),
+                int(info["map_size"]))
+
+    def _space(self) -> tuple[int, int]:
+        """(free bytes on the file system, bytes of the reserve), re-read at most every
+        :data:`_SPACE_TTL` seconds: the flusher asks after every flush, and a statvfs and
+        a stat cost more than the rest of :meth:`headroom`."""
+        now = time.monotonic()
+        if now - self._space_at > _SPACE_TTL:
+            st = os.statvfs(self.path)
+            self._free = st.f_bavail * st.f_frsize
+            psize, top, _, _ = self._pages()
+            self._reserve = min(max(RESERVE_MIN, min(RESERVE, top * psize // 8)),
+                                st.f_blocks * st.f_frsize // 32)
+            self._file_size = os.stat(self.path / "data.mdb").st_size
+            self._space_at = now
+        return self._free, self._reserve
 
     def headroom(self) -> int:
         """Bytes of new metadata that still fit, conservatively: free pages in the file
         and in the map, and what the file system (or the reserve allocated past the last
         page) can still give the file; minus what a flush needs for itself."""
-        psize, top, used = self._pages()
+        psize, top, used, map_size = self._pages()
         try:
-            file_size = os.stat(self.path / "data.mdb").st_size
-            disk = self._fs_free() + max(0, file_size - top * psize)
+            free, _ = self._space()
         except OSError:
-            disk = 0
-        grow = min(int(self.env.info()["map_size"]) - top * psize, disk)
+            free = 0
+        disk = free + max(0, self._file_size - top * psize)
+        grow = min(map_size - top * psize, disk)
         return max(0, grow + (top - used) * psize - _FLUSH_PAGES * psize)
 
     def keep_reserve(self) -> None:
-        """Keep :data:`RESERVE` bytes (at most 1/32 of the file system, never past the
-        map) allocated past the last page, so metadata can grow on a full file system.
-        Best effort: without room it is skipped and tried again after the next flush."""
-        psize, top, _ = self._pages()
+        """Keep a reserve allocated past the last page (an eighth of the store, 4 to
+        64 MiB, at most 1/32 of the file system, never past the map), so that metadata
+        can grow on a full file system.
+        Best effort: without room it is skipped and tried again after a later flush."""
+        psize, top, _, map_size = self._pages()
         data = self.path / "data.mdb"
         try:
-            st = os.statvfs(self.path)
-            reserve = min(RESERVE, st.f_blocks * st.f_frsize // 32)
-            want = min(top * psize + reserve, int(self.env.info()["map_size"]))
-            if os.stat(data).st_size >= top * psize + reserve // 2 or want <= top * psize:
+            _, reserve = self._space()
+            want = min(top * psize + reserve, map_size)
+            if self._file_size >= top * psize + reserve // 2 or want <= top * psize:
                 return
             fd = os.open(data, os.O_RDWR | os.O_CLOEXEC)
             try:
                 os.posix_fallocate(fd, 0, want)
             finally:
                 os.close(fd)
+            self._file_size = max(self._file_size, want)
         except OSError as e:
+            self._space_at = 0.0  # measure again next time
             log.debug("metadata reserve of %s not extended: %s", data, e)
