@@ -1,4 +1,9 @@
-"""Checkpoint benchmark (issue #7): tierd's save/load against the limits and peers, one run.
+"""Checkpoint benchmark: tierd's save/load against the limits and peers.
+
+Three modes: the default (one process, below), ``--ranks N`` (a ``torchrun`` job of N CPU
+ranks saving through DCP: each rank's stall against the stall of one process saving a
+shard of the same size) and ``--gpu`` (the state on a CUDA device: save stall against the
+pinned copy limit, restore into the device tensors against ``torch.load``).
 
 A model state of ``--size-gib`` (fp32 tensors shaped like a small transformer: embedding,
 then layers of qkv/out/fc1/fc2 and norms) is checkpointed ``--rounds`` times after two
@@ -17,6 +22,8 @@ Loads (a restore = load + copy into the model's tensors): tierd from pool, hot a
 cache warm for the local files.  Ratios are tierd / baseline of medians.
 
     sudo .venv/bin/python bench/ckpt_bench.py --size-gib 2 --rounds 3 --out bench/results/ckpt.json
+    .venv/bin/python bench/ckpt_bench.py --ranks 4 --size-gib 0.25 --out ckpt-ranks.json
+    .venv/bin/python bench/ckpt_bench.py --gpu --size-gib 2.74 --out ckpt-gpu.json
 """
 
 from __future__ import annotations
@@ -81,7 +88,26 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None, help="scratch dir (default: a temp "
                     "dir on the root file system, where the daemon's data dir goes too)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/ckpt.json"))
+    ap.add_argument("--ranks", type=int, default=0, help="a torchrun job of this many CPU "
+                    "ranks saving through DCP (the state is split between them)")
+    ap.add_argument("--gpu", action="store_true", help="the state on the CUDA device")
+    ap.add_argument("--rank-worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rank_worker is not None:
+        from ckpt_modes import rank_worker
+
+        rank_worker(args.rank_worker, args.rounds)
+        return
+    if args.ranks:
+        from ckpt_modes import ranks_main
+
+        ranks_main(args)
+        return
+    if args.gpu:
+        from ckpt_modes import gpu_main
+
+        gpu_main(args, model_state)
+        return
     size = int(args.size_gib * (1 << 30))
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.work or "/var/tmp"))
     work.chmod(0o755)
