@@ -92,6 +92,26 @@ BUCKET = "torture"
 COLD_BUCKET = "tierd-cold"
 
 
+def same_as_listed(key: str, cycle: int, views: dict[str, Seen],
+                   s3_list: dict[str, tuple[int, str]],
+                   fuse_list: dict[str, int]) -> list[Violation]:
+    """Each door's listing agrees with its own read: the size (both), the ETag (S3)."""
+    out: list[Violation] = []
+    s3, fuse = views["s3"], views["fuse"]
+    listed = s3_list.get(key)
+    if listed is not None and s3.data is not None and listed[0] != len(s3.data):
+        out.append(Violation("listing-size", key, "s3-list", cycle, len(s3.data), listed[0],
+                             "the listing's size is not that of GET's bytes"))
+    if listed is not None and s3.etag is not None and listed[1] != s3.etag:
+        out.append(Violation("listing-etag", key, "s3-list", cycle, s3.etag, listed[1],
+                             "the listing's ETag is not GET's"))
+    size = fuse_list.get(key)
+    if size is not None and fuse.data is not None and size != len(fuse.data):
+        out.append(Violation("listing-size", key, "fuse-list", cycle, len(fuse.data), size,
+                             "stat's size is not that of the bytes read"))
+    return out
+
+
 class Torture:
     """The whole run: setup, cycles, the result document."""
 
@@ -274,11 +294,7 @@ class Torture:
             v_s3, bad = check_read(rec, "s3", views["s3"], cycle)
             v_fuse, bad_fuse = check_read(rec, "fuse", views["fuse"], cycle, check_etag=False)
             bad += bad_fuse + check_agree(rec.key, cycle, views)
-            listed = s3_list.get(rec.key)
-            etag = views["s3"].etag
-            if listed is not None and etag is not None and listed[1] != etag:
-                bad.append(Violation("listing-etag", rec.key, "s3-list", cycle, etag,
-                                     listed[1], "the listing's ETag is not GET's"))
+            bad += same_as_listed(rec.key, cycle, views, s3_list, fuse_list)
             found += bad
             if v_s3 is None or v_fuse is None or any(v.kind not in LASTING for v in bad):
                 broken.add(rec.key)

@@ -179,6 +179,16 @@ def test_listing_missing_extra_and_size() -> None:
     assert {v.key for v in bad} == {"a", "b", "x/tmp"}
 
 
+def test_each_listing_agrees_with_its_own_door() -> None:
+    import torture
+
+    views = {"s3": Seen(True, b"12345", etag="e1"), "fuse": Seen(True, b"12345")}
+    assert torture.same_as_listed("k", 1, views, {"k": (5, "e1")}, {"k": 5}) == []
+    bad = torture.same_as_listed("k", 1, views, {"k": (4, "e2")}, {"k": 6})
+    assert sorted((v.kind, v.door) for v in bad) == [
+        ("listing-etag", "s3-list"), ("listing-size", "fuse-list"), ("listing-size", "s3-list")]
+
+
 def test_cold_store_must_hold_exactly_the_live_keys() -> None:
     j = Journal()
     for k in ("live", "gone", "lost", "bad"):
