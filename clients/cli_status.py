@@ -52,6 +52,8 @@ def _tier_rows(st: dict[str, Any]) -> list[tuple[object, ...]]:
                  else Text("UNREACHABLE (persisting paused, dirty data stays local)",
                            style="bold red"))
         state.append(f"  {cold.get('url', '')}")
+        if not cold.get("reachable") and cold.get("reason"):
+            state.append(f"  ({cold['reason']})")
         rows.append(("cold", "-", "-", state))
     return rows
 
@@ -66,6 +68,23 @@ def _persist_line(st: dict[str, Any]) -> str:
               else "")
     return (f"{human_bytes(dirty['bytes'])} dirty in {dirty.get('files', 0)} files "
             f"(limit {human_bytes(dirty['limit'])}); persist queue {depth} files{oldest}")
+
+
+def _unpersistable_lines(st: dict[str, Any]) -> list[tuple[str, object]]:
+    """Files the cold store cannot take (a key over its limits...), each with the error,
+    and the cold deletes still pending: shown only when there are any."""
+    pl = st.get("placement") or {}
+    queue, cold = pl.get("queue") or {}, pl.get("cold") or {}
+    rows: list[tuple[str, object]] = []
+    for f in queue.get("unpersistable_files") or []:
+        rows.append(("unpersistable", Text(f"{f['key']}: {f['error']} "
+                                           f"({f['failures']} tries)", style="red")))
+    more = int(queue.get("unpersistable", 0)) - len(rows)
+    if more > 0:
+        rows.append(("unpersistable", f"... and {more} more files"))
+    if cold.get("pending_deletes"):
+        rows.append(("cold deletes", f"{cold['pending_deletes']} pending"))
+    return rows
 
 
 def _requests_line(st: dict[str, Any], rates: dict[str, float] | None) -> str:
@@ -124,6 +143,7 @@ def show_status(st: dict[str, Any], rates: dict[str, float] | None = None) -> No
     click.echo()
     print_fields([
         ("dirty", _persist_line(st)),
+        *_unpersistable_lines(st),
         ("requests", _requests_line(st, rates)),
         ("reads", _reads_line(st)),
         ("pool", pool_bar),

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -68,6 +70,11 @@ def test_a_key_the_store_refuses_is_unpersistable_not_an_outage(tmp_path: Path) 
         doc = t.persist_wait(BUCKET + "/", timeout=30)  # answers at once, naming it
         assert doc["persisted"] is False
         assert [f["key"] for f in doc["unpersistable"]] == [f"{BUCKET}/{key}"]
+        shown = subprocess.run(  # tierctl status names it, with the error
+            [sys.executable, "-m", "tierd_client.tierctl", "--data-dir", str(t.data_dir),
+             "status"], capture_output=True, text=True, timeout=60, check=True,
+            env={**os.environ, "COLUMNS": "400"}).stdout
+        assert "unpersistable" in shown and "KeyRejected" in shown, shown
         lines = [x for x in t.log.splitlines() if "persist" in x and SEG[:40] in x]
         assert 1 <= len(lines) <= 3, lines
         assert "OverflowError" not in t.log and "Traceback" not in t.log

@@ -339,9 +339,11 @@ class Placement(Uploading):
         return line is not None
 
     def names_moved(self, ino: int) -> None:
-        """A file was renamed: a key the store refused may be fine now -- try at once."""
+        """A file was renamed: a key the store refused may be fine now -- try at once (and
+        judge it afresh: ``persist --wait`` waits for that try)."""
         if self._task is not None:
             self._not_before.pop(ino)
+            self.failures.clear(ino)
 
     async def wait_persisted(self, ino: int) -> None:
         """Until cold holds the inode's current content and names (write-through)."""
