@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,6 +42,8 @@ log = logging.getLogger("tierd.placement")
 WRITE_BATCH = 16 << 20
 #: free bytes the hot file system keeps beyond a write about to be made
 WRITE_SLACK = 1 << 20
+#: seconds between two log lines about writes the full hot tier refused
+FULL_LOG_EVERY = 30.0
 
 
 @dataclass
@@ -55,7 +58,10 @@ class _Unmarked:
 
 
 class Evicting(PlacementCore):
-    """Adds :meth:`make_room`, :meth:`evict`, :meth:`evict_file` and :meth:`demote_file`."""
+    """Adds :meth:`make_room`, :meth:`room_for_write`, :meth:`evict`, :meth:`evict_file`
+    and :meth:`demote_file`."""
+
+    _full_logged = 0.0  # when room_for_write last logged a refusal
 
     def cache_of(self, tier: str) -> TierCache:
         if tier == HOT:
@@ -89,8 +95,14 @@ class Evicting(PlacementCore):
         freed = await self.evict(want, tier=HOT)
         self.stats["write_evicted_bytes"] += freed
         if failed and not freed:
-            log.warning("hot tier full: a write of %d bytes found nothing clean to evict "
-                        "(dirty data waits for the cold store, or is pinned)", nbytes)
+            self.stats["write_full_refusals"] += 1
+            now = time.monotonic()
+            if now - self._full_logged > FULL_LOG_EVERY:  # a writer may retry in a loop
+                self._full_logged = now
+                log.warning("hot tier full: a write of %d bytes found nothing clean to evict "
+                            "(dirty data waits for the cold store, or is pinned); %d such "
+                            "writes refused so far", nbytes,
+                            self.stats["write_full_refusals"])
         return freed
 
     def _pinned(self, tx: MetaTxn, ino: int) -> bool:
