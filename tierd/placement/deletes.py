@@ -10,9 +10,10 @@ scan of the queue.  Under the key's gate, with the record read again, a delete i
 * **deferred** while the inode whose object it is still needs it: alive, queued, and its
   record's version is its current one (its bytes may exist only there; its upload copies
   them to its new names first, then the delete runs);
-* otherwise **done**: ``cold.delete`` (idempotent; a key the store cannot hold needs no
-  delete), the key noted in ``recent`` for listings in flight, and the intention removed if
-  its token is unchanged (one written meanwhile is carried out by the next pass).
+* otherwise **done**, once the metadata that asked for it is durable (a flush):
+  ``cold.delete`` (idempotent; a key the store cannot hold needs no delete), the key noted
+  in ``recent`` for listings in flight, and the intention removed if its token is unchanged
+  (one written meanwhile is carried out by the next pass).
 
 **Gates**: a put (upload or copy) of key ``k`` holds ``k``'s gate from before it writes its
 put-intention until its inode's record is written; a delete holds it for its check and
@@ -167,6 +168,9 @@ class Deleting(Reading):
             if it is None or verdict == "defer":
                 return
             if verdict == "delete":
+                # the change that made the object unwanted must be durable first: rolled
+                # back by a crash, it would name an object already gone
+                await self.meta.flush()
                 try:
                     await self.cold.delete(key)
                 except (KeyRejected, InvalidKey):

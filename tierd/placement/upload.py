@@ -7,8 +7,9 @@ durable put-intention, and one transaction that records what cold now holds.
 * **Before a put** (holding the key's gate): the key must still name the file and the
   version be current -- a version superseded or a file deleted meanwhile is not uploaded;
   another live file that still needs the object there is rescued first (``deletes.py``);
-  then the put-intention ``Z<key>`` is committed, so an upload a crash interrupts leaves a
-  pending delete rather than an untracked object.
+  then the put-intention ``Z<key>`` is committed **and flushed** (with it every namespace
+  change before it), so an upload a crash interrupts leaves a pending delete rather than an
+  untracked object, and no put lands for a metadata state a crash could roll back.
 * **During an upload**, deleting the file cancels it (:meth:`Uploading.gone`).
 * **After** (one transaction): the record (``R``) lists the keys put that still name the
   file, the put-intentions of those keys are cleared (if unchanged: a rename meanwhile left
@@ -177,6 +178,11 @@ class Uploading(Deleting):
             await self.rescue(needy)  # then check again
         else:
             raise Superseded(key)
+        # The put-intention, and the namespace state that makes this put right (the name,
+        # the version), must be durable before the object lands: after a crash the metadata
+        # may otherwise name an older version whose only copy this put replaces, or not
+        # know of an object it put (with group commit this usually adds no flush).
+        await self.meta.flush()
         etag = None
         if have:
             etag = await self._copy(key, have)
