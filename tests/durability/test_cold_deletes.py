@@ -220,3 +220,34 @@ def test_hard_links_follow_a_content_change(cold: Cold, tmp_path: Path) -> None:
         _settled(t, {"f": b"first version", "g": b"first version"})
         (d / "f").write_bytes(b"second")  # O_TRUNC: the same inode, new content
         _settled(t, {"f": b"second", "g": b"second"})
+
+
+def test_removed_bucket_is_not_recreated_from_cold(moto: object, tmp_path: Path) -> None:
+    """A bucket emptied and removed while the store refuses deletes (503), then SIGKILL:
+    the restart must not bring the bucket back from the objects still in cold, and once
+    the store takes deletes again they are carried out."""
+    with FaultProxy(moto.url) as proxy:  # type: ignore[attr-defined]
+        cold = Cold("s3", tmp_path, moto, endpoint=proxy.url)  # type: ignore[arg-type]
+        t = Tierd(tmp_path, cold)
+        with running(t):
+            s3 = t.s3()
+            s3.create_bucket(Bucket="gone-bucket")
+            s3.create_bucket(Bucket=BUCKET)
+            s3.put_object(Bucket=BUCKET, Key="stays", Body=b"stays")
+            for k in ("a", "b/c"):
+                s3.put_object(Bucket="gone-bucket", Key=k, Body=k.encode())
+            assert t.persist_wait("gone-bucket/")["persisted"]
+            assert t.persist_wait(BUCKET + "/")["persisted"]
+            proxy.slowdown, proxy.only = 1.0, {"DELETE"}
+            for k in ("a", "b/c"):
+                s3.delete_object(Bucket="gone-bucket", Key=k)
+            s3.delete_bucket(Bucket="gone-bucket")
+            wait_for(lambda: proxy.refused >= 2, 20, "refused cold deletes")
+            t.kill9()
+            t.start()
+            names = {b["Name"] for b in t.s3().list_buckets()["Buckets"]}
+            assert names == {BUCKET}, names
+            proxy.slowdown = 0.0
+            assert t.persist_wait("", timeout=60)["persisted"]
+            assert cold.objects() == {f"{BUCKET}/stays"}
+            assert {b["Name"] for b in t.s3().list_buckets()["Buckets"]} == {BUCKET}

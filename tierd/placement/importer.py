@@ -198,11 +198,17 @@ class Importer:
         n, after = 0, ""
         while True:
             page = await self.cold.list("", start_after=after, delimiter="/")
+            stale = set()
+            for cp in page.common_prefixes:
+                with self.meta.snapshot() as tx:
+                    pending = intents.pending_under(tx, cp)
+                if pending and not await self._live_key_under(cp):
+                    stale.add(cp)
             with self.meta.write() as tx:
                 for cp in page.common_prefixes:
                     name = cp.rstrip("/")
                     if (tx.get_bucket(name) is None and tx.lookup(ROOT_INO, name.encode()) is None
-                            and not intents.pending_under(tx, cp)):
+                            and cp not in stale):
                         t = time.time_ns()
                         d = Inode(ino=tx.next_ino(), mode=stat.S_IFDIR | 0o755, uid=0, gid=0,
                                   nlink=2, atime_ns=t, mtime_ns=t, ctime_ns=t, btime_ns=t,
@@ -213,6 +219,18 @@ class Importer:
                         n += 1
             if not page.truncated:
                 return n
+            after = page.next_start_after
+
+    async def _live_key_under(self, prefix: str) -> bool:
+        """Whether cold has a key under ``prefix`` that is not pending delete."""
+        after = ""
+        while True:
+            page = await self.cold.list(prefix, start_after=after)
+            with self.meta.snapshot() as tx:
+                if any(not intents.pending(tx, o.key) for o in page.objects):
+                    return True
+            if not page.truncated:
+                return False
             after = page.next_start_after
 
     def stale(self, dir_ino: int) -> bool:
