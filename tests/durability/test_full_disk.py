@@ -11,7 +11,7 @@ its FUSE mount; S3 through boto3 over HTTP, FUSE through plain ``open``/``write`
   deletions bring the room back;
 * the whole data directory (metadata, hot tier, credentials) on a full file system: SIGKILL,
   the restart works without writing anything, reads work, a DELETE frees space, writes
-  come back;
+  come back; a first start on a full disk stops with one clear line;
 * backpressure: above ``dirty_limit`` every S3 write that adds dirty bytes (PUT,
   CopyObject, UploadPart, CompleteMultipartUpload) answers 503 SlowDown.
 """
@@ -377,6 +377,24 @@ def test_full_data_dir_sigkill_restart_reads_then_writes_after_delete(
         finally:
             d.stop()
         assert "Traceback" not in d.log, d.log[-4000:]
+
+
+def test_first_start_on_a_full_disk_fails_clearly(tmp_path: Path) -> None:
+    """A new data directory on a file system without a free block: the daemon stops with
+    one line naming the cause (lmdb used to map its new lock file and die of SIGBUS)."""
+    with tmpfs(tmp_path / "fs", "1m") as fs:
+        with contextlib.suppress(OSError), open(fs / "filler", "wb") as f:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
+        r = subprocess.run(
+            [sys.executable, "-m", "tierd.cli", "serve", "--data-dir", str(fs / "data"),
+             "--s3-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, env=environ)
+    assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+    assert "cannot start" in r.stderr and "No space left on device" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
 
 
 def _put_data_ok(s3: Any, key: str, data: bytes) -> bool:

@@ -58,6 +58,25 @@ _FLUSH_PAGES = 64
 _NUM_METAS = 2
 #: seconds the file system's free space and the file's size are taken as measured
 _SPACE_TTL = 0.05
+#: the lock file's size (lmdb's: 8 KiB for its 126 reader slots)
+_LOCK_BYTES = 64 << 10
+
+
+def _allocate_lock_file(path: Path) -> None:
+    """Give a new environment's lock file its blocks before lmdb maps it: lmdb extends the
+    file with ``ftruncate`` and writes it through the mapping, which on a full file system
+    is SIGBUS, not an error.  Allocated here, a full disk is ENOSPC (a clear start-up
+    error) instead."""
+    if path.exists():
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, _LOCK_BYTES)
+    except OSError:
+        os.close(fd)
+        path.unlink()
+        raise
+    os.close(fd)
 
 
 class LmdbTxn(KVTxn):
@@ -150,6 +169,7 @@ class LmdbStore(KVStore):
         path.mkdir(parents=True, exist_ok=True)
         if os.stat(path).st_mode & 0o777 != 0o700:  # (no write on a full disk otherwise)
             os.chmod(path, 0o700)
+        _allocate_lock_file(path / "lock.mdb")
         self.env = lmdb.open(
             str(path),
             map_size=map_size,
