@@ -327,7 +327,8 @@ async def test_grant_covers_its_request_only_and_ends_at_symlinks(tmp_path: Path
     ns = await Namespace.load(store, tmp_path / "hot", umask=0o022)
     try:
         root = Identity.ROOT
-        await ns.create_bucket(root, "bkt")
+        await ns.create_bucket(root, "bkt")  # private; shared with every user (0755):
+        await ns.set_canned_acl(root, "bkt", "", "authenticated-read")
         await ns.put_object(root, "bkt", "private/s", _body(b"secret"),
                             {canned.META_KEY: "private"})
         await ns.put_object(root, "bkt", "pub/f", _body(b"f"), {canned.META_KEY: "private"})
@@ -338,7 +339,7 @@ async def test_grant_covers_its_request_only_and_ends_at_symlinks(tmp_path: Path
         anon = Identity.ANONYMOUS
         alice = Identity(1000, 1000)
         assert (await ns.head_object(alice, "bkt", "pub/open")).size == 1  # other bits
-        for key in ("pub/open", "pub/f"):
+        for key in ("pub/open", "pub/f"):  # (the bucket has no anonymous grant)
             with pytest.raises(FsError) as e:
                 await ns.head_object(anon, "bkt", key)
             assert e.value.errno == errno.EACCES

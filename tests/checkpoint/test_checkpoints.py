@@ -216,8 +216,16 @@ def test_other_tenant_gets_the_namespace_answer(tierd: Tierd) -> None:
     from .conftest import OTHER_UID
 
     with Checkpointer(tierd.socket) as ck:
-        ck.save("r", 1, {"x": torch.arange(5)})  # the bucket is root's, mode 0755
+        ck.save("r", 1, {"x": torch.arange(5)})  # the bucket is root's, private
         ck.wait_persisted("r", 1, level="local")
+        # objects are their owner's alone by default: root shares the run with every user
+        # (mode bits, as PutObjectAcl authenticated-read sets them)
+        s3 = tierd.d.client()
+        s3.put_bucket_acl(Bucket="checkpoints", ACL="authenticated-read")
+        keys = {o["Key"] for o in s3.list_objects_v2(Bucket="checkpoints")["Contents"]}
+        prefixes = {k[: i + 1] for k in keys for i, c in enumerate(k) if c == "/"}
+        for key in sorted(prefixes | keys):
+            s3.put_object_acl(Bucket="checkpoints", Key=key, ACL="authenticated-read")
         r = python_as(OTHER_UID, _OTHER, tierd.socket)
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)

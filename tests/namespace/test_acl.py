@@ -223,11 +223,19 @@ async def _body(data: bytes):  # type: ignore[no-untyped-def]
     yield data
 
 
-def test_s3_uses_the_umask_without_a_default_acl(nsenv: NsEnv) -> None:
+def test_s3_creations_are_private_without_a_default_acl(nsenv: NsEnv) -> None:
+    """An S3 object is its owner's alone (0600 whatever the umask); the directories a PUT
+    creates are prefixes: they take their parent's permissions (tierd.acl.canned)."""
     nsenv.bucket()
     nsenv.put(ALICE, "bkt", "p/q", b"x")
-    assert stat.S_IMODE(nsenv.run(nsenv.ns.resolve(ROOT, "bkt/p")).mode) == 0o755
-    assert stat.S_IMODE(nsenv.run(nsenv.ns.resolve(ROOT, "bkt/p/q")).mode) == 0o644
+    assert stat.S_IMODE(nsenv.run(nsenv.ns.resolve(ROOT, "bkt/p")).mode) == 0o777
+    assert stat.S_IMODE(nsenv.run(nsenv.ns.resolve(ROOT, "bkt/p/q")).mode) == 0o600
+    nsenv.bucket("bkt2", mode=0o1750)
+    nsenv.put(ROOT, "bkt2", "a/b/c", b"x")
+    for path in ("bkt2/a", "bkt2/a/b"):
+        assert stat.S_IMODE(nsenv.run(nsenv.ns.resolve(ROOT, path)).mode) == 0o1750, path
+    b = nsenv.run(nsenv.ns.create_bucket(ALICE, "made-by-s3"))
+    assert stat.S_IMODE(b.mode) == 0o700 and b.uid == ALICE.uid
 
 
 def test_s3_delete_and_list_follow_acls(nsenv: NsEnv) -> None:

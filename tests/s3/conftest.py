@@ -123,6 +123,26 @@ def alice(daemon: Daemon) -> Any:
     return daemon.client(USER_KEY, USER_SECRET)
 
 
+def admin_call(daemon: Daemon, method: str, path: str, body: Any = None) -> Any:
+    """A call of the daemon's admin API with its token (the JSON answer; 2xx expected)."""
+    import requests
+
+    doc = json.loads((daemon.data_dir / "endpoints.json").read_text())
+    token = (daemon.data_dir / "admin-token").read_text().strip()
+    r = requests.request(method, doc["admin"]["url"] + path, json=body, timeout=10,
+                         headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code < 300, r.text
+    return r.json()
+
+
+def new_user(daemon: Daemon, prefix: str, uid: int) -> Any:
+    """A new user (a unique name from ``prefix``, ``uid``) and a boto3 client of its key."""
+    name = f"{prefix}{uuid.uuid4().hex[:6]}"
+    admin_call(daemon, "POST", "/v1/users", {"name": name, "uid": uid})
+    key = admin_call(daemon, "POST", "/v1/keys", {"user": name})
+    return daemon.client(key["access_key"], key["secret"])
+
+
 def empty_bucket(client: Any, name: str) -> None:
     try:
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):

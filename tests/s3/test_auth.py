@@ -250,8 +250,11 @@ def test_anonymous_and_bad_credentials(daemon: Daemon, bucket: str) -> None:
 
 
 def test_posix_permissions_apply_to_s3_users(s3: Any, alice: Any, bucket: str) -> None:
-    s3.put_object(Bucket=bucket, Key="readable", Body=b"x")
-    # root's bucket is 0755: alice may read, not write
+    s3.put_object(Bucket=bucket, Key="readable", Body=b"x", ACL="authenticated-read")
+    assert_error("AccessDenied", 403, alice.get_object, Bucket=bucket, Key="readable")
+    # root's bucket is private; shared with every signed user (0755): alice may read, not
+    # write
+    s3.put_bucket_acl(Bucket=bucket, ACL="authenticated-read")
     assert alice.get_object(Bucket=bucket, Key="readable")["Body"].read() == b"x"
     assert_error("AccessDenied", 403, alice.put_object, Bucket=bucket, Key="new", Body=b"y")
     assert_error("AccessDenied", 403, alice.delete_object, Bucket=bucket, Key="readable")

@@ -3,7 +3,8 @@ entries they became (os.stat, the system.posix_acl_access xattr), GetObjectAcl/G
 read the POSIX state back, and the permissions really hold through S3.
 
 This module runs its own daemon with a FUSE mount and ``--umask 027``, so ownership and the
-configured umask of objects and buckets made through S3 are checked on the mount too."""
+modes of objects and buckets made through S3 (private without a canned ACL, whatever the
+umask) are checked on the mount too."""
 
 from __future__ import annotations
 
@@ -23,7 +24,15 @@ from tierd_fuse.mount import find_mount, unmount
 
 from tierd.acl import posix_acl as pacl
 
-from .conftest import USER_KEY, USER_SECRET, Daemon, add_user_key, assert_error, start_daemon
+from .conftest import (
+    USER_KEY,
+    USER_SECRET,
+    Daemon,
+    add_user_key,
+    admin_call,
+    assert_error,
+    start_daemon,
+)
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse")
 
@@ -121,7 +130,9 @@ def test_canned_acl_becomes_mode_and_acl(root: Any, alice: Any, mnt: Path, bucke
     assert ("root", "FULL_CONTROL") in got
     assert (AUTH_USERS, "READ") in got if mode & 0o004 else (AUTH_USERS, "READ") not in got
     assert (AUTH_USERS, "WRITE") in got if mode & 0o002 else (AUTH_USERS, "WRITE") not in got
-    assert (ALL_USERS, "READ") not in got  # no bucket policy: anonymous gets nothing
+    # the anonymous grant of public-read(-write), nothing else (no bucket policy here)
+    public = {"public-read": {"READ"}, "public-read-write": {"READ", "WRITE"}}.get(canned, set())
+    assert {p for who, p in got if who == ALL_USERS} == public
     if named is not None:
         assert ("alice", "READ") in got
     # the permissions hold through S3: alice owns the bucket but not the object
@@ -130,14 +141,16 @@ def test_canned_acl_becomes_mode_and_acl(root: Any, alice: Any, mnt: Path, bucke
     else:
         assert_error("AccessDenied", 403, alice.get_object, Bucket=bucket, Key="obj")
     url = f"{root.meta.endpoint_url}/{bucket}/obj"
-    assert requests.get(url, timeout=10).status_code == 403  # other bits are not anonymous
+    # other bits are not anonymous; and alice's bucket is private: anonymous requests cannot
+    # reach even a public-read object in it (tests/s3/test_private_default.py)
+    assert requests.get(url, timeout=10).status_code == 403
 
 
 def test_put_object_acl_header_and_xml(root: Any, alice: Any, mnt: Path,
                                        bucket: str) -> None:
     root.put_object(Bucket=bucket, Key="k", Body=b"v")
     path = mnt / bucket / "k"
-    assert mode_of(path) == 0o640  # the daemon's umask 027
+    assert mode_of(path) == 0o600  # private: no canned ACL (and the daemon's umask 027)
     root.put_object_acl(Bucket=bucket, Key="k", ACL="public-read-write")
     assert mode_of(path) == 0o666  # the mount saw the change (no stale attributes)
     root.put_object_acl(Bucket=bucket, Key="k", ACL="private")
@@ -210,22 +223,26 @@ def test_bucket_acls(root: Any, alice: Any, mnt: Path) -> None:
     alice.create_bucket(Bucket=names[1], ACL="public-read")
     alice.create_bucket(Bucket=names[2], ACL="private")
     st = os.stat(mnt / names[0])
-    assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o750, ALICE_UID)  # umask 027, creator
+    assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o700, ALICE_UID)  # private, creator
     assert mode_of(mnt / names[1]) == 0o755
     assert mode_of(mnt / names[2]) == 0o700
     got = grants(alice.get_bucket_acl(Bucket=names[1]))
-    assert got == {("alice", "FULL_CONTROL"), (AUTH_USERS, "READ")}
+    assert got == {("alice", "FULL_CONTROL"), (AUTH_USERS, "READ"), (ALL_USERS, "READ")}
     alice.put_bucket_acl(Bucket=names[1], ACL="public-read-write")
     assert mode_of(mnt / names[1]) == 0o777
     assert grants(alice.get_bucket_acl(Bucket=names[1])) == {
-        ("alice", "FULL_CONTROL"), (AUTH_USERS, "READ"), (AUTH_USERS, "WRITE")}
+        ("alice", "FULL_CONTROL"), (AUTH_USERS, "READ"), (AUTH_USERS, "WRITE"),
+        (ALL_USERS, "READ"), (ALL_USERS, "WRITE")}
+    alice.put_bucket_acl(Bucket=names[1], ACL="authenticated-read")  # no anonymous grant
+    assert grants(alice.get_bucket_acl(Bucket=names[1])) == {
+        ("alice", "FULL_CONTROL"), (AUTH_USERS, "READ")}
     # root's POSIX rights let it list alice's private bucket, but only the owner may chmod
     root.list_objects_v2(Bucket=names[2])
     root.put_bucket_acl(Bucket=names[2], ACL="public-read")  # root may
     assert mode_of(mnt / names[2]) == 0o755
     alice.put_object(Bucket=names[0], Key="a", Body=b"a")
     st = os.stat(mnt / names[0] / "a")
-    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o640, ALICE_UID, ALICE_UID)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o600, ALICE_UID, ALICE_UID)
 
 
 def test_all_users_shows_a_public_policy(root: Any, bucket: str, alice: Any) -> None:
@@ -236,3 +253,17 @@ def test_all_users_shows_a_public_policy(root: Any, bucket: str, alice: Any) -> 
     assert (ALL_USERS, "READ") in grants(root.get_object_acl(Bucket=bucket, Key="pub/x"))
     url = f"{root.meta.endpoint_url}/{bucket}/pub/x"
     assert requests.get(url, timeout=10).content == b"x"
+
+
+def test_admin_api_reports_what_the_mount_changed(mounted: tuple[Daemon, Path],
+                                                  alice: Any, mnt: Path) -> None:
+    """GET /v1/buckets shows a bucket's access as it is now, whoever changed it."""
+    d = mounted[0]
+    name = f"c-{uuid.uuid4().hex[:16]}"
+    alice.create_bucket(Bucket=name, ACL="public-read")
+    assert admin_call(d, "GET", f"/v1/buckets/{name}")["acl"] == "public-read"
+    os.chmod(mnt / name, 0o750)  # through the mount: no canned ACL has this shape
+    doc = admin_call(d, "GET", f"/v1/buckets/{name}")
+    assert (doc["acl"], doc["public"]) == ("custom", False)  # 0750 closes it to anonymous
+    os.chmod(mnt / name, 0o700)
+    assert admin_call(d, "GET", f"/v1/buckets/{name}")["acl"] == "private"

@@ -5,16 +5,14 @@ users' uploads in its bucket."""
 from __future__ import annotations
 
 import base64
-import json
 import os
 import uuid
 import zlib
 from typing import Any
 
 import pytest
-import requests
 
-from .conftest import Daemon, assert_error
+from .conftest import Daemon, assert_error, new_user
 
 MiB = 1 << 20
 
@@ -116,21 +114,9 @@ def test_conditional_complete(s3: Any, bucket: str, parts: list[bytes]) -> None:
     assert s3.get_object(Bucket=bucket, Key="fresh")["Body"].read() == b"".join(parts)
 
 
-def _admin(daemon: Daemon, method: str, path: str, body: dict[str, Any]) -> Any:
-    doc = json.loads((daemon.data_dir / "endpoints.json").read_text())
-    token = (daemon.data_dir / "admin-token").read_text().strip()
-    r = requests.request(method, doc["admin"]["url"] + path, json=body, timeout=10,
-                         headers={"Authorization": f"Bearer {token}"})
-    assert r.status_code < 300, r.text
-    return r.json()
-
-
 def test_the_bucket_owner_lists_and_aborts_other_users_uploads(
         daemon: Daemon, alice: Any, parts: list[bytes]) -> None:
-    name = f"bob{uuid.uuid4().hex[:6]}"
-    _admin(daemon, "POST", "/v1/users", {"name": name, "uid": 4100 + len(name)})
-    key = _admin(daemon, "POST", "/v1/keys", {"user": name})
-    bob = daemon.client(key["access_key"], key["secret"])
+    bob = new_user(daemon, "bob", 4101)
     bucket = f"owned-{uuid.uuid4().hex[:8]}"
     alice.create_bucket(Bucket=bucket, ACL="public-read-write")  # others may write keys
     up = bob.create_multipart_upload(Bucket=bucket, Key="bobs")
@@ -139,7 +125,7 @@ def test_the_bucket_owner_lists_and_aborts_other_users_uploads(
     parts_seen = alice.list_parts(Bucket=bucket, Key="bobs", UploadId=up["UploadId"])
     assert parts_seen.get("Parts", []) == []
     # not the bucket owner: neither listing nor aborting someone else's upload
-    carol = daemon.client(*_carol(daemon))
+    carol = new_user(daemon, "carol", 4102)
     assert carol.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
     assert_error("AccessDenied", 403, carol.abort_multipart_upload, Bucket=bucket,
                  Key="bobs", UploadId=up["UploadId"])
@@ -153,9 +139,3 @@ def test_the_bucket_owner_lists_and_aborts_other_users_uploads(
                  Key="bobs2", UploadId=up["UploadId"],
                  MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": r["ETag"]}]})
 
-
-def _carol(daemon: Daemon) -> tuple[str, str]:
-    name = f"carol{uuid.uuid4().hex[:6]}"
-    _admin(daemon, "POST", "/v1/users", {"name": name, "uid": 4200 + len(name)})
-    key = _admin(daemon, "POST", "/v1/keys", {"user": name})
-    return key["access_key"], key["secret"]

@@ -8,8 +8,11 @@ AccessDenied) at once.  An Allow returns the identity with a :class:`~tierd.acl.
 so the namespace's own checks (:func:`tierd.acl.may_access`) pass for that one request even
 where modes and ACLs would refuse -- the namespace stays the one place where the operation's
 semantics (parents, sticky bits, key/path rules) are applied.  With no applicable statement,
-the identity goes on unchanged and POSIX decides; an anonymous request is then refused here,
-since it has no POSIX identity to be judged by.
+the identity goes on unchanged and POSIX decides.  An anonymous request has no POSIX
+identity: POSIX can let it read, write, delete and list only through the anonymous grants
+of the inodes on its way (the ``public-read``/``public-read-write`` canned ACLs,
+:func:`tierd.acl.modes.anonymous_bits`), so any other action (ACLs, policies, locations,
+...) is refused here unless a policy allows it.
 
 Policies live in the bucket's metadata record (:attr:`tierd.meta.Bucket.policy`, the JSON
 exactly as it was PUT), so they go with the bucket: deleting a bucket deletes its policy.
@@ -31,6 +34,11 @@ from tierd.meta import MetaStore
 #: operation is the action's own, so this is exactly what the action needs)
 GRANT_MASK = R_OK | W_OK | X_OK
 _CACHE_MAX = 256
+#: what an anonymous request may do without a policy: the actions whose POSIX checks an
+#: inode's anonymous grant can pass (the namespace judges them like any other request)
+ANONYMOUS_POSIX = frozenset({
+    "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket",
+    "s3:ListBucketVersions", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"})
 
 
 class PolicyStore:
@@ -43,15 +51,22 @@ class PolicyStore:
 
     def get(self, bucket: str) -> Policy | None:
         """The bucket's policy; None when it has none or does not exist."""
+        return self.lookup(bucket)[1]
+
+    def lookup(self, bucket: str) -> tuple[bool, Policy | None]:
+        """(whether the bucket exists, its policy or None), with one read."""
         with self.meta.snapshot() as tx:
             b = tx.get_bucket(bucket)
         if b is None or not b.policy:
-            return None
-        ck = (bucket, b.policy)
+            return b is not None, None
+        return True, self._parsed_policy(bucket, b.policy)
+
+    def _parsed_policy(self, bucket: str, text: str) -> Policy:
+        ck = (bucket, text)
         policy = self._parsed.get(ck)
         if policy is None:
             try:
-                policy = parse_policy(b.policy, bucket)
+                policy = parse_policy(text, bucket)
             except MalformedPolicy:
                 # only a policy validated by this module is ever stored; a record damaged
                 # by hand must not open the bucket: deny everything to everyone but root
@@ -111,7 +126,7 @@ def authorize(policy: Policy | None, ident: Identity, requester: Requester, acti
                            f"policy{by}")
     if decision is Decision.ALLOW:
         return Identity(ident.uid, ident.gid, ident.groups, Grant(GRANT_MASK), ident.anonymous)
-    if ident.anonymous:
+    if ident.anonymous and action not in ANONYMOUS_POSIX:
         raise AccessDenied(errno.EACCES, f"anonymous {action} on {where!r}: no bucket policy "
                            "allows it; sign the request with an access key")
     return ident

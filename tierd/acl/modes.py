@@ -15,6 +15,7 @@ from tierd.acl.identity import Identity
 from tierd.acl.posix_acl import permission
 from tierd.errors import FsError
 from tierd.meta.records import Inode
+from tierd.meta.store import ROOT_INO
 
 R_OK = 4
 W_OK = 2
@@ -31,14 +32,15 @@ def may_access(ident: Identity, inode: Inode, mask: int) -> bool:
     Root passes read and write checks (CAP_DAC_OVERRIDE) and execute when the inode is a
     directory or has any execute bit, as on Linux.  Everyone else gets the kernel's
     ``acl_permission_check``: the mode bits, and the inode's POSIX access ACL when it has one
-    (:func:`tierd.acl.posix_acl.permission`).
+    (:func:`tierd.acl.posix_acl.permission`).  An anonymous (unsigned S3) request is no
+    POSIX identity: it gets only :func:`anonymous_bits`.
     """
     if mask == 0:
         return True
     if ident.grant is not None and ident.grant.covers(mask):
         return True  # a bucket policy allowed this request (tierd.acl.authorize)
-    if ident.anonymous:
-        return False  # no POSIX identity: not even "other" (docs/permissions.md)
+    if ident.anonymous:  # no POSIX identity: what the inode's anonymous grant opens
+        return not mask & ~anonymous_bits(inode)
     mode = inode.mode
     if ident.is_root:
         return not (mask & X_OK and not stat.S_ISDIR(mode) and not mode & 0o111)
@@ -54,6 +56,17 @@ def check_access(ident: Identity, inode: Inode, mask: int, what: str = "") -> No
             errno.EACCES,
             f"permission denied: uid {ident.uid} lacks '{need}' on {what or f'inode {inode.ino}'}",
         )
+
+
+def anonymous_bits(inode: Inode) -> int:
+    """What unsigned S3 requests may do with ``inode``: its anonymous grant (the
+    ``public-read``/``public-read-write`` canned ACLs set it) within what its "other" bits
+    give, so a chmod that closes the inode to other users closes it to anonymous ones.
+    The namespace root lets them search it (a bucket is found by its name, and its own
+    permissions decide), as it lets every other user."""
+    if inode.ino == ROOT_INO:
+        return inode.mode & X_OK
+    return inode.anon & inode.mode & 0o7
 
 
 def may_delete(ident: Identity, directory: Inode, victim: Inode) -> bool:

@@ -2,8 +2,10 @@
 
 * ``GET /v1/buckets`` -- ``{"buckets": [bucket, ...]}`` by name; a bucket is ``{name,
   owner_uid, owner, created_ns, created, region, acl, policy, public}`` (``owner`` is the
-  user name of ``owner_uid`` when a user has it, ``policy`` whether it has one, ``public``
-  whether that policy allows everyone something unconditionally).  Object counts and bytes
+  user name of ``owner_uid`` when a user has it, ``acl`` the canned ACL its directory's
+  access amounts to now, or ``custom`` (:func:`bucket_doc`), ``policy`` whether it has
+  one, ``public`` whether anonymous requests get something: an unconditional policy Allow
+  for everyone, or a public-read(-write) anonymous grant).  Object counts and bytes
   are not here: counting walks the bucket, which ``GET /v1/placement/du?prefix=NAME/``
   does on request;
 * ``POST /v1/buckets`` ``{"name", "owner"?}`` -- create a bucket (``201`` with the bucket),
@@ -42,8 +44,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from tierd.acl import Identity
+from tierd.acl import Identity, canned
 from tierd.acl.authorize import PolicyStore
+from tierd.acl.modes import anonymous_bits
 from tierd.acl.policy import MalformedPolicy, parse_policy
 from tierd.acl.users import Directory, DirectoryError
 from tierd.admin.app import json_error as _err
@@ -73,14 +76,23 @@ def _fs_refused(e: FsError) -> web.Response:
 
 
 def bucket_doc(b: Bucket, store: PolicyStore, owners: dict[int, str]) -> dict[str, Any]:
+    """A bucket as the API shows it.  ``acl`` is the access its directory really gives now
+    -- the canned ACL its mode bits, ACL and anonymous grant amount to, or ``custom`` --
+    however it was set (CreateBucket, PutBucketAcl, chmod or setfacl on the mount), never a
+    label kept from creation; ``public``: anonymous requests get something, through the
+    policy or the anonymous grant."""
     policy = store.get(b.name) if b.policy else None
+    with store.meta.snapshot() as tx:
+        inode = tx.get_inode(b.ino)
+    access = canned.describe(inode, b.owner_uid) if inode is not None else "custom"
+    anonymous = inode is not None and bool(anonymous_bits(inode))
     return {
         "name": b.name, "owner_uid": b.owner_uid, "owner": owners.get(b.owner_uid),
         "created_ns": b.created_ns,
         "created": datetime.fromtimestamp(b.created_ns / 1e9, UTC).isoformat(
             timespec="seconds").replace("+00:00", "Z"),
-        "region": b.region, "acl": b.acl, "policy": bool(b.policy),
-        "public": policy is not None and policy.public,
+        "region": b.region, "acl": access, "policy": bool(b.policy),
+        "public": (policy is not None and policy.public) or anonymous,
     }
 
 

@@ -75,6 +75,9 @@ class Inode(Record):
     # it all; kept on the inode so every permission check has them without another read
     acl_access: bytes = b""
     acl_default: bytes = b""  # directories only: what new entries inherit
+    # what unsigned S3 requests may do (R/W/X bits, as in a mode's "other" class, and never
+    # more than those bits give: tierd.acl.modes); set by the public-read(-write) canned ACLs
+    anon: int = 0
 
     @property
     def is_dir(self) -> bool:

@@ -197,6 +197,7 @@ class EntryOps(NamespaceBase):
                 if not ident.is_root and not ident.in_group(inode.gid):
                     perm &= ~stat.S_ISGID
                 inode.mode = stat.S_IFMT(inode.mode) | perm
+                inode.anon &= perm  # a chmod only narrows the anonymous grant (tierd.acl)
                 if inode.acl_access:  # posix_acl_chmod: the group bits set the mask
                     inode.acl_access = pacl.serialize(
                         pacl.chmod_acl(pacl.cached_parse(inode.acl_access), perm))

@@ -117,7 +117,9 @@ class ObjectOps(FileOps):
     # -- buckets ---------------------------------------------------------------------------
     async def create_bucket(self, ident: Identity, name: str) -> Inode:
         check_bucket_name(name)
-        return await self.mkdir(ident, ROOT_INO, name.encode(), 0o777 & ~self.umask)
+        # private unless a canned ACL follows (tierd.acl.canned.S3_UMASK)
+        return await self.mkdir(ident, ROOT_INO, name.encode(),
+                                0o777 & ~(self.umask | canned.S3_UMASK))
 
     async def delete_bucket(self, ident: Identity, name: str) -> None:
         await self._bucket(name)
@@ -161,7 +163,7 @@ class ObjectOps(FileOps):
                     tx, ident, cur, stat.S_IFDIR | 0o777, nlink=2,
                     parent=cur.ino, objmeta={IMPLICIT: "1"} if implicit else {},
                 )
-                self._inherit_acl(child, cur, self.umask)
+                canned.new_prefix(child, cur)  # an S3 prefix: its parent's permissions
                 self._link_new(tx, cur, seg, child)
             elif child.is_lnk:
                 child = self._resolve(tx, ident, self._path_of(bucket, segments[: i + 1]), True)
@@ -206,8 +208,7 @@ class ObjectOps(FileOps):
                     raise FsError(errno.ENOENT, f"no such key {key!r}")
             else:
                 inode = self._get(tx, b.ino)
-            inode.mode, inode.acl_access = canned.apply_on_commit(
-                ident, inode, name, b.owner_uid, key or bucket)
+            canned.apply_on_commit(ident, inode, name, b.owner_uid, key or bucket)
             inode.ctime_ns = now_ns()
             tx.put_inode(inode)
         of = self._open.get(inode.ino)
@@ -411,19 +412,19 @@ class ObjectOps(FileOps):
             inode = self._new_inode(tx, ident, d, stat.S_IFREG | 0o666,
                                     ino=ino, size=size, etag=etag, objmeta=dict(objmeta),
                                     state=STATE_DIRTY)
-            self._inherit_acl(inode, d, self.umask)
+            self._inherit_acl(inode, d, self.umask | canned.S3_UMASK)  # private by default
             inode.version = tx.next_version()
             if old is not None:
                 if old.is_reg:  # an overwrite keeps who owns the key, its mode and ACL
                     inode.uid, inode.gid, inode.mode = old.uid, old.gid, old.mode
-                    inode.acl_access = old.acl_access
+                    inode.acl_access, inode.anon = old.acl_access, old.anon
                 tx.remove_dirent(d.ino, name)
                 if self._unref(tx, old):
                     dropped = old.ino
             acl = inode.objmeta.pop(canned.META_KEY, None)
             if acl is not None:  # x-amz-acl: the new object's mode and ACL, atomically
                 bucket_owner = tx.get_bucket(bucket)
-                inode.mode, inode.acl_access = canned.apply_on_commit(
+                canned.apply_on_commit(
                     ident, inode, acl,
                     bucket_owner.owner_uid if bucket_owner is not None else inode.uid, key)
             tx.put_inode(inode)

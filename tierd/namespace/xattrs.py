@@ -150,6 +150,7 @@ class XattrOps(NamespaceBase):
                 if not ident.is_root and not ident.in_group(inode.gid):
                     mode &= ~stat.S_ISGID
                 inode.mode = mode
+                inode.anon &= mode  # as chmod: only narrows the anonymous grant
                 inode.acl_access = pacl.serialize(acl) if not_equiv else b""
             elif inode.acl_access:
                 inode.acl_access = b""  # the mode bits stay as they are

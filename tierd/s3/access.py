@@ -21,6 +21,7 @@ from tierd.acl.authorize import authorize
 from tierd.acl.keys import canonical_user_id
 from tierd.acl.policy import ANONYMOUS, Policy, Requester
 from tierd.s3.common import Ctx, parse_copy_source
+from tierd.s3.errors import S3Error
 
 Handler = Callable[[Ctx], Awaitable[web.StreamResponse]]
 
@@ -100,14 +101,16 @@ def authorize_request(ctx: Ctx, handler: Handler, actions: Actions) -> None:
     """Set ``ctx.identity`` (and ``ctx.src_identity`` for copies) for ``handler``, or raise
     AccessDenied before anything else happens."""
     spec = actions.table.get(handler)
-    # one policy read serves both the anonymous check and the decision
-    policy = (ctx.state.policies.get(ctx.bucket)
-              if ctx.bucket and (ctx.anonymous or spec is not None) else None)
-    if ctx.anonymous and policy is None:
-        raise AccessDenied(errno.EACCES, "anonymous requests get only what a bucket policy "
-                           "grants, and this bucket has none; sign the request"
-                           if ctx.bucket else "anonymous requests cannot list buckets; "
-                           "sign the request (ListBuckets)")
+    # one read: whether the bucket exists, and its policy
+    exists, policy = (ctx.state.policies.lookup(ctx.bucket)
+                      if ctx.bucket and (ctx.anonymous or spec is not None) else (True, None))
+    if ctx.anonymous and not ctx.bucket:
+        raise AccessDenied(errno.EACCES, "anonymous requests cannot list buckets; sign the "
+                           "request (ListBuckets)")
+    if ctx.anonymous and not exists and (spec is None or spec[0] != "s3:CreateBucket"):
+        # S3 tells anyone that a bucket does not exist; what is in one, POSIX (the
+        # anonymous grants on the way) and the policy decide
+        raise S3Error("NoSuchBucket", BucketName=ctx.bucket)
     if spec is None:
         if handler not in actions.own and ctx.anonymous:
             raise AccessDenied(errno.EACCES, "anonymous requests may not do this; sign the request")

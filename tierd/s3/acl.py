@@ -1,9 +1,10 @@
 """GetObjectAcl, PutObjectAcl, GetBucketAcl and PutBucketAcl over POSIX state.
 
-An S3 ACL is never stored as such: a canned ACL becomes mode bits and ACL entries
-(:mod:`tierd.acl.canned`), and reading an ACL describes the POSIX state (plus ``AllUsers``
-when the bucket policy lets anonymous requests read), so the answer is the same whether the
-permissions were set by S3, ``chmod`` or ``setfacl`` on the mount.  PutObjectAcl accepts the
+An S3 ACL is never stored as such: a canned ACL becomes mode bits, ACL entries and the
+anonymous grant (:mod:`tierd.acl.canned`), and reading an ACL describes that state
+(``AllUsers`` for the anonymous grant, or when the bucket policy lets anonymous requests
+read), so the answer is the same whether the permissions were set by S3, ``chmod`` or
+``setfacl`` on the mount.  PutObjectAcl accepts the
 ``x-amz-acl`` header, or an ``AccessControlPolicy`` body whose grants amount to a canned ACL;
 other grant lists are NotImplemented (501).
 """
@@ -16,6 +17,7 @@ from aiohttp import web
 
 from tierd.acl import canned
 from tierd.acl.keys import canonical_user_id
+from tierd.acl.modes import anonymous_bits
 from tierd.acl.policy import ANONYMOUS, Decision, Request
 from tierd.errors import FsError
 from tierd.meta import Inode
@@ -51,7 +53,7 @@ def _grantee(g: canned.Grant, ctx: Ctx) -> str:
 
 def _policy_document(ctx: Ctx, inode: Inode, anonymous_read: bool) -> web.Response:
     grants = canned.grants(inode.mode, inode.uid, inode.acl_access,
-                           anonymous_read=anonymous_read)
+                           anonymous=anonymous_bits(inode), anonymous_read=anonymous_read)
     rows = "".join(f"<Grant>{_grantee(g, ctx)}{el('Permission', g.permission)}</Grant>"
                    for g in grants)
     body = f"{ctx.owner_xml(inode.uid)}<AccessControlList>{rows}</AccessControlList>"
