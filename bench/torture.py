@@ -389,13 +389,18 @@ class Torture:
         cold = self.read_cold()
         ignore = frozenset(r.key for r in self.journal.records.values() if r.quarantined)
         stale: list[str] = []
+        wrong: list[str] = []
         for v in check_cold(self.journal.live(), cold, cycle, ignore):
             if self.note(v, prev_log) and v.kind == "cold-resurrectable":
                 stale.append(v.key)
+            elif v.kind != "cold-extra":
+                wrong.append(v.key)
         if stale:
             self.resurrection_after_persist(stale, cycle, prev_log)
         if self.args.evict_every and cycle % self.args.evict_every == 0:
             self.evict_and_reread(cycle, prev_log)
+        elif wrong:  # what a reader gets once the local copy is gone
+            self.evict_and_reread(cycle, prev_log, wrong)
         self.times["cold_s"] += time.monotonic() - t0
 
     def resurrection_after_persist(self, keys: list[str], cycle: int, prev_log: Path) -> None:
@@ -420,12 +425,16 @@ class Torture:
             return cold_file(self.work / "cold", BUCKET)
         return cold_s3(self.moto.client(), COLD_BUCKET, self.cold_prefix, BUCKET)
 
-    def evict_and_reread(self, cycle: int, prev_log: Path) -> None:
-        """Every block off the local tiers, then every key read again: from cold now."""
-        self.tierd.admin("POST", "/v1/placement/evict", {"prefix": BUCKET + "/",
-                                                         "tier": "all"})
+    def evict_and_reread(self, cycle: int, prev_log: Path,
+                         keys: list[str] | None = None) -> None:
+        """Every block (of ``keys``, default all) off the local tiers, then read again:
+        from cold now."""
+        for prefix in [f"{BUCKET}/{k}" for k in keys] if keys else [BUCKET + "/"]:
+            self.tierd.admin("POST", "/v1/placement/evict", {"prefix": prefix, "tier": "all"})
         doors = Doors(self.s3, BUCKET, self.tierd.mnt / BUCKET, self.args.read_timeout)
         for rec in self.journal.live():
+            if keys and rec.key not in keys:
+                continue
             views = {"s3": doors.s3_get(rec.key), "fuse": doors.fuse_read(rec.key)}
             bad = check_read(rec, "s3-evicted", views["s3"], cycle)[1]
             bad += check_read(rec, "fuse-evicted", views["fuse"], cycle, check_etag=False)[1]
