@@ -138,6 +138,7 @@ class Torture:
         self.writer_keys: dict[str, list[str]] = {}
         #: wall-clock times of this cycle's kill and of the daemon ready again (for reports)
         self.kill_wall = self.ready_wall = 0.0
+        self.kill_how = ""
         #: lasting wrong states reported already (a cold object, an ETag): (kind, key, seen)
         self.reported: set[tuple[str, str, str]] = set()
         #: daemon logs kept for the report (those naming a violation)
@@ -228,7 +229,7 @@ class Torture:
                 self.errors[f"{w.kind} {why}"] += n
             self.error_samples.extend(w.samples[:max(0, 20 - len(self.error_samples))])
         self.killer = None
-        self.kill_wall = killer.wall
+        self.kill_wall, self.kill_how = killer.wall, killer.how
         self.times["write_s"] += time.monotonic() - t0
         self.tierd.unmount()
 
@@ -256,6 +257,7 @@ class Torture:
                 return False
             self.reported.add(what)
         rec = self.journal.records.get(v.key)
+        v.kill = v.kill or self.kill_how
         if isinstance(v.seen, dict) and "written" in v.seen and self.kill_wall:
             v.detail += (f"; the object was written at {v.seen['written']} (kill "
                          f"{iso(self.kill_wall)}, daemon ready again {iso(self.ready_wall)})")

@@ -229,7 +229,9 @@ class Violation:
     expected: Any
     seen: Any
     detail: str = ""
-    #: filled by the harness: the key's last operations, and daemon log lines around it
+    #: filled by the harness: how the cycle's kill came, the key's last operations, and
+    #: daemon log lines around it
+    kill: str = ""
     ops: list[dict[str, Any]] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
 
