@@ -104,8 +104,6 @@ class Parts:
                               "by another user")
             if part in s.members:
                 raise FsError(errno.EEXIST, f"part {part} of step {n} is already being saved")
-        if coordinator:
-            self._coordinator_moved_on(run, n, peer.conn)
         region = await self.svc.region_for(run, peer, size, part)
         s = run.steps.get(n)  # (the wait for a region let other requests in)
         if s is None or s.state == FAILED:
@@ -316,13 +314,6 @@ class Parts:
                     if all(p.closed for p in s.members.values()):
                         s.orphaned_at = time.monotonic()  # in doubt: see resolve()
 
-    def _coordinator_moved_on(self, run: Run, n: int, conn: int) -> None:
-        """The coordinator of an unfinished save stages another step: that save failed."""
-        for s in [s for s in run.steps.values() if s.parts and s.state == STAGING
-                  and s.step != n]:
-            if any(p.coordinator and p.conn == conn for p in s.members.values()):
-                self.drop(run, s, "its coordinator went on to another step uncommitted")
-
     async def _supersede(self, run: Run, s: Step, save: str) -> None:
         """Step ``s`` is to be saved again (a new ``save``): the earlier attempt goes,
         unless it is being written now or was committed by its coordinator's node."""
@@ -386,18 +377,19 @@ class Parts:
         return Reply([fd], step=s.step, part=part, size=size, where=where, manifest=None)
 
     async def settle(self, run: Run, n: int | None, timeout: float) -> None:
-        """Before a read: a step whose parts here wait for their commit (the job's store
-        passes it on just after the coordinator's) gets up to ``timeout`` s for it."""
+        """Before a read of step ``n``: when its parts here are all committed by their
+        writers and its commit is on its way (the job's store passes it on just after the
+        coordinator's), give it up to ``timeout`` s.  Not for the latest step (what is
+        committed now is the answer) nor for parts in doubt."""
+        if n is None:
+            return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            pending = [s for s in run.steps.values() if s.parts and s.state == STAGING
-                       and all(p.state != STAGING for p in s.members.values())
-                       and (n is None or s.step == n)]
-            if n is None and pending and run.committed() and \
-                    max(run.committed()) > max(s.step for s in pending):
-                return
-            if not pending or loop.time() >= deadline:
+            s = run.steps.get(n)
+            if (s is None or not s.parts or s.state != STAGING or s.orphaned_at
+                    or any(p.state == STAGING for p in s.members.values())
+                    or loop.time() >= deadline):
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(run.changed.wait(), deadline - loop.time())
