@@ -131,6 +131,7 @@ class Service:
             "TIERD_CONFIG": str(SYSTEMD / "tierd.toml"),  # the shipped example file ...
             "TIERD_DATA_DIR": str(tmp / "data"),  # ... with what tierd.env may override
             "TIERD_MOUNT": str(self.mount),
+            "TIERD_POOL_SOCKET": str(tmp / "pool.sock"),  # not the host's /run/tierd one
             "TIERD_S3_LISTEN": "127.0.0.1:0",
             "TIERD_ADMIN_LISTEN": "127.0.0.1:0",
             "TIERD_LOG_FORMAT": "text",
