@@ -11,6 +11,7 @@ shown by an extension.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
 from collections.abc import AsyncIterator, Coroutine, Iterator
@@ -21,7 +22,9 @@ import pytest
 
 from tierd.acl import Identity
 from tierd.meta import STATE_DIRTY, MetaStore
-from tierd.namespace import Namespace
+from tierd.meta.group_engine import GroupCommitStore
+from tierd.meta.lmdb_engine import LmdbStore
+from tierd.namespace import Namespace, garbage
 
 T = TypeVar("T")
 ROOT = Identity.ROOT
@@ -99,9 +102,9 @@ def test_a_dropped_data_file_goes_only_after_the_drop_is_durable(env: Env) -> No
     flushes: list[int] = []
     real_flush = env.ns.meta.flush
 
-    async def counting_flush() -> None:
+    async def counting_flush(upto: int | None = None) -> None:
         flushes.append(len(env.garbage()))
-        await real_flush()
+        await real_flush(upto)
 
     env.ns.meta.flush = counting_flush  # type: ignore[method-assign]
 
@@ -263,12 +266,81 @@ def test_a_shrink_cuts_the_data_file_only_once_durable(env: Env) -> None:
     sizes: list[int] = []
     real_flush = env.ns.meta.flush
 
-    async def watching_flush() -> None:
+    async def watching_flush(upto: int | None = None) -> None:
         sizes.append(path.stat().st_size)
-        await real_flush()
+        await real_flush(upto)
 
     env.ns.meta.flush = watching_flush  # type: ignore[method-assign]
     env.run(env.ns.setattr(ROOT, ino, size=100))
     assert sizes and sizes[0] == 5000, "the data file was cut before the flush"
     assert path.stat().st_size == 100
     assert env.read("f") == b"z" * 100
+
+
+def test_a_failing_flush_keeps_the_file_and_retries(env: Env,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flush that fails (a full disk) leaves the data file and its key; the reclaim is
+    retried, and a shutdown meanwhile leaves it to the next start instead of waiting."""
+    monkeypatch.setattr(garbage, "RETRY_DELAY", 0.01)
+    ino = env.file(b"f", b"bytes")
+    path = Path(env.ns.hot.path(ino))
+    real_flush = env.ns.meta.flush
+    failures = [2]
+
+    async def failing_flush(upto: int | None = None) -> None:
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        await real_flush(upto)
+
+    env.ns.meta.flush = failing_flush  # type: ignore[method-assign]
+
+    async def unlink(name: bytes) -> None:
+        b = await env.ns.resolve(ROOT, "bkt")
+        await env.ns.unlink(ROOT, b.ino, name)
+        await env.ns.garbage.drain()
+
+    env.run(unlink(b"f"))
+    assert failures == [0] and not path.exists() and env.garbage() == []
+
+    ino = env.file(b"g", b"bytes")
+    path = Path(env.ns.hot.path(ino))
+    failures[0] = 1 << 30  # from now on every flush fails
+
+    async def unlink_then_close() -> None:
+        b = await env.ns.resolve(ROOT, "bkt")
+        await env.ns.unlink(ROOT, b.ino, b"g")
+        await asyncio.sleep(0.1)
+        await asyncio.wait_for(env.ns.garbage.drain(closing=True), 5)
+
+    env.run(unlink_then_close())
+    assert path.exists() and env.garbage() == [ino]
+    env.ns.meta.flush = real_flush  # type: ignore[method-assign]
+    env.crash()
+    assert not path.exists() and env.garbage() == []
+
+
+def test_flush_upto_a_mark_waits_for_that_commit_only(tmp_path: Path) -> None:
+    """The reclaimer's wait (``MetaStore.flush(upto=...)``): once the marked commit is
+    durable it adds no flush, though later commits are still queued."""
+    # a long interval: no timed flush may come between the commits and the checks
+    store = MetaStore(GroupCommitStore(LmdbStore(tmp_path / "meta", metasync=True),
+                                       interval=60.0))
+    loop = asyncio.new_event_loop()
+    try:
+        with store.write() as tx:
+            tx.add_garbage(7)
+        mark = store.last_commit()
+        assert mark is not None
+        loop.run_until_complete(store.flush())
+        engine: Any = store.engine
+        flushes = engine._gen
+        with store.write() as tx:
+            tx.add_garbage(8)  # a later commit, not durable yet
+        loop.run_until_complete(store.flush(upto=mark))
+        assert engine._gen == flushes, "flushed for a commit it did not wait for"
+        loop.run_until_complete(store.flush(upto=store.last_commit()))
+        assert engine._gen == flushes + 1
+    finally:
+        loop.close()
+        store.close()

@@ -506,11 +506,18 @@ class GroupCommitStore(KVStore):
                 self._wake.notify_all()
                 self._wake.wait(0.1)
 
-    async def sync_async(self) -> None:
-        """:meth:`sync` for the event loop: waits without blocking it or hopping threads."""
+    @property
+    def last_commit(self) -> int:
+        """Sequence number of the last published commit (for ``sync_async(upto=...)``)."""
+        return self._seq
+
+    async def sync_async(self, upto: int | None = None) -> None:
+        """:meth:`sync` for the event loop: waits without blocking it or hopping threads.
+        ``upto`` (a :attr:`last_commit`): wait only for the commits up to that one, not
+        for later ones (no flush at all when the group commit already covered them)."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            target = self._seq
+            target = self._seq if upto is None else min(upto, self._seq)
             if self._durable_seq >= target:
                 return
             fut: asyncio.Future[None] = loop.create_future()

@@ -516,13 +516,21 @@ class MetaStore:
         """Make every committed transaction survive a machine crash (blocking)."""
         self.engine.sync()
 
-    async def flush(self) -> None:
-        """:meth:`sync` for the event loop: the durability point of every door."""
+    async def flush(self, upto: int | None = None) -> None:
+        """:meth:`sync` for the event loop: the durability point of every door.  ``upto``
+        (a :meth:`last_commit`): only the commits up to that one need to be durable (with
+        group commit, a wait that adds no flush when they already are)."""
         sync_async = getattr(self.engine, "sync_async", None)
         if sync_async is not None:
-            await sync_async()
+            await (sync_async() if upto is None else sync_async(upto=upto))
         else:
             await asyncio.to_thread(self.engine.sync)
+
+    def last_commit(self) -> int | None:
+        """A mark of the commits made so far, for :meth:`flush` (None: the engine has no
+        such marks; a flush then covers everything, as without one)."""
+        mark: int | None = getattr(self.engine, "last_commit", None)
+        return mark
 
     def close(self) -> None:
         self.engine.close()

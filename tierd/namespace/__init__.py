@@ -138,7 +138,7 @@ class Namespace(MultipartOps, XattrOps):
                 await self.release(fh)
             except OSError:
                 log.exception("releasing handle %d at shutdown", fh)
-        await self.garbage.drain()
+        await self.garbage.drain(closing=True)
         await self.smalllog.close()
         await asyncio.to_thread(self.hot.small.close)  # every small file already handed in
         with self.meta.write() as tx:

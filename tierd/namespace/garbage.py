@@ -12,9 +12,10 @@ there); a crash after it leaves the key, and :meth:`Garbage.recover` reclaims it
 next start.  Inode numbers are never handed out twice (``Namespace._recover`` skips the
 counter past numbers a crash may have lost), so a ``G`` key never names a live file.
 
-The flush is waited for in the background, never on a client's path; it is started a
-little after the commit (:data:`SETTLE`), by when the group commit has usually flushed by
-itself, so reclaiming adds no disk flush of its own in the common case.
+The flush is waited for in the background, never on a client's path, a little after the
+commit (:data:`SETTLE`), and only for the commits that dropped files
+(``MetaStore.flush(upto=...)``): by then the group commit or the client's own durability
+point has usually covered them, and reclaiming adds no disk flush of its own.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from tierd.tiers.hotdir import HotDir
 log = logging.getLogger("tierd.namespace")
 
 SETTLE = 0.01  # seconds before asking for the flush (group commit's interval is 5 ms)
-RETRY_DELAY = 1.0  # after a failed flush or removal
+RETRY_DELAY = 1.0  # after a failed flush or removal (a full disk: doubling, up to...)
+MAX_RETRY_DELAY = 30.0
 
 
 class Garbage:
@@ -43,31 +45,44 @@ class Garbage:
         self.hot = hot
         self._forget = forget  # placement's view of the inode (fds, caches, warm copy)
         self._pending: list[int] = []
+        self._upto: int | None = None  # the last commit that dropped a pending file
         self._task: asyncio.Task[None] | None = None
+        self._closing = False  # shutdown: a failure leaves the keys for the next start
+        self._kick = asyncio.Event()  # ends a retry's wait (shutdown)
         self.reclaimed = 0
 
     def add(self, ino: int) -> None:
         """The transaction holding ``ino``'s ``G`` key has committed (call after it)."""
         crashpoint("gc.committed")
         self._pending.append(ino)
+        self._upto = self.meta.last_commit()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name="tierd-garbage")
 
     async def _run(self) -> None:
+        delay = RETRY_DELAY
         try:
             while self._pending:
                 await asyncio.sleep(SETTLE)
-                batch, self._pending = self._pending, []
+                batch, upto, self._pending = self._pending, self._upto, []
                 try:
-                    await self.meta.flush()  # began after every commit in the batch
+                    await self.meta.flush(upto)  # covers every commit of the batch
                     crashpoint("gc.durable")
                     await self._reclaim(batch)
+                    delay = RETRY_DELAY
                 except Exception as e:  # the keys stay: retried here, or at the next start
+                    if self._closing:
+                        log.warning("reclaiming %d dropped data files failed at shutdown "
+                                    "(%s: %s); the next start does it", len(batch),
+                                    type(e).__name__, e)
+                        return
                     log.warning("reclaiming %d dropped data files failed (%s: %s); "
-                                "retrying", len(batch), type(e).__name__, e)
+                                "retrying in %.0f s", len(batch), type(e).__name__, e, delay)
                     self._pending = batch + self._pending
-                    await asyncio.sleep(RETRY_DELAY)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._kick.wait(), delay)
+                    delay = min(delay * 2, MAX_RETRY_DELAY)
         finally:
             self._task = None
 
@@ -86,8 +101,12 @@ class Garbage:
         for ino in inos:
             self.hot.remove(ino)
 
-    async def drain(self) -> None:
-        """Reclaim everything dropped so far (shutdown; tests)."""
+    async def drain(self, closing: bool = False) -> None:
+        """Reclaim everything dropped so far (tests; shutdown with ``closing``: one try,
+        what fails is left to the next start)."""
+        if closing:
+            self._closing = True
+            self._kick.set()
         while self._task is not None:
             await asyncio.shield(self._task)
 
