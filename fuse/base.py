@@ -130,7 +130,11 @@ class OpsBase(pyfuse3.Operations):
     """State every operation uses: the namespace, callers, handles, kernel cache state."""
 
     supports_dot_lookup = True
-    enable_acl = False
+    #: FUSE_POSIX_ACL: the kernel also checks every access with the mode bits and POSIX ACLs
+    #: the daemon reports (``default_permissions``, which it implies), so opens the daemon is
+    #: never asked about -- FIFOs, unix sockets -- and walks through cached entries get the
+    #: same answer as everything else; the daemon keeps checking what reaches it
+    enable_acl = True
 
     def __init__(
         self,
@@ -150,8 +154,6 @@ class OpsBase(pyfuse3.Operations):
         self.negative_timeout = negative_timeout
         self.callers = Callers()
         self.invalidator = Invalidator(on_inode=self._content_changed)
-        #: directory inode -> "every user may search it" (see :meth:`entry_timeout_in`)
-        self.searchable: dict[int, bool] = {}
         #: inodes known to have no security.capability attribute (asked before each write)
         self.no_caps: set[int] = set()
         self.kcache = KernelCache()
@@ -181,34 +183,17 @@ class OpsBase(pyfuse3.Operations):
         self.kcache.drop(ino)
         self.no_caps.discard(ino)
 
-    # -- which entries the kernel may cache ---------------------------------------------------
+    # -- entries handed to the kernel ------------------------------------------------------------
     #
-    # Without default_permissions the kernel asks the daemon about search permission only when
-    # it looks a name up; a cached entry is walked through without asking.  So entries are
-    # cached (long timeout) only in directories every user may search (x for owner, group and
-    # other); in any other directory each lookup comes here and is checked for its caller.
-    # When a directory stops being searchable by all, the kernel is told to forget its
-    # children's entries before the chmod returns.
+    # The kernel checks search permission on every directory of a path itself (enable_acl:
+    # default_permissions), with the attributes and ACLs it caches -- which the daemon
+    # invalidates when another door changes them -- so every entry may be cached for the
+    # full timeout, in any directory.
 
-    def note(self, inode: Inode) -> None:
-        if inode.is_dir:  # an access ACL may refuse search to a named user or group
-            self.searchable[inode.ino] = inode.mode & 0o111 == 0o111 and not inode.acl_access
-
-    async def is_searchable(self, ino: int) -> bool:
-        known = self.searchable.get(ino)
-        if known is None:
-            self.note(await self.ns.getattr(Identity.ROOT, ino))
-            known = self.searchable.get(ino, False)
-        return known
-
-    async def entry_timeout_in(self, parent: int) -> float:
-        return self.entry_timeout if await self.is_searchable(parent) else 0.0
-
-    def entry(self, inode: Inode, entry_timeout: float) -> pyfuse3.EntryAttributes:
+    def entry(self, inode: Inode) -> pyfuse3.EntryAttributes:
         """Reply to a request that makes the kernel link a name: it counts one lookup."""
-        self.note(inode)
         self.kcache.looked_up(inode.ino)
-        return entry_attributes(inode, entry_timeout, self.attr_timeout)
+        return entry_attributes(inode, self.entry_timeout, self.attr_timeout)
 
     def init(self) -> None:
         """Called while the kernel's INIT request is answered; :attr:`after_init` runs

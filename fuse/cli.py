@@ -107,7 +107,7 @@ def umount_cli(mountpoint: str, lazy: bool) -> int:
         click.echo(f"tierd: {target} is a {info.fstype} mount, not tierd's", err=True)
         return 1
     try:
-        os.stat(target)
+        os.statvfs(target)  # (a stat may come from the kernel's cache of a dead mount)
     except OSError as e:
         if e.errno != errno.ENOTCONN:
             raise

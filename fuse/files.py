@@ -58,8 +58,8 @@ class FileOps(OpsBase):
     ) -> pyfuse3.FileInfo:
         ident = self.ident(ctx)
         if flags & FMODE_EXEC:
-            # execve(): the kernel only checks that some x bit is set (it cannot know who
-            # may execute without default_permissions); the caller's right is checked here
+            # execve(): the caller's right to execute, as the namespace decides it (the
+            # kernel checks the same mode bits and ACL from its cache)
             await self.ns.access(ident, inode, X_OK)
         fh = await self.ns.open(ident, inode, flags)
         # TODO(namespace): open() returning the inode would save this read
@@ -77,7 +77,7 @@ class FileOps(OpsBase):
             # an existing file was opened and truncated: its version is the truncated one
             inode = await self.ns.getattr(Identity.ROOT, inode.ino)
         info = self._file_info(fh, inode, flags)
-        return info, self.entry(inode, await self.entry_timeout_in(parent_inode))
+        return info, self.entry(inode)
 
     # -- data ----------------------------------------------------------------------------------
     @fs_errors

@@ -77,13 +77,6 @@ class Invalidator:
                 self._on_inode(ch.ino)
             self._queue.put(_Inode(ch.ino))
 
-    def forget_entries(self, parent: int, names: list[bytes]) -> None:
-        """Make the kernel drop its cached entries ``names`` of directory ``parent``."""
-        if self._thread is None:
-            return
-        for name in names:
-            self._queue.put(_Entry(parent, name))
-
     def _run(self) -> None:
         while True:
             job = self._queue.get()

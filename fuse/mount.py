@@ -99,9 +99,11 @@ def find_mount(path: str | Path) -> MountInfo | None:
 
 
 def _stat_state(path: str) -> int:
-    """0 when ``path`` answers a stat, else the errno."""
+    """0 when the file system at ``path`` answers, else the errno.  ``statvfs``: a stat of a
+    FUSE mount's root may be answered from the kernel's attribute cache after its server
+    died; statfs always asks the server (ENOTCONN from a dead one)."""
     try:
-        os.stat(path)
+        os.statvfs(path)
     except OSError as e:
         return e.errno or errno.EIO
     return 0
@@ -179,8 +181,9 @@ def set_read_ahead(mountpoint: Path, kib: int = READ_AHEAD_KIB) -> bool:
 
 
 def mount_options(allow_other: bool | None = None) -> set[str]:
-    """Kernel mount options: never ``default_permissions`` (the daemon decides access),
-    ``allow_other`` so every user of the machine reaches the mount when permitted."""
+    """Kernel mount options: ``allow_other`` so every user of the machine reaches the mount
+    when permitted.  (The kernel checks permissions too -- ``default_permissions`` -- because
+    the operations ask for POSIX ACLs at INIT: :attr:`OpsBase.enable_acl`.)"""
     opts = {f"fsname={SOURCE}", f"subtype={FSNAME}", "noatime"}
     if allow_other is None:
         allow_other = os.geteuid() == 0 or _user_allow_other()
@@ -204,8 +207,8 @@ def mount_posixacl(mountpoint: Path, allow_other: bool) -> int | None:
     unless the super block was mounted with MS_POSIXACL (then it leaves that to the file
     system: the kernel's ``dont_mask``).  A default ACL must be combined with the *unmasked*
     mode (``posix_acl_create``), which only this mount gives the daemon; libfuse cannot
-    pass the flag (pyfuse3 does not ask for FUSE_CAP_DONT_MASK either).  MS_POSIXACL does
-    not make the kernel check permissions: that is ``default_permissions``, never set."""
+    pass the flag (pyfuse3 does not ask for FUSE_CAP_DONT_MASK either).  (The kernel's own
+    permission checks come from FUSE_POSIX_ACL at INIT, not from this flag.)"""
     if os.geteuid() != 0:
         return None
     try:

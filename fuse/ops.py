@@ -3,8 +3,9 @@
 Every rule (names, permissions, link counts, errnos) lives in the namespace; this class only
 maps arguments, keeps the state the kernel protocol needs (directory offsets, lookup counts,
 page-cache versions) and fills the kernel's attribute structures.  Permissions are decided
-by the namespace with the caller's identity -- the mount does not use the kernel's
-``default_permissions`` -- so FUSE and S3 give one identity one answer.
+by the namespace with the caller's identity, so FUSE and S3 give one identity one answer;
+the kernel checks the same mode bits and ACLs too (``enable_acl``, :class:`OpsBase`), which
+covers what never reaches the daemon (opening a FIFO, connecting to a socket).
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from collections.abc import Sequence
 import pyfuse3
 
 from tierd.acl import R_OK, W_OK, Identity, may_access
-from tierd.acl.posix_acl import ACCESS_XATTR
 from tierd.errors import FsError
-from tierd.meta import ROOT_INO, Inode
+from tierd.meta import ROOT_INO
 from tierd.namespace import UTIME_NOW
 
 from .attrs import entry_attributes, negative_entry, statvfs
@@ -46,22 +46,19 @@ class TierdOps(FileOps):
         try:
             inode = await self.ns.lookup(self.ident(ctx), parent_inode, name)
         except FsError as e:
-            if (e.errno == errno.ENOENT and self.negative_timeout > 0
-                    and await self.is_searchable(parent_inode)):
+            if e.errno == errno.ENOENT and self.negative_timeout > 0:
                 return negative_entry(self.negative_timeout)
             raise
-        return self.entry(inode, await self.entry_timeout_in(parent_inode))
+        return self.entry(inode)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
             if self.kcache.forget(ino, n):
-                self.searchable.pop(ino, None)
                 self.no_caps.discard(ino)
 
     @fs_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         attrs = await self.ns.getattr(self.ident(ctx), inode)
-        self.note(attrs)
         return entry_attributes(attrs, self.entry_timeout, self.attr_timeout)
 
     @fs_errors
@@ -103,31 +100,7 @@ class TierdOps(FileOps):
                 mtime_ns=None if mtime is None else UTIME_NOW, fh=fh, killpriv=killpriv)
         if size is not None and new.is_reg:
             self.kcache.cached(inode, new.version)  # the kernel truncated its pages itself
-        if new.is_dir:
-            await self._renote(new)
         return entry_attributes(new, self.entry_timeout, self.attr_timeout)
-
-    async def _renote(self, new: Inode) -> None:
-        """A directory's mode or ACL changed: if it stopped being searchable by all, the
-        kernel must forget its children's entries."""
-        was = self.searchable.get(new.ino, True)
-        self.note(new)
-        if was and not self.searchable[new.ino]:
-            await self._forget_children(new.ino)
-
-    async def _forget_children(self, ino: int) -> None:
-        """The directory stopped being searchable by all: drop the kernel's entries of its
-        children (walked page by page) so every lookup in it is checked again.
-
-        The invalidations are sent right after this reply, not before: the kernel holds the
-        directory's lock during setattr and an entry invalidation needs that lock."""
-        marker = b""
-        while True:
-            page = await self.ns.listdir(Identity.ROOT, ino, start_after=marker, limit=1024)
-            self.invalidator.forget_entries(ino, [name for name, _ in page])
-            if len(page) < 1024:
-                break
-            marker = page[-1][0]
 
     @staticmethod
     def _near_now(*times: int | None) -> bool:
@@ -147,7 +120,7 @@ class TierdOps(FileOps):
     ) -> pyfuse3.EntryAttributes:
         inode = await self.ns.mknod(self.ident(ctx), parent_inode, name, mode, rdev,
                                     self.umask(ctx))
-        return self.entry(inode, await self.entry_timeout_in(parent_inode))
+        return self.entry(inode)
 
     @fs_errors
     async def mkdir(
@@ -155,14 +128,14 @@ class TierdOps(FileOps):
     ) -> pyfuse3.EntryAttributes:
         inode = await self.ns.mkdir(self.ident(ctx), parent_inode, name, mode,
                                     self.umask(ctx))
-        return self.entry(inode, await self.entry_timeout_in(parent_inode))
+        return self.entry(inode)
 
     @fs_errors
     async def symlink(
         self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         inode = await self.ns.symlink(self.ident(ctx), parent_inode, name, target)
-        return self.entry(inode, await self.entry_timeout_in(parent_inode))
+        return self.entry(inode)
 
     @fs_errors
     async def link(
@@ -172,12 +145,12 @@ class TierdOps(FileOps):
         if self.protected_hardlinks and not ident.is_root:
             await self._may_hardlink(ident, inode)
         linked = await self.ns.link(ident, inode, new_parent_inode, new_name)
-        return self.entry(linked, await self.entry_timeout_in(new_parent_inode))
+        return self.entry(linked)
 
     async def _may_hardlink(self, ident: Identity, ino: int) -> None:
-        """fs.protected_hardlinks, which the kernel cannot apply without knowing permissions
-        (no default_permissions): only the owner may link a file that is special, setuid,
-        setgid-executable, or not both readable and writable by the caller."""
+        """fs.protected_hardlinks (the kernel applies it too, from the attributes it caches):
+        only the owner may link a file that is special, setuid, setgid-executable, or not
+        both readable and writable by the caller."""
         src = await self.ns.getattr(ident, ino)
         if src.uid == ident.uid:
             return
@@ -204,12 +177,6 @@ class TierdOps(FileOps):
     ) -> None:
         await self.ns.rename(self.ident(ctx), parent_inode_old, name_old, parent_inode_new,
                              name_new, flags)
-        # the kernel moves its cached entries, keeping their timeouts: into a directory not
-        # searchable by all they must not stay cached (sent after this reply, in order)
-        if not await self.is_searchable(parent_inode_new):
-            self.invalidator.forget_entries(parent_inode_new, [name_new])
-        if flags & pyfuse3.RENAME_EXCHANGE and not await self.is_searchable(parent_inode_old):
-            self.invalidator.forget_entries(parent_inode_old, [name_old])
 
     # -- directories ---------------------------------------------------------------------------
     @fs_errors
@@ -219,7 +186,6 @@ class TierdOps(FileOps):
         attrs = await self.ns.getattr(ident, inode)
         fh = self._next_dir_fh
         self._next_dir_fh += 1
-        self.note(attrs)
         self.dirs[fh] = DirHandle(inode, ident, attrs.parent or ROOT_INO)
         return fh
 
@@ -235,7 +201,7 @@ class TierdOps(FileOps):
             return
         if start_id < DOTDOT_ID and not self._dot(token, b"..", dh.parent, DOTDOT_ID):
             return
-        timeout = await self.entry_timeout_in(dh.ino)
+        timeout = self.entry_timeout
         while True:
             entries = await self.ns.listdir(dh.ident, dh.ino, start_after=marker,
                                             limit=READDIR_BATCH)
@@ -243,7 +209,6 @@ class TierdOps(FileOps):
                 attrs = entry_attributes(inode, timeout, self.attr_timeout)
                 if not pyfuse3.readdir_reply(token, name, attrs, dh.offset_after(name)):
                     return
-                self.note(inode)
                 self.kcache.looked_up(inode.ino)
                 marker = name
             if len(entries) < READDIR_BATCH:
@@ -298,13 +263,6 @@ class TierdOps(FileOps):
         # pyfuse3 checks XATTR_CREATE/XATTR_REPLACE with getxattr before calling this
         self.no_caps.discard(inode)
         await self.ns.setxattr(self.ident(ctx), inode, name, value, 0)
-        if name == ACCESS_XATTR:
-            await self._acl_changed(inode)
-
-    async def _acl_changed(self, ino: int) -> None:
-        attrs = await self.ns.getattr(Identity.ROOT, ino)
-        if attrs.is_dir:
-            await self._renote(attrs)
 
     @fs_errors
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
@@ -313,6 +271,4 @@ class TierdOps(FileOps):
     @fs_errors
     async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         await self.ns.removexattr(self.ident(ctx), inode, name)
-        if name == ACCESS_XATTR:
-            await self._acl_changed(inode)
 

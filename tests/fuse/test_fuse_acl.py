@@ -3,9 +3,11 @@
 Every scenario is played twice: inside the mount and in a plain directory of the local file
 system (ext4/tmpfs, where the kernel itself implements ACLs).  The same setfacl/chmod/create
 commands run in both; then getfacl's output, the modes, and what each user may do (a
-process per operation, switched with ``setpriv``) must be the same.  The daemon decides
-every access itself (no ``default_permissions``), so agreement here means it gives the
-kernel's answers.
+process per operation, switched with ``setpriv``) must be the same.  The kernel checks the
+mount's accesses too (FUSE_POSIX_ACL), from the modes and ACLs the daemon reports, so
+agreement here means the daemon stores and reports ACLs as ext4 does and refuses nothing the
+kernel allows; that it decides alone as the kernel would is checked through S3
+(``tests/s3/test_acl_posix.py``).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import stat
 import subprocess
 import sys
 import uuid
@@ -189,24 +191,40 @@ def test_directory_acl_and_inheritance_through_s3(both: tuple[Daemon, Path]) -> 
 
 
 # -- the matrix: users x modes and ACLs x operations x doors, with the kernel as referee ----
-# Each config is applied to a directory (first) and to the file "f" in it (second):
-# (mode, setfacl -m argument or "").  Operations: read/write "f", create a new file in the
-# directory, delete this user's own victim file (owned by alice), list the directory with
-# its entries' attributes (what an S3 listing needs), chmod "f" to the mode it has (FUSE and
-# kernel only: S3 has no chmod; an unchanged mode keeps the other users' answers).
+# Each config is applied to a directory (first) and to the file "f" in it (second), and to
+# the FIFO "p" and the unix socket "s" beside it: (mode, setfacl -m argument or "").
+# Operations: read/write "f", create a new file in the directory, delete this user's own
+# victim file (owned by alice), list the directory with its entries' attributes (what an S3
+# listing needs), chmod "f" to the mode it has (FUSE and kernel only: S3 has no chmod; an
+# unchanged mode keeps the other users' answers), open the FIFO for reading and for writing
+# and connect to the socket (FUSE and kernel only: S3 does not reach them).  "s3made" is
+# made through S3 by alice without a canned ACL (its directory by her PUT): the kernel's
+# copy has the modes the private default gives (tierd.acl.canned.S3_UMASK, new_prefix).
 CONFIGS = {
     "open": ((0o777, ""), (0o666, "")),
     "named": ((0o750, "u:3201:rwx,g:3205:rx"), (0o640, "u:3201:rw,g:3205:r,u:3204:-")),
     "masked": ((0o770, "u:3201:rwx,g:3205:rwx,m::rx"), (0o660, "u:3201:rw,m::r")),
     "groups": ((0o775, "g:3205:-,g::rwx"), (0o664, "g:3205:-")),
     "sticky": ((0o1777, "u:3201:rwx"), (0o644, "u:3204:rw")),
+    "private": ((0o755, ""), (0o600, "")),
+    "s3made": ((0o755, ""), (0o600, "")),  # what S3 gives: the parent's 0755, objects 0600
 }
-OPS = ("read", "write", "create", "delete", "list", "chmod")
+OPS = ("read", "write", "create", "delete", "list", "chmod", "fifo-read", "fifo-write",
+       "connect")
+#: what the S3 side cannot do
+NOT_S3 = {"chmod", "fifo-read", "fifo-write", "connect"}
 
 MATRIX_OP = r"""
-import errno, json, os, sys
+import errno, json, os, socket, sys
 base, user = sys.argv[1], sys.argv[2]
 out = {}
+# past the permission check: no reader on the FIFO, nobody listening on the socket
+PASSED = {errno.ENXIO, errno.ECONNREFUSED}
+def fifo(path, flags):
+    os.close(os.open(path, flags | os.O_NONBLOCK))
+def connect(path):
+    with socket.socket(socket.AF_UNIX) as c:
+        c.connect(path)
 for cfg in sys.argv[3:]:
     d = os.path.join(base, cfg)
     def attempt(name, fn):
@@ -214,7 +232,7 @@ for cfg in sys.argv[3:]:
             fn()
             out[cfg + "/" + name] = "ok"
         except OSError as e:
-            out[cfg + "/" + name] = errno.errorcode[e.errno]
+            out[cfg + "/" + name] = "ok" if e.errno in PASSED else errno.errorcode[e.errno]
     attempt("read", lambda: open(os.path.join(d, "f"), "rb").read())
     attempt("write", lambda: open(os.path.join(d, "f"), "r+b").close())
     attempt("create", lambda: open(os.path.join(d, "new-" + user), "xb").close())
@@ -222,21 +240,46 @@ for cfg in sys.argv[3:]:
     attempt("list", lambda: [os.stat(os.path.join(d, n)) for n in os.listdir(d)])
     f = os.path.join(d, "f")  # to the mode it has: only the permission matters
     attempt("chmod", lambda: os.chmod(f, os.stat(f).st_mode & 0o7777))
+    attempt("fifo-read", lambda: fifo(os.path.join(d, "p"), os.O_RDONLY))
+    attempt("fifo-write", lambda: fifo(os.path.join(d, "p"), os.O_WRONLY))
+    attempt("connect", lambda: connect(os.path.join(d, "s")))
 print(json.dumps(out))
 """
 
 
-def build(base: Path) -> None:
-    """The configs under ``base`` (owned by alice), made with setfacl as root."""
+def _special_nodes(d: Path, fmode: int, facl: str) -> None:
+    """The FIFO "p" and the socket "s" (nobody listens on it) with the file's mode and ACL."""
+    os.mkfifo(d / "p")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(d / "s"))
+    for name in ("p", "s"):
+        os.chown(d / name, *USERS["alice"][:2])
+        os.chmod(d / name, fmode)
+        if facl:
+            subprocess.run(["setfacl", "-m", facl, str(d / name)], check=True)
+
+
+def build(base: Path, s3: tuple[Daemon, str] | None = None) -> None:
+    """The configs under ``base`` (owned by alice), made with setfacl as root; with ``s3``
+    (the daemon and the key prefix of ``base`` in the bucket) "s3made" is made by alice's
+    PUTs, without a canned ACL."""
     for cfg, ((dmode, dacl), (fmode, facl)) in CONFIGS.items():
         d = base / cfg
+        names = ["f", *(f"victim-{u}" for u in USERS)]
+        if cfg == "s3made" and s3 is not None:
+            client: Any = s3[0].client(*key_of("alice"))
+            for name in names:
+                client.put_object(Bucket=BUCKET, Key=f"{s3[1]}/{cfg}/{name}", Body=b"content")
+            _special_nodes(d, fmode, facl)
+            continue
         d.mkdir()
-        for name in ["f", *(f"victim-{u}" for u in USERS)]:
+        for name in names:
             (d / name).write_bytes(b"content")
             os.chown(d / name, *USERS["alice"][:2])
             os.chmod(d / name, fmode)
         if facl:
             subprocess.run(["setfacl", "-m", facl, str(d / "f")], check=True)
+        _special_nodes(d, fmode, facl)
         os.chown(d, *USERS["alice"][:2])
         os.chmod(d, dmode)
         if dacl:
@@ -275,7 +318,7 @@ def s3_matrix(d: Daemon, prefix: str) -> dict[tuple[str, str, str], bool]:
                 "delete": lambda c=client, k=k, n=name: c.delete_object(
                     Bucket=BUCKET, Key=f"{k}/victim-{n}"),
             }
-            for op, call in calls.items():
+            for op, call in calls.items():  # (NOT_S3: only through the mount)
                 try:
                     call()
                     out[(cfg, name, op)] = True
@@ -294,8 +337,14 @@ def test_matrix_fuse_s3_and_kernel(both: tuple[Daemon, Path]) -> None:
     with public_tempdir("tierd-acl-matrix-") as local:
         for base in (mnt / BUCKET / f"{tag}-fuse", mnt / BUCKET / f"{tag}-s3", local / "m"):
             base.mkdir()
+            os.chown(base, *USERS["alice"][:2])  # alice's: her PUTs make "s3made" in it
             os.chmod(base, 0o755)
-            build(base)
+            build(base, (d, base.name) if base.parent == mnt / BUCKET else None)
+        s3made = mnt / BUCKET / f"{tag}-fuse" / "s3made"
+        st = os.stat(s3made / "f")  # the private default, as the kernel's copy has it
+        assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o600, USERS["alice"][0])
+        st = os.stat(s3made)
+        assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o755, USERS["alice"][0])
         kernel = posix_matrix(local / "m")
         fuse = posix_matrix(mnt / BUCKET / f"{tag}-fuse")
         s3 = s3_matrix(d, f"{tag}-s3")

@@ -1,9 +1,9 @@
 """Permission decisions from POSIX mode bits and ACLs, with Linux's rules for root and
 sticky directories.
 
-This is the one place a door's request becomes allow/deny: FUSE (mounted without
-``default_permissions``), S3 (through :mod:`tierd.acl.s3map`) and the checkpoint service all
-ask :func:`may_access`, so one identity gets one answer through every door.
+This is the one place a door's request becomes allow/deny: FUSE (whose kernel checks the
+same modes and ACLs as well), S3 (through :mod:`tierd.acl.s3map`) and the checkpoint service
+all ask :func:`may_access`, so one identity gets one answer through every door.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ An access ACL that says no more than the mode bits (only the three base entries)
 stored: it *is* the mode, as on ext4.
 
 The algorithms follow ``fs/posix_acl.c`` and ``fs/namei.c`` so that the daemon, which decides
-every access itself (the mount has no ``default_permissions``), gives the kernel's answer:
+every S3 access alone (and every FUSE access together with the kernel), gives the kernel's
+answer:
 
 * :func:`permission` is ``acl_permission_check()`` + ``posix_acl_permission()``, including the
   kernel's shortcuts: the owner is judged by the owner bits only, and an ACL whose mask (the
