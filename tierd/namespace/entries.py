@@ -3,10 +3,7 @@ unlink/rmdir, rename, listing and path resolution — Linux semantics and errnos
 
 from __future__ import annotations
 
-import asyncio
 import errno
-import hashlib
-import os
 import stat
 from collections.abc import Callable
 
@@ -14,25 +11,24 @@ from tierd.acl import R_OK, W_OK, X_OK, Identity, check_access, is_owner, may_ac
 from tierd.acl import posix_acl as pacl
 from tierd.acl.modes import AccessDenied
 from tierd.errors import FsError
-from tierd.meta import ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
+from tierd.meta import ROOT_INO, Bucket, Dirent, Inode, MetaTxn
 from tierd.namespace.base import (
     MAX_SYMLINK_HOPS,
-    NamespaceBase,
     StatFs,
     drop_privs,
     has_privs,
     now_ns,
 )
-from tierd.namespace.contentmeta import forget_content_meta
-from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.names import SYMLINK_MAX, check_bucket_name, check_name
+from tierd.namespace.resize import _EMPTY_MD5 as _EMPTY_MD5  # (files, objects use it)
+from tierd.namespace.resize import ResizeOps
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 UTIME_NOW = -1  # setattr(atime_ns=UTIME_NOW): the current time, as utimensat's UTIME_NOW
 
 
-class EntryOps(NamespaceBase):
+class EntryOps(ResizeOps):
     # -- reading ---------------------------------------------------------------------------
     async def lookup(self, ident: Identity, parent: int, name: bytes) -> Inode:
         with self.meta.snapshot() as tx:
@@ -227,101 +223,6 @@ class EntryOps(NamespaceBase):
                     of.ctime_ns = t
                 tx.put_inode(inode)
         return self._live(inode)
-
-    async def _truncate(self, ident: Identity, ino: int, size: int, fh: int | None) -> None:
-        if size < 0:
-            raise FsError(errno.EINVAL, "negative file size")
-        with self.meta.snapshot() as tx:
-            inode = self._get(tx, ino)
-        if inode.is_dir:
-            raise FsError(errno.EISDIR, f"inode {ino} is a directory")
-        if not inode.is_reg:
-            raise FsError(errno.EINVAL, f"inode {ino} is not a regular file")
-        if fh is not None and self._handle(fh).writable:
-            pass  # ftruncate on a descriptor opened for writing needs no further check
-        else:
-            check_access(ident, inode, W_OK, f"inode {ino}")
-        await self._set_size(ino, size, drop=not ident.is_root and has_privs(inode.mode))
-
-    async def _set_size(self, ino: int, size: int, drop: bool = False) -> None:
-        """Truncate or extend a file's data and commit the new size and version at once
-        (``drop``: also clear setuid/setgid, for an unprivileged caller).
-
-        Metadata first, space later: bytes a committed version names are cut only after
-        the commit of the smaller size is durable, so a crash leaves the old size with its
-        bytes or the new size (docs/durability.md).  Bytes past the recorded size that a
-        crash leaves behind are never read (every read stops at the size) and are cut
-        before anything extends the file (:meth:`_cut_stale`), so an extension reads
-        zeros.  Writes to the inode wait while this runs."""
-        if drop:
-            with self.meta.write() as tx:
-                inode = self._get(tx, ino)
-                inode.mode = drop_privs(inode.mode)
-                tx.put_inode(inode)
-        await self._prepare_write(ino, size)
-        while (busy := self._resizing.get(ino)) is not None:
-            await asyncio.shield(busy)
-        done = self._resizing[ino] = asyncio.get_running_loop().create_future()
-        try:
-            await self._resize(ino, size)
-        finally:
-            del self._resizing[ino]
-            done.set_result(None)
-
-    async def _resize(self, ino: int, size: int) -> None:
-        with self.meta.snapshot() as tx:
-            cut = size < self._get(tx, ino).size  # committed bytes go: durable first
-        of = self._open.get(ino)
-        if of is not None:
-            if size > of.size:
-                self._cut_stale(of.fd, of.size)
-            if size > of.size or not cut:
-                os.ftruncate(of.fd, size)  # no committed byte is lost
-            of.size = size
-            of.touch()
-            if size == 0:
-                of.md5, of.md5_pos, of.md5_done = hashlib.md5(), 0, 0
-            elif of.md5 is not None and size != of.md5_pos:
-                of.md5 = None
-            await self._commit_open(of)
-            fd = of.fd
-        else:
-            fd = self.hot.open(ino, create=True)
-            try:
-                with self.meta.write() as tx:
-                    inode = self._get(tx, ino)
-                    if size > inode.size:
-                        self._cut_stale(fd, inode.size)
-                        os.ftruncate(fd, size)
-                    inode.size = size
-                    inode.mtime_ns = inode.ctime_ns = now_ns()
-                    inode.version = tx.next_version()
-                    forget_content_meta(inode)
-                    inode.etag = _EMPTY_MD5 if size == 0 else ""
-                    inode.state = STATE_DIRTY
-                    tx.put_inode(inode)
-                    self._queue(tx, inode)
-            except BaseException:
-                os.close(fd)
-                raise
-        try:
-            if cut:
-                crashpoint("truncate.committed")
-                await self._sync_meta()
-                crashpoint("truncate.durable")
-                await asyncio.to_thread(os.ftruncate, fd, size)
-                crashpoint("truncate.cut")
-        finally:
-            if of is None:
-                os.close(fd)
-
-    @staticmethod
-    def _cut_stale(fd: int, size: int) -> None:
-        """Before the file grows past ``size``: bytes the data file holds beyond it are
-        not content (a crash between a smaller size's commit and the cut, or writes
-        that were never committed) and must read as zeros once the size covers them."""
-        if os.fstat(fd).st_size > size:
-            os.ftruncate(fd, size)
 
     # -- creating --------------------------------------------------------------------------
     def _creatable(self, tx: MetaTxn, ident: Identity, parent: int, name: bytes) -> Inode:
@@ -630,5 +531,3 @@ class EntryOps(NamespaceBase):
             self._touch_dir(tx, od)
             self._touch_dir(tx, nd)
 
-
-_EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
