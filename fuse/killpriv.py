@@ -9,6 +9,9 @@ a writer holds the file open for writing: :func:`holds_for_writing` looks for su
 descriptor in the calling process's ``/proc/<pid>/fdinfo`` (inode number, access mode, and
 a mount of this very file system in that process's own mount table, so a container's view
 of the mount counts).  Reading /proc never enters this file system: no request loops back.
+Since the mount asks for POSIX ACLs (the kernel then checks permissions itself), a
+non-owner's own chmod is refused by the kernel before it is sent; this check keeps the
+daemon's own answer the kernel's all the same.
 """
 
 from __future__ import annotations

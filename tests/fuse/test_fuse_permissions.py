@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from public_dir import public_tempdir
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -213,3 +214,39 @@ def test_another_users_writes_through_a_root_descriptor_drop_setgid(work: Path,
         answers.append(r.stdout.split())
     assert answers[0] == answers[1], answers  # mount == kernel
     assert answers[0] == ["ok,ok", "0o775"]
+
+
+_CHMOD_WHILE_WRITING = r"""
+import os, sys
+path, uid = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_RDWR)  # opened by root, held while the other user calls chmod
+os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)
+try:
+    os.chmod(path, 0o2666)  # drops only what a write drops (setuid): still the owner's call
+    print("ok")
+except OSError as e:
+    print(os.strerror(e.errno))
+"""
+
+
+def test_a_non_owners_own_chmod_stays_refused_while_it_holds_the_file(work: Path) -> None:
+    """The kernel's killpriv (a chmod with the writer's credentials) is allowed; a
+    non-owner's own chmod is EPERM even when it only drops set-id bits and the caller holds
+    the file open for writing, as on a local file system (the kernel checks it on the mount
+    too: FUSE_POSIX_ACL)."""
+    answers = []
+    with public_tempdir("tierd-chmod-") as local:
+        for d in (work, local):
+            answers.append(_chmod_while_writing(d))
+    assert answers[0] == answers[1] == ("Operation not permitted", "0o6666"), answers
+
+
+def _chmod_while_writing(d: Path) -> tuple[str, str]:
+    """(what the non-owner's chmod got, the mode after it) in directory ``d``."""
+    f = d / "setid-file"
+    f.write_bytes(b"hello")
+    os.chmod(f, 0o6666)
+    r = subprocess.run([sys.executable, "-c", _CHMOD_WHILE_WRITING, str(f), str(ALICE[0])],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip(), oct(os.stat(f).st_mode & 0o7777)
