@@ -13,6 +13,7 @@ from pathlib import Path
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Inode, MetaStore, MetaTxn
 from tierd.namespace.base import ROOT_MODE, Change, StatFs, now_ns
+from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
 from tierd.namespace.multipart import MultipartOps
 from tierd.namespace.objects import Listing, ObjectReader
@@ -120,6 +121,7 @@ class Namespace(MultipartOps, XattrOps):
             if inode is None or not inode.is_reg:
                 continue
             inode.version = tx.next_version()
+            forget_content_meta(inode)  # its checksums described the old bytes
             inode.etag = ""
             inode.state = STATE_DIRTY
             inode.ctime_ns = now_ns()
