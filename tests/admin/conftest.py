@@ -1,5 +1,6 @@
-"""Fixtures of the admin API suites: a real ``tierd serve`` (umask 000, so users other than
-root can write into buckets root creates), its admin token, an HTTP helper and ``tierctl``."""
+"""Fixtures of the admin API suites: a real ``tierd serve`` (umask 000; what S3 creates is
+private all the same, so a test that lets users other than root write into a bucket root
+creates gives it a canned ACL), its admin token, an HTTP helper and ``tierctl``."""
 
 from __future__ import annotations
 

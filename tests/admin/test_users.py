@@ -100,7 +100,7 @@ def test_user_key_lifecycle_over_s3(admin: Admin) -> None:
     # the key acts as the user: objects it writes are owned by the uid
     root = s3_client(admin, ROOT_KEY, ROOT_SECRET)
     bucket = f"b-{uuid.uuid4().hex[:12]}"
-    root.create_bucket(Bucket=bucket)
+    root.create_bucket(Bucket=bucket, ACL="public-read-write")  # (private by default)
     c1 = s3_client(admin, k1["access_key"], k1["secret"])
     c1.put_object(Bucket=bucket, Key="mine.txt", Body=b"hello")
     listing = root.list_objects_v2(Bucket=bucket, FetchOwner=True)["Contents"]
