@@ -544,7 +544,7 @@ def test_object_round_trip(nsenv: NsEnv) -> None:
     assert put.size == len(body) and put.etag == md5(body)
     head = env.run(ns.head_object(ROOT, "bkt", "dir/sub/obj.bin"))
     assert (head.size, head.etag, head.objmeta) == (len(body), md5(body), meta)
-    assert head.is_reg and stat.S_IMODE(head.mode) == 0o644  # 0666 & ~umask
+    assert head.is_reg and stat.S_IMODE(head.mode) == 0o600  # private: 0666 & ~(umask|077)
     assert env.get(ROOT, "bkt", "dir/sub/obj.bin") == body
     assert env.get(ROOT, "bkt", "dir/sub/obj.bin", offset=1000, length=10) == body[1000:1010]
     assert env.get(ROOT, "bkt", "dir/sub/obj.bin", offset=len(body) - 5) == body[-5:]
