@@ -90,6 +90,27 @@ def test_concurrent_async_waiters_share_flushes(tmp_path: Path) -> None:
         store.close()
 
 
+def test_a_background_wait_does_not_cut_the_group_short(tmp_path: Path) -> None:
+    """``sync_async(urgent=False)`` (the persister's waits) is answered by the regular
+    group flush, after ``interval``: it adds no flush of its own; an urgent wait does."""
+    store = GroupCommitStore(LmdbStore(tmp_path, metasync=True), interval=0.3)
+
+    async def wait(urgent: bool) -> float:
+        with store.begin(write=True) as tx:
+            tx.put(b"k", b"urgent" if urgent else b"lazy")
+        t0 = time.monotonic()
+        await store.sync_async(urgent=urgent)
+        with store.inner.begin() as tx:
+            assert tx.get(b"k") == (b"urgent" if urgent else b"lazy")  # durable on return
+        return time.monotonic() - t0
+
+    try:
+        assert asyncio.run(wait(False)) >= 0.2  # waited for the group's own flush
+        assert asyncio.run(wait(True)) < 0.2  # flushed at once
+    finally:
+        store.close()
+
+
 def test_overlay_is_emptied_once_no_old_reader_remains(tmp_path: Path) -> None:
     store = GroupCommitStore(LmdbStore(tmp_path, metasync=True), interval=3600)
     try:

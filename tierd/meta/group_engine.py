@@ -511,10 +511,13 @@ class GroupCommitStore(KVStore):
         """Sequence number of the last published commit (for ``sync_async(upto=...)``)."""
         return self._seq
 
-    async def sync_async(self, upto: int | None = None) -> None:
+    async def sync_async(self, upto: int | None = None, *, urgent: bool = True) -> None:
         """:meth:`sync` for the event loop: waits without blocking it or hopping threads.
         ``upto`` (a :attr:`last_commit`): wait only for the commits up to that one, not
-        for later ones (no flush at all when the group commit already covered them)."""
+        for later ones (no flush at all when the group commit already covered them).
+        ``urgent=False``: wait for the group's regular flush (within ``interval``) rather
+        than cutting the group short -- for background work, whose waits would otherwise
+        add flushes (and disk syncs) of their own."""
         loop = asyncio.get_running_loop()
         with self._lock:
             target = self._seq if upto is None else min(upto, self._seq)
@@ -522,7 +525,8 @@ class GroupCommitStore(KVStore):
                 return
             fut: asyncio.Future[None] = loop.create_future()
             self._waiters.append((target, loop, fut))
-            self._urgent = True
+            if urgent:
+                self._urgent = True
             self._wake.notify_all()
         await fut
 

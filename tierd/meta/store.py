@@ -516,13 +516,16 @@ class MetaStore:
         """Make every committed transaction survive a machine crash (blocking)."""
         self.engine.sync()
 
-    async def flush(self, upto: int | None = None) -> None:
+    async def flush(self, upto: int | None = None, *, urgent: bool = True) -> None:
         """:meth:`sync` for the event loop: the durability point of every door.  ``upto``
         (a :meth:`last_commit`): only the commits up to that one need to be durable (with
-        group commit, a wait that adds no flush when they already are)."""
+        group commit, a wait that adds no flush when they already are).  ``urgent=False``
+        (background paths: the persister): with group commit, wait for the next regular
+        group flush instead of starting one now."""
         sync_async = getattr(self.engine, "sync_async", None)
         if sync_async is not None:
-            await (sync_async() if upto is None else sync_async(upto=upto))
+            await (sync_async(urgent=urgent) if upto is None
+                   else sync_async(upto=upto, urgent=urgent))
         else:
             await asyncio.to_thread(self.engine.sync)
 

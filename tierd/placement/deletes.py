@@ -72,6 +72,8 @@ class KeyGates:
 class Deleting(Reading):
     """Adds the delete worker (:meth:`kick_deletes`) and the rescue to the read path."""
 
+    transfers: asyncio.Semaphore  # the persister's (uploads, copies, their fetches)
+
     def init_deletes(self) -> None:
         self.gates = KeyGates()
         self._rescued: Counter[int] = Counter()
@@ -151,6 +153,11 @@ class Deleting(Reading):
                     await self._delete_one(it.key)
 
             todo = [it for it in batch if it.key not in self.putting]
+            # the changes that made these objects unwanted must be durable before any of
+            # them goes (rolled back by a crash, they would name objects already gone):
+            # they committed before this batch was read, so one flush covers them all
+            if todo:
+                await self.meta.flush(self.meta.last_commit(), urgent=False)
             results = await asyncio.gather(*(one(it) for it in todo), return_exceptions=True)
             for r in results:
                 if isinstance(r, TierUnavailable):
@@ -168,9 +175,6 @@ class Deleting(Reading):
             if it is None or verdict == "defer":
                 return
             if verdict == "delete":
-                # the change that made the object unwanted must be durable first: rolled
-                # back by a crash, it would name an object already gone
-                await self.meta.flush()
                 try:
                     await self.cold.delete(key)
                 except (KeyRejected, InvalidKey):
@@ -199,7 +203,8 @@ class Deleting(Reading):
             return
         log.info("inode %d: fetching its bytes before its cold object is replaced "
                  "(it has not been copied to its new name yet)", ino)
-        await self.ensure(ino, 0, inode.size, touch=False)
+        async with self.transfers:
+            await self.ensure(ino, 0, inode.size, touch=False)
         self.acquire(ino)
         self._rescued[ino] += 1
         self.stats["rescued"] += 1

@@ -105,7 +105,10 @@ class Placement(Uploading):
         self._deferred: set[int] = set()  # still queued after a round (open for writing)
         self._later = Deadlines()  # ino -> when its persist delay is over
         self._hurry = 0  # waiters for persistence (drain, write-through): no delay meanwhile
-        self._sem = asyncio.Semaphore(self.settings.persist_parallel)
+        # transfers (uploads, copies, fetches for them) at once; reconciles at once (they
+        # mostly wait for a metadata flush, which concurrent ones share)
+        self.transfers = asyncio.Semaphore(self.settings.persist_parallel)
+        self._slots = asyncio.Semaphore(max(64, 16 * self.settings.persist_parallel))
         self.cold_down = False
         self._probe: asyncio.Task[bool] | None = None
         self._closing = False
@@ -291,7 +294,7 @@ class Placement(Uploading):
 
     async def _one(self, ino: int) -> None:
         try:
-            async with self._sem:
+            async with self._slots:
                 if not await self.reconcile(ino):
                     self._deferred.add(ino)
                     return

@@ -8,8 +8,8 @@ durable put-intention, and one transaction that records what cold now holds.
   version be current -- a version superseded or a file deleted meanwhile is not uploaded;
   another live file that still needs the object there is rescued first (``deletes.py``);
   then the put-intention ``Z<key>`` is committed **and flushed** (with it every namespace
-  change before it), so an upload a crash interrupts leaves a pending delete rather than an
-  untracked object, and no put lands for a metadata state a crash could roll back.
+  change before it), so no put lands for a metadata state a crash could roll back, and an
+  upload a crash interrupts leaves a pending delete rather than an untracked object.
 * **During an upload**, deleting the file cancels it (:meth:`Uploading.gone`).
 * **After** (one transaction): the record (``R``) lists the keys put that still name the
   file, the put-intentions of those keys are cleared (if unchanged: a rename meanwhile left
@@ -51,6 +51,9 @@ class Round:
 
 class Uploading(Deleting):
     """Adds :meth:`reconcile` (and the cancellation of uploads of deleted files)."""
+
+    #: uploads, copies and the fetches they need at once (``persist_parallel``)
+    transfers: asyncio.Semaphore
 
     def init_uploads(self) -> None:
         self._uploads: dict[int, asyncio.Future[ObjectInfo]] = {}
@@ -178,16 +181,18 @@ class Uploading(Deleting):
             await self.rescue(needy)  # then check again
         else:
             raise Superseded(key)
-        # The put-intention, and the namespace state that makes this put right (the name,
-        # the version), must be durable before the object lands: after a crash the metadata
-        # may otherwise name an older version whose only copy this put replaces, or not
-        # know of an object it put (with group commit this usually adds no flush).
-        await self.meta.flush()
-        etag = None
-        if have:
-            etag = await self._copy(key, have)
-        if etag is None:
-            etag = await self._upload(inode, key)
+        # The namespace state that makes this put right (the name, the version) and the
+        # put-intention must be durable before the object lands: else a crash could roll
+        # the metadata back to a version whose only copy this put replaced, or to before
+        # a create whose object would then be left in cold, untracked.  Concurrent
+        # reconciles share one group-commit flush.
+        await self.meta.flush(self.meta.last_commit(), urgent=False)
+        async with self.transfers:  # taken after the gate: a holder waits for no gate
+            etag = None
+            if have:
+                etag = await self._copy(key, have)
+            if etag is None:
+                etag = await self._upload(inode, key)
         r.new[key] = etag
 
     async def _upload(self, inode: Inode, key: str) -> str:
