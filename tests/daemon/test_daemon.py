@@ -207,17 +207,20 @@ def test_admin_errors_are_json(spawn: Spawn, data_dir: Path) -> None:
 
 
 def test_s3_door_refuses_anonymous_requests(spawn: Spawn, data_dir: Path) -> None:
-    """The S3 listener is up and authenticates: unsigned requests get AccessDenied XML
-    (the gateway's own tests in tests/s3 cover the protocol)."""
+    """The S3 listener is up and authenticates: unsigned requests get AccessDenied XML,
+    except that a missing bucket is NoSuchBucket to anyone, as on S3 (the gateway's own
+    tests in tests/s3 cover the protocol)."""
     t = spawn(data_dir)
-    for path, method in [("/", "GET"), ("/bucket/key", "PUT"), ("/healthz", "POST")]:
+    for path, method, status_code, code in [("/", "GET", 403, b"AccessDenied"),
+                                             ("/bucket/key", "PUT", 404, b"NoSuchBucket"),
+                                             ("/healthz", "POST", 403, b"AccessDenied")]:
         status, headers, body = http_get(t.url("s3") + path, method=method)
-        assert status == 403, (method, path)
+        assert status == status_code, (method, path, status)
         assert headers["Content-Type"].startswith("application/xml")
-        assert b"<Code>AccessDenied</Code>" in body
+        assert b"<Code>" + code + b"</Code>" in body
         assert headers["x-amz-request-id"].encode() in body
     status, _, body = http_get(t.url("s3") + "/bucket", method="HEAD")
-    assert status == 403 and body == b""
+    assert status == 404 and body == b""
     status, _, body = http_get(t.url("s3") + "/healthz")
     assert status == 200
 
