@@ -37,7 +37,7 @@ def test_secrets_never_logged_or_stored_in_clear(tmp_path: Path) -> None:
     try:
         root = s3_client(a, ROOT_KEY, ROOT_SECRET)
         bucket = f"sec-{uuid.uuid4().hex[:8]}"
-        root.create_bucket(Bucket=bucket)
+        root.create_bucket(Bucket=bucket, ACL="public-read-write")  # shared on purpose
 
         # users and keys: through the token, through SigV4 of the root user, through tierctl
         assert a.call("POST", "/v1/users", {"name": "sally", "uid": 3100})[0] == 201
