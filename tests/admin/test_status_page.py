@@ -141,7 +141,8 @@ class Page:
 @contextlib.asynccontextmanager
 async def chromium() -> AsyncIterator[Page]:
     assert CHROMIUM is not None
-    with tempfile.TemporaryDirectory(prefix="tierd-chromium-") as profile:
+    with tempfile.TemporaryDirectory(prefix="tierd-chromium-",
+                                     ignore_cleanup_errors=True) as profile:
         proc = await asyncio.create_subprocess_exec(
             CHROMIUM, f"--user-data-dir={profile}", *FLAGS, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
