@@ -26,7 +26,7 @@ from tierd.placement import bitmap, intents
 from tierd.placement.importer import Importer
 from tierd.placement.intents import RecentDeletes
 from tierd.placement.memtier import MEM, MemTier
-from tierd.placement.paths import dir_path, file_keys
+from tierd.placement.paths import dir_path, file_keys, queue_token
 from tierd.placement.tiercache import TierCache
 from tierd.tiers import BLOCK_SIZE, LocalTier, ObjectTier, TierError
 
@@ -63,13 +63,6 @@ class PlacementSettings:
     probe_interval: float = 10.0  # an idle cold store is asked whether it answers this often
     persist_delay: float = 0.0  # seconds a queued file waits before upload (daemon: config)
     umask: int = 0o022
-
-
-def _token(old: bytes | None) -> bytes:
-    """A new queue token: unique (the persister's change check) but keeping the time the
-    file was first queued (the persist delay counts from then)."""
-    stamp = old[:8] if old is not None else time.time_ns().to_bytes(8, "big")
-    return stamp + os.urandom(4)
 
 
 class PlacementCore:
@@ -312,7 +305,7 @@ class PlacementCore:
         New content was written locally, so the whole file is present on hot."""
         if not inode.is_reg:
             return
-        tx.enqueue(inode.ino, _token(tx.queued(inode.ino)))
+        tx.enqueue(inode.ino, queue_token(tx.queued(inode.ino)))
         self.hints.add(inode.ino)  # the persister rescans the whole queue only now and then
         if not content:
             self._intend_deletes(tx, inode.ino)
@@ -394,7 +387,7 @@ class PlacementCore:
         self._intend_deletes(tx, ino)
         self.gone(ino)
         if tx.get_cold(ino) is not None or tx.queued(ino) is not None:
-            tx.enqueue(ino, _token(tx.queued(ino)))
+            tx.enqueue(ino, queue_token(tx.queued(ino)))
             self.hints.add(ino)
         self.wake()
 
@@ -409,7 +402,7 @@ class PlacementCore:
 
     def queue_summary(self, limit: int = 2000) -> dict[str, Any]:
         """The persist queue at a glance (``/v1/status``): its depth and the age of its
-        oldest entry (a token starts with the file's first-queued time, :func:`_token`).
+        oldest entry (a token starts with the file's first-queued time, ``queue_token``).
         It runs on the loop, so only the first ``limit`` tokens are read: beyond that the
         age is of those and ``truncated`` says so (``/metrics`` reads all, in a thread)."""
         oldest, now = 0, time.time_ns()

@@ -19,7 +19,6 @@ outside tierd", with the evidence) only when the content exists nowhere local.
 from __future__ import annotations
 
 import logging
-import os
 import stat
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from tierd.meta import (
 )
 from tierd.placement import bitmap, intents
 from tierd.placement.intents import RecentDeletes
-from tierd.placement.paths import file_keys, files_under
+from tierd.placement.paths import file_keys, files_under, queue_token
 from tierd.tiers import ObjectInfo, ObjectTier
 
 #: what placement says about an inode: open with unflushed writes / wholly local
@@ -90,7 +89,7 @@ def lost(tx: MetaTxn, ino: int, key: str, *, busy: bool, local: Judge,
         tx.put_inode(inode)
         rec.version = 0  # cold no longer has this version: the persister uploads it
         tx.put_cold(ino, rec)
-        tx.enqueue(ino, time.time_ns().to_bytes(8, "big") + os.urandom(4))
+        tx.enqueue(ino, queue_token(None))
         return "reupload", why
     drop(tx, ino)
     return "dropped", why

@@ -2,15 +2,25 @@
 
 A file's cold keys are ``<bucket>/<key>`` for every name it has (hard links: several).
 Directories have exactly one name, so the walk up to the root is a chain of point reads.
+Also the persist queue's token (the ``Q`` value), written by the hooks and the importer.
 """
 
 from __future__ import annotations
 
+import os
 import stat
+import time
 from collections.abc import Iterator
 
 from tierd.meta import ROOT_INO, Inode, MetaTxn
 from tierd.meta.kv import prefix_end
+
+
+def queue_token(old: bytes | None) -> bytes:
+    """A new queue token: unique (the persister's change check) but keeping the time the
+    file was first queued (the persist delay and the queue's age count from then)."""
+    stamp = old[:8] if old is not None else time.time_ns().to_bytes(8, "big")
+    return stamp + os.urandom(4)
 
 
 def dir_path(tx: MetaTxn, ino: int) -> str | None:
