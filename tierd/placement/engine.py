@@ -377,7 +377,7 @@ class PlacementCore:
     def names_moved(self, ino: int) -> None:  # the persister overrides this
         pass
 
-    def gone(self, ino: int) -> None:  # the persister overrides this
+    def gone(self, ino: int) -> None:  # upload.py overrides this
         pass
 
     def deleted(self, tx: MetaTxn, ino: int) -> None:

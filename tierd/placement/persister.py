@@ -26,7 +26,7 @@ from typing import Any
 from tierd.errors import FsError
 from tierd.meta import MetaTxn
 from tierd.placement import intents
-from tierd.placement.failures import Failures
+from tierd.placement.failures import RETRY_MAX, Failures
 from tierd.placement.paths import file_keys, files_under
 from tierd.placement.upload import Uploading
 from tierd.tiers import InvalidKey, KeyRejected, TierError, TierUnavailable
@@ -89,7 +89,6 @@ class Placement(Uploading):
 
     _task: asyncio.Task[None] | None = None
     _wake_ev: asyncio.Event | None = None
-    cold_down = False
 
     async def start(self) -> None:
         hot = await asyncio.to_thread(self.hot.inventory)
@@ -162,7 +161,7 @@ class Placement(Uploading):
                              self.cold.health.error or "no answer", delay)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake_ev.wait(), timeout=delay)
-                    delay = min(delay * 2, 30.0)
+                    delay = min(delay * 2, RETRY_MAX)
                     continue
                 log.warning("cold store %s is back: resuming persistence", self.cold.url)
                 self.cold_down = False
@@ -312,7 +311,7 @@ class Placement(Uploading):
             else:
                 self._store_down(e)
                 self._waiting_store.add(ino)
-                self._not_before.put(ino, time.monotonic() + 30.0)  # until it is back
+                self._not_before.put(ino, time.monotonic() + RETRY_MAX)  # until it is back
         except (InvalidKey, KeyRejected) as e:  # the store can never take this key
             self.stats["persist_failures"] += 1
             self._file_failed(ino, e, permanent=True)
