@@ -181,9 +181,7 @@ class Checkpointer:
                 entries.append({"key": f"t{i}", "kind": "tensor", "offset": offsets[i],
                                 "nbytes": sizes[i], "dtype": _dtype_name(t.dtype),
                                 "shape": shape})
-            if any(self.device.rt.wants(src) for _, src in pairs):
-                self.device.region_mapped(m.mm)  # once per region: a no-op after the first
-            event = self.device.save(pairs)
+            event = self.device.save(m.mm, pairs)
             o = offsets[-1]
             m.mm[o:o + len(objects)] = objects
             entries.append({"key": OBJECTS, "kind": "pickle", "offset": o,

@@ -199,9 +199,7 @@ class TierdStorageWriter(_Base, StorageWriter):
                     slot = Slot(off, n, _dtype_name(t.dtype), tuple(t.shape), part)
                 results.append(WriteResult(index=item.index, size_in_bytes=n,
                                            storage_data=slot))
-            if any(self.ck.device.rt.wants(src) for _, src in pairs):
-                self.ck.device.region_mapped(m.mm)
-            self.ck.device.save(pairs).synchronize()
+            self.ck.device.save(m.mm, pairs).synchronize()
             if word is not None:
                 self.ck.commit(self.run, self.step, {"size": total}, part=part,
                                parts=word.parts, save=word.save)

@@ -6,11 +6,12 @@ logic runs with CUDA and without it:
 * **Saving a GPU tensor** is a device-to-host copy straight into the mapped pool region.
   Into pageable memory the copy engine runs at a quarter of its speed; into pinned memory
   at full speed.  So a region that receives GPU tensors is registered as pinned
-  (``cudaHostRegister``) **once per region**, when the SDK first maps it, and unregistered
-  before it is unmapped (a later mapping at the same address otherwise fails with
-  "resource already mapped").  The copies are queued with ``non_blocking=True`` on a side
-  stream (ordered after the caller's stream) and an event is recorded: ``save(...,
-  blocking=False)`` returns at once and its handle's ``wait()`` waits for the event.
+  (``cudaHostRegister``) **once per region**, by the first save that copies GPU tensors
+  into it (:meth:`Copier.save`), and unregistered before it is unmapped (a later mapping
+  at the same address otherwise fails with "resource already mapped").  The copies are
+  queued with ``non_blocking=True`` on a side stream (ordered after the caller's stream)
+  and an event is recorded: ``save(..., blocking=False)`` returns at once and its
+  handle's ``wait()`` waits for the event.
 * **Restoring into GPU tensors** reads a private mapping of the checkpoint (pageable, and
   registering it for one load costs more than it saves).  It goes through a **pinned double
   buffer**: chunk k+1 is copied into one pinned buffer while the copy engine moves chunk k
@@ -192,8 +193,9 @@ class Copier:
 
     # -- pool regions ----------------------------------------------------------------------
     def region_mapped(self, mm: mmap.mmap) -> None:
-        """A region mapped for saving: pin it once (a no-op without an accelerator)."""
-        if id(mm) in self.registered or isinstance(self.rt, HostRuntime):
+        """A region receiving device tensors: pin it once (later saves into it find it
+        pinned)."""
+        if id(mm) in self.registered:
             return
         addr = _address(mm)
         if self.rt.host_register(addr, len(mm)):
@@ -206,15 +208,17 @@ class Copier:
             self.rt.host_unregister(addr)
 
     # -- saving ----------------------------------------------------------------------------
-    def save(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Event:
-        """``dst.copy_(src)`` for each (dst in pool memory); device tensors are queued on
-        the side stream, host tensors copied now.  The event of the queued copies."""
+    def save(self, mm: mmap.mmap, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Event:
+        """``dst.copy_(src)`` for each (dst a view of the pool region ``mm``); device
+        tensors are queued on the side stream, into the region pinned when it first gets
+        any, host tensors copied now.  The event of the queued copies."""
         device = [(d, s) for d, s in pairs if self.rt.wants(s)]
         for d, s in pairs:
             if not self.rt.wants(s):
                 d.copy_(s)
         if not device:
             return Done()
+        self.region_mapped(mm)
         with self.rt.side():
             for d, s in device:
                 self.rt.copy_async(d, s)
