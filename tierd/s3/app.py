@@ -34,11 +34,12 @@ from tierd.logs import REQUEST_ID, new_request_id
 from tierd.metrics import OPERATION, Metrics, request_middleware, s3_operation
 from tierd.namespace import Namespace
 from tierd.namespace.names import split_key
+from tierd.namespace.staging import NO_SPACE
 from tierd.s3 import acl, bucket_policy, buckets, listing, multipart, objects
 from tierd.s3.access import Actions, authorize_request
 from tierd.s3.auth import Authenticator
 from tierd.s3.common import Ctx, S3State
-from tierd.s3.errors import NO_SPACE, S3Error, from_fs_error
+from tierd.s3.errors import S3Error, from_fs_error
 from tierd.s3.xmlio import error_document
 
 log = logging.getLogger("tierd.s3")

@@ -94,9 +94,6 @@ class S3Error(Exception):
         super().__init__(f"{code}: {self.message}")
 
 
-#: the errnos of a full tier or metadata store: 507 InsufficientStorage, never 500
-NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
-
 #: errno -> S3 code.  ENOENT and EEXIST depend on context (see :func:`from_fs_error`).
 ERRNO_CODES: dict[int, str] = {
     errno.ENOENT: "NoSuchKey",
