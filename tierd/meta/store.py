@@ -524,8 +524,7 @@ class MetaStore:
         group flush instead of starting one now."""
         sync_async = getattr(self.engine, "sync_async", None)
         if sync_async is not None:
-            await (sync_async(urgent=urgent) if upto is None
-                   else sync_async(upto=upto, urgent=urgent))
+            await sync_async(upto, urgent=urgent)
         else:
             await asyncio.to_thread(self.engine.sync)
 
