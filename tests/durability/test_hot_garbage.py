@@ -100,11 +100,13 @@ def test_a_dropped_data_file_goes_only_after_the_drop_is_durable(env: Env) -> No
     ino = env.file(b"f", b"old bytes")
     path = Path(env.ns.hot.path(ino))
     flushes: list[int] = []
+    urgent: list[bool] = []
     real_flush = env.ns.meta.flush
 
-    async def counting_flush(upto: int | None = None) -> None:
+    async def counting_flush(upto: int | None = None, **kw: bool) -> None:
         flushes.append(len(env.garbage()))
-        await real_flush(upto)
+        urgent.append(kw.get("urgent", True))
+        await real_flush(upto, **kw)
 
     env.ns.meta.flush = counting_flush  # type: ignore[method-assign]
 
@@ -117,6 +119,8 @@ def test_a_dropped_data_file_goes_only_after_the_drop_is_durable(env: Env) -> No
     assert still_there and keys == [ino], "the file must outlive the commit that dropped it"
     env.run(env.ns.garbage.drain())
     assert flushes and flushes[0] == 1, "reclaimed without a flush after the drop"
+    # background work: it waits for the group's own flush, never cuts a group short
+    assert urgent == [False] * len(flushes), "the reclaimer asked for a flush of its own"
     assert not path.exists()
     assert env.garbage() == []
 
@@ -266,9 +270,9 @@ def test_a_shrink_cuts_the_data_file_only_once_durable(env: Env) -> None:
     sizes: list[int] = []
     real_flush = env.ns.meta.flush
 
-    async def watching_flush(upto: int | None = None) -> None:
+    async def watching_flush(upto: int | None = None, **kw: bool) -> None:
         sizes.append(path.stat().st_size)
-        await real_flush(upto)
+        await real_flush(upto, **kw)
 
     env.ns.meta.flush = watching_flush  # type: ignore[method-assign]
     env.run(env.ns.setattr(ROOT, ino, size=100))
@@ -287,11 +291,11 @@ def test_a_failing_flush_keeps_the_file_and_retries(env: Env,
     real_flush = env.ns.meta.flush
     failures = [2]
 
-    async def failing_flush(upto: int | None = None) -> None:
+    async def failing_flush(upto: int | None = None, **kw: bool) -> None:
         if failures[0] > 0:
             failures[0] -= 1
             raise OSError(errno.ENOSPC, "No space left on device")
-        await real_flush(upto)
+        await real_flush(upto, **kw)
 
     env.ns.meta.flush = failing_flush  # type: ignore[method-assign]
 

@@ -13,9 +13,9 @@ next start.  Inode numbers are never handed out twice (``Namespace._recover`` sk
 counter past numbers a crash may have lost), so a ``G`` key never names a live file.
 
 The flush is waited for in the background, never on a client's path, a little after the
-commit (:data:`SETTLE`), and only for the commits that dropped files
-(``MetaStore.flush(upto=...)``): by then the group commit or the client's own durability
-point has usually covered them, and reclaiming adds no disk flush of its own.
+commit (:data:`SETTLE`), only for the commits that dropped files and without cutting the
+group short (``MetaStore.flush(upto=..., urgent=False)``): the group commit or the client's
+own durability point covers them, and reclaiming adds no disk flush of its own.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 
 from tierd.meta import MetaStore
@@ -67,7 +66,9 @@ class Garbage:
                 await asyncio.sleep(SETTLE)
                 batch, upto, self._pending = self._pending, self._upto, []
                 try:
-                    await self.meta.flush(upto)  # covers every commit of the batch
+                    # covers every commit of the batch; background work: the group's
+                    # own flush answers it (urgent, it would cut groups short: more syncs)
+                    await self.meta.flush(upto, urgent=False)
                     crashpoint("gc.durable")
                     await self._reclaim(batch)
                     delay = RETRY_DELAY
@@ -141,6 +142,5 @@ class Garbage:
             with self.meta.snapshot() as tx:
                 unnamed.extend(ino for ino in files[i:i + 1024] if tx.get_inode(ino) is None)
         for ino in unnamed:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.hot.path(ino))
+            self.hot.remove(ino)
         return len(unnamed)
