@@ -13,7 +13,7 @@ asynchronous jobs with progress and cancel: :mod:`tierd.admin.jobs`.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -56,15 +56,15 @@ def add_placement_routes(app: web.Application, get_ops: Ops) -> None:
         except (TierError, FsError) as e:
             return _err(503, "cold_unavailable", str(e))
 
-    def prefixed(doc: Any, fn: Callable[[PlacementOps, str], Any],
-                 need_bucket: bool = True) -> Awaitable[web.Response]:
+    async def prefixed(doc: Any, fn: Callable[[PlacementOps, str], Any],
+                       need_bucket: bool = True) -> web.Response:
         """``fn(ops, prefix)`` once the prefix of ``doc`` passed :func:`check_prefix`."""
         o = ops()
         try:
             prefix = check_prefix(o.p.meta, doc.get("prefix", ""), need_bucket)
         except (ValueError, LookupError) as e:
-            return _now(prefix_error(e))
-        return guarded(lambda: fn(o, prefix))
+            return prefix_error(e)
+        return await guarded(lambda: fn(o, prefix))
 
     async def du(request: web.Request) -> web.Response:
         return await prefixed(request.query, lambda o, prefix: _ready(o.du(prefix)))
@@ -224,7 +224,3 @@ def tiers_doc(o: PlacementOps) -> dict[str, Any]:
 
 async def _ready(value: dict[str, Any]) -> dict[str, Any]:
     return value
-
-
-async def _now(resp: web.Response) -> web.Response:
-    return resp
