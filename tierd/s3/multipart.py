@@ -42,7 +42,7 @@ from tierd.s3.common import (
     quoted,
 )
 from tierd.s3.errors import S3Error, from_fs_error
-from tierd.s3.objects import _put_conditions, fs_error, head_source
+from tierd.s3.objects import fs_error, head_source, put_conditions, put_error
 from tierd.s3.xmlio import document, el, iso8601
 
 MAX_PARTS = 10000
@@ -314,7 +314,7 @@ async def complete(ctx: Ctx) -> web.Response:
         if done is None:
             raise
         return _complete_answer(ctx, done)  # a retry: the same answer as the first time
-    if_match, if_none = _put_conditions(ctx)
+    if_match, if_none = put_conditions(ctx)
     raw = await Body(ctx.request, ctx.verified, checksum_headers=False).read_all(
         xmlio.MAX_XML_BODY)
     listed = _parse_complete(raw)
@@ -356,10 +356,7 @@ async def complete(ctx: Ctx) -> web.Response:
                                                 [(n, e) for n, e, _ in listed], objmeta=extra,
                                                 if_match=if_match, if_none_match=if_none)
     except FsError as e:
-        if e.reason == "PreconditionFailed":
-            raise S3Error("PreconditionFailed", Condition="If-None-Match"
-                          if e.errno == errno.EEXIST else "If-Match") from None
-        raise await fs_error(ctx, e) from None
+        raise await put_error(ctx, e) from None
     return _complete_answer(ctx, inode)
 
 

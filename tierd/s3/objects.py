@@ -65,7 +65,7 @@ async def fs_error(ctx: Ctx, e: OSError, bucket: str | None = None,
 
 # -- PUT ---------------------------------------------------------------------------------
 
-def _put_conditions(ctx: Ctx) -> tuple[str | None, str | None]:
+def put_conditions(ctx: Ctx) -> tuple[str | None, str | None]:
     """(If-Match, If-None-Match) of a conditional PUT; If-None-Match may only be ``*``."""
     if_none, if_match = ctx.headers.get("If-None-Match"), ctx.headers.get("If-Match")
     if if_none is not None:
@@ -75,6 +75,15 @@ def _put_conditions(ctx: Ctx) -> tuple[str | None, str | None]:
     if if_match is not None:
         if_match = if_match.strip()
     return if_match, if_none
+
+
+async def put_error(ctx: Ctx, e: FsError) -> S3Error:
+    """The S3 error of a failed conditional write (PUT, CompleteMultipartUpload): a
+    condition the commit found false is PreconditionFailed naming the header."""
+    if e.reason == "PreconditionFailed":
+        return S3Error("PreconditionFailed", Condition="If-None-Match"
+                       if e.errno == errno.EEXIST else "If-Match")
+    return await fs_error(ctx, e)
 
 
 async def _fail_fast(ctx: Ctx, if_match: str | None, if_none: str | None) -> None:
@@ -98,7 +107,7 @@ async def _fail_fast(ctx: Ctx, if_match: str | None, if_none: str | None) -> Non
 async def put_object(ctx: Ctx) -> web.Response:
     objmeta = objmeta_from_headers(ctx.headers)
     body = Body(ctx.request, ctx.verified, max_size=MAX_PUT_SIZE)
-    if_match, if_none = _put_conditions(ctx)
+    if_match, if_none = put_conditions(ctx)
     if if_match is not None or if_none is not None:
         await _fail_fast(ctx, if_match, if_none)
     try:
@@ -106,10 +115,7 @@ async def put_object(ctx: Ctx) -> web.Response:
         inode = await ctx.ns.put_object(ctx.ident, ctx.bucket, ctx.key, stream, objmeta,
                                         if_match=if_match, if_none_match=if_none)
     except FsError as e:
-        if e.reason == "PreconditionFailed":
-            raise S3Error("PreconditionFailed", Condition="If-None-Match"
-                          if e.errno == errno.EEXIST else "If-Match") from None
-        raise await fs_error(ctx, e) from None
+        raise await put_error(ctx, e) from None
     h = ctx.response_headers
     h["ETag"] = quoted(etag_of(inode))
     if body.client_checksum:
