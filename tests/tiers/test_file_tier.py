@@ -155,7 +155,8 @@ async def test_holes_stay_holes_and_the_md5_covers_them(tier: FileObjectTier,
 async def test_a_path_too_long_for_the_file_system_is_the_keys_error(
         tier: FileObjectTier, tmp_path: Path) -> None:
     """ENAMETOOLONG is :class:`KeyRejected` (one key), never TierUnavailable (the store):
-    the store stays reachable, a listing of such a prefix is empty, a delete a no-op."""
+    the store stays reachable, a listing of such a prefix is empty, a delete is that key's
+    KeyRejected too (placement's delete worker takes it as nothing to delete)."""
     deep = "bkt/" + "/".join(["d" * 250] * 17) + "/f"
     with pytest.raises(KeyRejected):
         await tier.put_file(deep, src(tmp_path, b"x"), 1)
