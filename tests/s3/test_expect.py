@@ -90,8 +90,8 @@ def test_bad_signature_gets_403_before_any_100_continue(daemon: Daemon, bucket: 
     assert status == 403 and b"SignatureDoesNotMatch" in data, data
 
 
-def test_signed_put_gets_100_then_200(daemon: Daemon, bucket: str, s3: Any) -> None:
-    path = f"/{bucket}/signed"
+def _put_after_continue(daemon: Daemon, path: str) -> None:
+    """A signed PUT of ``path`` with ``Expect: 100-continue``: 100, then the body, then 200."""
     with _connect(daemon) as s:
         _send_head(s, daemon, path, _signed_headers(daemon, path, "100-continue"))
         status, data = _head_of(_read_response(s))
@@ -99,6 +99,10 @@ def test_signed_put_gets_100_then_200(daemon: Daemon, bucket: str, s3: Any) -> N
         s.sendall(BODY)
         status, data = _head_of(_read_response(s))
     assert status == 200, data
+
+
+def test_signed_put_gets_100_then_200(daemon: Daemon, bucket: str, s3: Any) -> None:
+    _put_after_continue(daemon, f"/{bucket}/signed")
     assert s3.get_object(Bucket=bucket, Key="signed")["Body"].read() == BODY
 
 
@@ -149,3 +153,19 @@ def test_curl_upload_without_credentials_is_refused_before_the_body(
                        capture_output=True, text=True, timeout=60)
     assert r.stdout == "200", (r.stdout, r.stderr[-2000:])
     assert "HTTP/1.1 100" in r.stderr, r.stderr[-2000:]
+
+
+def test_upload_part_into_another_keys_upload_is_refused_before_the_body(
+        daemon: Daemon, bucket: str, s3: Any) -> None:
+    """UploadPart checks before "100 Continue" what it would check before reading the body:
+    an upload ID of another key is NoSuchUpload at once; its own key gets 100 then 200."""
+    up = s3.create_multipart_upload(Bucket=bucket, Key="mpu-key")["UploadId"]
+    try:
+        wrong = f"/{bucket}/other-key?partNumber=1&uploadId={up}"
+        with _connect(daemon) as s:
+            _send_head(s, daemon, wrong, _signed_headers(daemon, wrong, "100-continue"))
+            status, data = _head_of(_read_response(s))
+        assert status == 404 and b"NoSuchUpload" in data, data
+        _put_after_continue(daemon, f"/{bucket}/mpu-key?partNumber=1&uploadId={up}")
+    finally:
+        s3.abort_multipart_upload(Bucket=bucket, Key="mpu-key", UploadId=up)

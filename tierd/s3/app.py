@@ -269,7 +269,7 @@ async def send_continue(ctx: Ctx, handler: Handler) -> None:
     """Tell a client waiting with ``Expect: 100-continue`` to send its body, once nothing
     that can be decided without it refuses the request.  PUT and UploadPart check here what
     they would otherwise find only after the body: write permission on the key (parents
-    included) and the upload's owner."""
+    included), and the part number and the upload (its key, its owner)."""
     request = ctx.request
     if not _expects_continue(request) or request.get(CONTINUED):
         return
@@ -278,9 +278,8 @@ async def send_continue(ctx: Ctx, handler: Handler) -> None:
             segments, marker = split_key(ctx.key)
             if not marker:
                 ctx.ns.check_put_allowed(ctx.ident, ctx.bucket, segments)
-        elif handler is multipart.upload_part:  # in the handler's order of checks
-            multipart.part_number(ctx)
-            await ctx.ns.get_upload(ctx.ident, ctx.query.get("uploadId", ""))
+        elif handler is multipart.upload_part:
+            await multipart.part_target(ctx)
     except FsError as e:
         raise await objects.fs_error(ctx, e) from None
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")

@@ -110,7 +110,7 @@ async def create(ctx: Ctx) -> web.Response:
     return xml_response(ctx, document("InitiateMultipartUploadResult", body))
 
 
-def part_number(ctx: Ctx) -> int:
+def _part_number(ctx: Ctx) -> int:
     raw = ctx.query.get("partNumber", "")
     try:
         n = int(raw)
@@ -122,9 +122,14 @@ def part_number(ctx: Ctx) -> int:
     return n
 
 
+async def part_target(ctx: Ctx) -> tuple[int, MultipartUpload]:
+    """(part number, upload) of an UploadPart: all it checks before reading the body, so
+    also what is checked before "100 Continue" is sent (:func:`tierd.s3.app.send_continue`)."""
+    return _part_number(ctx), await _upload(ctx)
+
+
 async def upload_part(ctx: Ctx) -> web.Response:
-    number = part_number(ctx)
-    up = await _upload(ctx)
+    number, up = await part_target(ctx)
     alg = up.objmeta.get(META_MPU_ALGORITHM)
     body = Body(ctx.request, ctx.verified, max_size=MAX_PUT_SIZE, checksum_algorithm=alg)
     try:
@@ -185,7 +190,7 @@ async def _copy_part(ctx: Ctx, up: MultipartUpload, number: int, src_bucket: str
 
 
 async def upload_part_copy(ctx: Ctx) -> web.Response:
-    number = part_number(ctx)
+    number = _part_number(ctx)
     up = await _upload(ctx)
     src_bucket, src_key, src = await head_source(ctx)
     byte_range: tuple[int, int] | None = None
