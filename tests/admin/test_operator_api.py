@@ -184,3 +184,14 @@ def test_checkpoint_runs_on_disk_are_listed_and_steps_removed(op: Admin,
     assert status == 404, doc
     status, doc = op.call("DELETE", "/v1/ckpt?run=run-a&step=x")
     assert status == 400, doc
+
+
+def test_a_step_removed_from_a_missing_bucket_is_404_and_leaves_no_trace(op: Admin) -> None:
+    """A named bucket that does not exist is ``no_such_bucket`` for ``DELETE /v1/ckpt``
+    as for the listing, and the typo leaves no phantom run in the listing (the status
+    page shows that listing)."""
+    status, doc = op.call("DELETE", "/v1/ckpt?bucket=no-such-ckpts&run=typo&step=1")
+    assert status == 404 and doc["error"] == "no_such_bucket", doc
+    status, doc = op.call("GET", "/v1/ckpt")
+    assert status == 200, doc
+    assert all(r["bucket"] != "no-such-ckpts" for r in doc["runs"]), doc

@@ -8,7 +8,8 @@ the tenant's own quota), ``DELETE /v1/pool/regions/{id}``, and checkpoints:
   of bucket ``B``, the runs this daemon has seen and every directory holding a step (so a
   restarted daemon lists the runs on disk too; a missing ``B`` is ``404 no_such_bucket``);
   without ``bucket``, every run seen since start and those on disk in ``checkpoints``;
-* ``DELETE /v1/ckpt?bucket=B&run=R&step=N`` -- remove a step (``{"deleted": N}``; ``409``
+* ``DELETE /v1/ckpt?bucket=B&run=R&step=N`` -- remove a step (``{"deleted": N}``; a missing ``B`` is
+  ``404 no_such_bucket``; ``409``
   while it is still being written out).
 """
 
@@ -22,6 +23,7 @@ from aiohttp import web
 
 from tierd.acl import Identity
 from tierd.acl.users import MAX_ID
+from tierd.admin.prefix import NoSuchBucket, check_prefix, prefix_error
 from tierd.errors import FsError
 from tierd.mempool.pool import PoolError
 from tierd.namespace.names import check_bucket_name
@@ -72,17 +74,32 @@ def add_pool_routes(app: web.Application, get_door: Callable[[], MemoryDoor | No
         except PoolError as e:
             return _err(e)
 
+    def missing_bucket(d: MemoryDoor, bucket: str | None) -> web.Response | None:
+        """The answer when ``bucket`` is named and does not exist: ``404 no_such_bucket``
+        by the placement endpoints' rule (:func:`check_prefix`), before a delete would
+        register an empty run that every later listing shows."""
+        if bucket is None:
+            return None
+        try:
+            check_bucket_name(bucket)
+            check_prefix(d.ckpt.ns.meta, bucket + "/")
+        except FsError as e:
+            return _err(e)
+        except NoSuchBucket as e:
+            return prefix_error(e)
+        return None
+
     async def ckpt_list(request: web.Request) -> web.Response:
         d = door()
         run_name = request.query.get("run")
+        bucket = request.query.get("bucket")
         try:
             if run_name:
                 return web.json_response(await d.ckpt.listing(
-                    Identity.ROOT, {"bucket": request.query.get("bucket"), "run": run_name}))
-            bucket = request.query.get("bucket")
+                    Identity.ROOT, {"bucket": bucket, "run": run_name}))
+            if (refused := missing_bucket(d, bucket)) is not None:
+                return refused
             if bucket is not None:
-                check_bucket_name(bucket)
-                await d.ckpt.ns.get_bucket(bucket)  # ENOENT: a named bucket must exist
                 pairs = {(bucket, name) for name in await d.ckpt.run_names(bucket)}
             else:  # every run seen since start, and those on disk in the default bucket
                 pairs = {(r.bucket, r.name) for r in d.ckpt.runs.values()}
@@ -90,9 +107,6 @@ def add_pool_routes(app: web.Application, get_door: Callable[[], MemoryDoor | No
             runs = [await d.ckpt.listing(Identity.ROOT, {"bucket": b, "run": name})
                     for b, name in sorted(pairs)]
         except FsError as e:
-            if e.errno == errno.ENOENT and not run_name:
-                return web.json_response({"error": "no_such_bucket", "message":
-                                          f"no such bucket {bucket!r}"}, status=404)
             return _err(e)
         return web.json_response({"bucket": bucket, "runs": runs})
 
@@ -103,9 +117,12 @@ def add_pool_routes(app: web.Application, get_door: Callable[[], MemoryDoor | No
         except ValueError:
             return web.json_response({"error": "bad_request", "message": "step must be a "
                                       "number (and run= names the run)"}, status=400)
+        d = door()
+        if (refused := missing_bucket(d, q.get("bucket") or None)) is not None:
+            return refused
         try:
-            n = await door().ckpt.delete(Identity.ROOT, {"bucket": q.get("bucket"),
-                                                         "run": q.get("run"), "step": step})
+            n = await d.ckpt.delete(Identity.ROOT, {"bucket": q.get("bucket"),
+                                                    "run": q.get("run"), "step": step})
         except FsError as e:
             return _err(e)
         return web.json_response({"bucket": q.get("bucket") or DEFAULT_BUCKET,
