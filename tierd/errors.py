@@ -21,3 +21,13 @@ class FsError(OSError):
 
     def __str__(self) -> str:
         return f"[{_errno.errorcode.get(self.errno or 0, self.errno)}] {self.message}"
+
+
+#: errnos that say "out of space" (a full file system, map or quota): an answer the doors
+#: give (ENOSPC, S3 507), never an I/O error
+NO_SPACE = frozenset({_errno.ENOSPC, _errno.EDQUOT})
+
+
+def no_space(e: BaseException) -> bool:
+    """Whether ``e`` says there is no room left (see :data:`NO_SPACE`)."""
+    return isinstance(e, OSError) and e.errno in NO_SPACE

@@ -52,8 +52,8 @@ from itertools import islice
 
 from sortedcontainers import SortedDict, SortedList
 
-from tierd.errors import FsError
-from tierd.meta.kv import KVStore, KVTxn, no_space
+from tierd.errors import FsError, no_space
+from tierd.meta.kv import KVStore, KVTxn
 
 log = logging.getLogger(__name__)
 

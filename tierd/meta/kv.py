@@ -8,7 +8,6 @@ distributed KV store for several nodes) implements this file and nothing else.
 
 from __future__ import annotations
 
-import errno
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from types import TracebackType
@@ -99,12 +98,6 @@ class KVStore(ABC):
         """Called after a durable flush: an engine that keeps space aside for itself on a
         shared file system tops it up here (see :mod:`tierd.meta.lmdb_engine`)."""
         return None
-
-
-def no_space(e: BaseException) -> bool:
-    """Whether ``e`` says the store is out of space (its map or its file system): engines
-    raise ``FsError(ENOSPC)`` for that, never a bare I/O error."""
-    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def prefix_end(prefix: bytes) -> bytes | None:

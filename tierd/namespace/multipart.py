@@ -27,7 +27,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable
 
 from tierd.acl import Identity
 from tierd.acl.s3map import enforce
-from tierd.errors import FsError
+from tierd.errors import FsError, no_space
 from tierd.meta import Inode, MetaTxn, MultipartUpload, UploadPart
 from tierd.namespace.base import now_ns
 from tierd.namespace.mpu_parts import (
@@ -42,7 +42,7 @@ from tierd.namespace.mpu_parts import (
 )
 from tierd.namespace.names import split_key
 from tierd.namespace.objects import ObjectOps
-from tierd.namespace.staging import NO_SPACE, full_error, refuse_over_dirty_limit, retry_full
+from tierd.namespace.staging import full_error, refuse_over_dirty_limit, retry_full
 
 log = logging.getLogger("tierd.namespace")
 
@@ -266,7 +266,7 @@ class MultipartOps(ObjectOps):
                 got = await fill(target, digest)
                 await target.sync()
             except OSError as e:  # (a streamed body cannot be sent again: no retry)
-                if e.errno in NO_SPACE:
+                if no_space(e):
                     raise full_error(e, "a part", size or 0) from e
                 raise
             if verify is not None:

@@ -22,7 +22,8 @@ import os
 from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from tierd.errors import FsError
+from tierd.errors import NO_SPACE as NO_SPACE  # (tierd.s3.app imports it from here)
+from tierd.errors import FsError, no_space
 from tierd.namespace.smalllog import SmallLog
 from tierd.tiers.groupsync import write_all
 from tierd.tiers.hotdir import HotDir
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 BATCH = 1 << 20
 INLINE = 64 << 10  # a whole body this small is hashed on the loop (~100 µs at most)
-NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 T = TypeVar("T")
 
@@ -66,7 +66,7 @@ async def retry_full(placement: Placement | None, nbytes: int,
     try:
         return await write()
     except OSError as e:
-        if e.errno not in NO_SPACE:
+        if not no_space(e):
             raise
         if not again or placement is None or not await placement.room_for_write(
                 nbytes, failed=True):
@@ -74,7 +74,7 @@ async def retry_full(placement: Placement | None, nbytes: int,
     try:
         return await write()
     except OSError as e:
-        if e.errno not in NO_SPACE:
+        if not no_space(e):
             raise
         raise full_error(e, what, nbytes) from e
 
