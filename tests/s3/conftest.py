@@ -9,6 +9,7 @@ an HTTP proxy, so no DNS name is needed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -163,6 +164,17 @@ def bucket(s3: Any) -> Iterator[str]:
     s3.create_bucket(Bucket=name)
     yield name
     empty_bucket(s3, name)
+
+
+@pytest.fixture
+def alice_bucket(alice: Any) -> Iterator[str]:
+    """A bucket alice (uid 1000) owns; its policy and contents are removed afterwards."""
+    name = f"a-{uuid.uuid4().hex[:16]}"
+    alice.create_bucket(Bucket=name)
+    yield name
+    with contextlib.suppress(ClientError):
+        alice.delete_bucket_policy(Bucket=name)
+    empty_bucket(alice, name)
 
 
 def client_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ClientError:

@@ -4,19 +4,16 @@ request's aws:SourceIp is 127.0.0.1."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from botocore.exceptions import ClientError
 
-from .conftest import REGION, ROOT_KEY, ROOT_SECRET, USER_KEY, Daemon, assert_error, empty_bucket
+from .conftest import REGION, ROOT_KEY, ROOT_SECRET, USER_KEY, Daemon, assert_error
 from .test_clients import clean_env, runner, tool
 
 
@@ -42,16 +39,6 @@ def denied(r: requests.Response) -> None:
     assert r.status_code == 403, r.text
     assert r.headers["Content-Type"].startswith("application/xml")
     assert "<Code>AccessDenied</Code>" in r.text
-
-
-@pytest.fixture
-def alice_bucket(alice: Any) -> Iterator[str]:
-    name = f"a-{uuid.uuid4().hex[:16]}"
-    alice.create_bucket(Bucket=name)
-    yield name
-    with contextlib.suppress(ClientError):
-        alice.delete_bucket_policy(Bucket=name)
-    empty_bucket(alice, name)
 
 
 def share(s3: Any, bucket: str, *keys: str) -> None:

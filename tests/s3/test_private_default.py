@@ -7,7 +7,6 @@ access."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -46,77 +45,69 @@ def _refused(fn: Any, **kw: Any) -> None:
     assert resp["Error"]["Code"] in ("AccessDenied", "403"), resp
 
 
-@pytest.fixture
-def alices(alice: Any) -> Iterator[str]:
-    name = f"p-{uuid.uuid4().hex[:16]}"
-    alice.create_bucket(Bucket=name)
-    yield name
-    empty_bucket(alice, name)
-
-
 def _grants(acl: dict[str, Any]) -> set[tuple[str, str]]:
     return {(g["Grantee"].get("URI") or g["Grantee"].get("DisplayName", ""), g["Permission"])
             for g in acl["Grants"]}
 
 
-def test_what_a_key_creates_is_private_to_it(alice: Any, bob: Any, alices: str) -> None:
-    alice.put_object(Bucket=alices, Key="dir/secret", Body=b"alice's")
-    alice.put_object(Bucket=alices, Key="top", Body=b"alice's too")
-    assert alice.get_object(Bucket=alices, Key="dir/secret")["Body"].read() == b"alice's"
+def test_what_a_key_creates_is_private_to_it(alice: Any, bob: Any, alice_bucket: str) -> None:
+    alice.put_object(Bucket=alice_bucket, Key="dir/secret", Body=b"alice's")
+    alice.put_object(Bucket=alice_bucket, Key="top", Body=b"alice's too")
+    assert alice.get_object(Bucket=alice_bucket, Key="dir/secret")["Body"].read() == b"alice's"
     for key in ("dir/secret", "top"):
-        assert_error("AccessDenied", 403, bob.get_object, Bucket=alices, Key=key)
-        _refused(bob.head_object, Bucket=alices, Key=key)
-    assert_error("AccessDenied", 403, bob.list_objects_v2, Bucket=alices)
-    _refused(bob.head_bucket, Bucket=alices)
+        assert_error("AccessDenied", 403, bob.get_object, Bucket=alice_bucket, Key=key)
+        _refused(bob.head_object, Bucket=alice_bucket, Key=key)
+    assert_error("AccessDenied", 403, bob.list_objects_v2, Bucket=alice_bucket)
+    _refused(bob.head_bucket, Bucket=alice_bucket)
     bobs = f"p-{uuid.uuid4().hex[:16]}"
     bob.create_bucket(Bucket=bobs)
     try:
         assert_error("AccessDenied", 403, bob.copy_object, Bucket=bobs, Key="stolen",
-                     CopySource={"Bucket": alices, "Key": "top"})
+                     CopySource={"Bucket": alice_bucket, "Key": "top"})
         up = bob.create_multipart_upload(Bucket=bobs, Key="stolen")
         assert_error("AccessDenied", 403, bob.upload_part_copy, Bucket=bobs, Key="stolen",
                      UploadId=up["UploadId"], PartNumber=1,
-                     CopySource={"Bucket": alices, "Key": "top"})
+                     CopySource={"Bucket": alice_bucket, "Key": "top"})
         bob.abort_multipart_upload(Bucket=bobs, Key="stolen", UploadId=up["UploadId"])
     finally:
         empty_bucket(bob, bobs)
     # GetObjectAcl/GetBucketAcl say so: the owner alone
-    assert _grants(alice.get_object_acl(Bucket=alices, Key="top")) == {("alice",
+    assert _grants(alice.get_object_acl(Bucket=alice_bucket, Key="top")) == {("alice",
                                                                          "FULL_CONTROL")}
-    assert _grants(alice.get_bucket_acl(Bucket=alices)) == {("alice", "FULL_CONTROL")}
+    assert _grants(alice.get_bucket_acl(Bucket=alice_bucket)) == {("alice", "FULL_CONTROL")}
     # sharing is explicit: authenticated-read on the bucket and the object
-    alice.put_bucket_acl(Bucket=alices, ACL="authenticated-read")
-    alice.put_object_acl(Bucket=alices, Key="top", ACL="authenticated-read")
-    assert bob.get_object(Bucket=alices, Key="top")["Body"].read() == b"alice's too"
-    assert_error("AccessDenied", 403, bob.get_object, Bucket=alices, Key="dir/secret")
+    alice.put_bucket_acl(Bucket=alice_bucket, ACL="authenticated-read")
+    alice.put_object_acl(Bucket=alice_bucket, Key="top", ACL="authenticated-read")
+    assert bob.get_object(Bucket=alice_bucket, Key="top")["Body"].read() == b"alice's too"
+    assert_error("AccessDenied", 403, bob.get_object, Bucket=alice_bucket, Key="dir/secret")
 
 
 def test_public_read_gives_anonymous_requests_read(daemon: Daemon, alice: Any, anon: Any,
-                                                   alices: str) -> None:
-    url = f"{daemon.url}/{alices}"
-    alice.put_object(Bucket=alices, Key="pub/a.txt", Body=b"public", ACL="public-read")
-    alice.put_object(Bucket=alices, Key="pub/private.txt", Body=b"mine")
+                                                   alice_bucket: str) -> None:
+    url = f"{daemon.url}/{alice_bucket}"
+    alice.put_object(Bucket=alice_bucket, Key="pub/a.txt", Body=b"public", ACL="public-read")
+    alice.put_object(Bucket=alice_bucket, Key="pub/private.txt", Body=b"mine")
     # the bucket is private: not even a public-read object is reachable through it
     assert requests.get(f"{url}/pub/a.txt", timeout=10).status_code == 403
-    alice.put_bucket_acl(Bucket=alices, ACL="public-read")
-    alice.put_object_acl(Bucket=alices, Key="pub/", ACL="public-read")  # the prefix too
+    alice.put_bucket_acl(Bucket=alice_bucket, ACL="public-read")
+    alice.put_object_acl(Bucket=alice_bucket, Key="pub/", ACL="public-read")  # the prefix too
     r = requests.get(f"{url}/pub/a.txt", timeout=10)
     assert r.status_code == 200 and r.content == b"public"
     assert requests.head(f"{url}/pub/a.txt", timeout=10).status_code == 200
-    assert anon.get_object(Bucket=alices, Key="pub/a.txt")["Body"].read() == b"public"
-    assert_error("AccessDenied", 403, anon.get_object, Bucket=alices, Key="pub/private.txt")
-    listed = anon.list_objects_v2(Bucket=alices, Prefix="pub/")
+    assert anon.get_object(Bucket=alice_bucket, Key="pub/a.txt")["Body"].read() == b"public"
+    assert_error("AccessDenied", 403, anon.get_object, Bucket=alice_bucket, Key="pub/private.txt")
+    listed = anon.list_objects_v2(Bucket=alice_bucket, Prefix="pub/")
     assert {o["Key"] for o in listed["Contents"]} == {"pub/a.txt", "pub/private.txt"}
-    got = _grants(alice.get_object_acl(Bucket=alices, Key="pub/a.txt"))
+    got = _grants(alice.get_object_acl(Bucket=alice_bucket, Key="pub/a.txt"))
     assert got == {("alice", "FULL_CONTROL"), (AUTH_USERS, "READ"), (ALL_USERS, "READ")}
     # anonymous requests may not write, nor read ACLs (that needs a policy)
     assert requests.put(f"{url}/pub/new", data=b"x", timeout=10).status_code == 403
     assert requests.delete(f"{url}/pub/a.txt", timeout=10).status_code == 403
     assert requests.get(f"{url}/pub/a.txt?acl", timeout=10).status_code == 403
     # making it private again takes the grant away, for anonymous requests too
-    alice.put_object_acl(Bucket=alices, Key="pub/a.txt", ACL="private")
+    alice.put_object_acl(Bucket=alice_bucket, Key="pub/a.txt", ACL="private")
     assert requests.get(f"{url}/pub/a.txt", timeout=10).status_code == 403
-    assert (ALL_USERS, "READ") not in _grants(alice.get_object_acl(Bucket=alices,
+    assert (ALL_USERS, "READ") not in _grants(alice.get_object_acl(Bucket=alice_bucket,
                                                                    Key="pub/a.txt"))
 
 
@@ -138,17 +129,17 @@ def test_public_read_write_lets_anonymous_requests_write(daemon: Daemon, alice: 
 
 
 def test_anonymous_not_found_only_where_it_could_know(daemon: Daemon, alice: Any,
-                                                      alices: str) -> None:
+                                                      alice_bucket: str) -> None:
     url = daemon.url
     r = requests.get(f"{url}/no-such-bucket-{uuid.uuid4().hex[:8]}/k", timeout=10)
     assert r.status_code == 404 and "<Code>NoSuchBucket</Code>" in r.text, r.text
     r = requests.get(f"{url}/no-such-bucket-{uuid.uuid4().hex[:8]}?list-type=2", timeout=10)
     assert r.status_code == 404 and "<Code>NoSuchBucket</Code>" in r.text, r.text
     # a private bucket: whether a key exists is not the caller's to know
-    r = requests.get(f"{url}/{alices}/missing", timeout=10)
+    r = requests.get(f"{url}/{alice_bucket}/missing", timeout=10)
     assert r.status_code == 403 and "<Code>AccessDenied</Code>" in r.text, r.text
-    alice.put_bucket_acl(Bucket=alices, ACL="public-read")  # now anyone may list it
-    r = requests.get(f"{url}/{alices}/missing", timeout=10)
+    alice.put_bucket_acl(Bucket=alice_bucket, ACL="public-read")  # now anyone may list it
+    r = requests.get(f"{url}/{alice_bucket}/missing", timeout=10)
     assert r.status_code == 404 and "<Code>NoSuchKey</Code>" in r.text, r.text
     # creating a bucket stays refused to anonymous requests
     r = requests.put(f"{url}/anon-{uuid.uuid4().hex[:8]}", timeout=10)
@@ -156,15 +147,15 @@ def test_anonymous_not_found_only_where_it_could_know(daemon: Daemon, alice: Any
 
 
 def test_admin_api_reports_the_effective_access(daemon: Daemon, alice: Any,
-                                                alices: str) -> None:
+                                                alice_bucket: str) -> None:
     def doc() -> dict[str, Any]:
-        out: dict[str, Any] = admin_call(daemon, "GET", f"/v1/buckets/{alices}")
+        out: dict[str, Any] = admin_call(daemon, "GET", f"/v1/buckets/{alice_bucket}")
         return out
 
     assert (doc()["acl"], doc()["public"]) == ("private", False)
     listed = admin_call(daemon, "GET", "/v1/buckets")["buckets"]
-    assert next(b for b in listed if b["name"] == alices)["acl"] == "private"
+    assert next(b for b in listed if b["name"] == alice_bucket)["acl"] == "private"
     for canned, public in (("public-read", True), ("authenticated-read", False),
                            ("public-read-write", True), ("private", False)):
-        alice.put_bucket_acl(Bucket=alices, ACL=canned)
+        alice.put_bucket_acl(Bucket=alice_bucket, ACL=canned)
         assert (doc()["acl"], doc()["public"]) == (canned, public), canned
