@@ -34,7 +34,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -46,6 +45,7 @@ import boto3
 import torch
 import torch.distributed.checkpoint as dcp
 from benchlib import admin_call
+from ckpt_modes import gpu_main, rank_worker, ranks_main, report, scratch_dir
 from moto_server import ACCESS_KEY, REGION, SECRET_KEY, running_moto
 from s3.conftest import start_daemon
 from tierd_client.checkpoint import Checkpointer
@@ -94,23 +94,16 @@ def main() -> None:
     ap.add_argument("--rank-worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank_worker is not None:
-        from ckpt_modes import rank_worker
-
         rank_worker(args.rank_worker, args.rounds)
         return
     if args.ranks:
-        from ckpt_modes import ranks_main
-
         ranks_main(args)
         return
     if args.gpu:
-        from ckpt_modes import gpu_main
-
         gpu_main(args, model_state)
         return
     size = int(args.size_gib * (1 << 30))
-    work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.work or "/var/tmp"))
-    work.chmod(0o755)
+    work = scratch_dir(args)
     sd = model_state(size)
     nbytes = sum(t.numel() * t.element_size() for t in sd.values())
     print(f"model state: {len(sd)} tensors, {nbytes / 2**30:.2f} GiB", flush=True)
@@ -223,17 +216,8 @@ def main() -> None:
     targets = {"stall_vs_copy_": "<= 1.5", "stall_vs_dcp_async_stall": "<= 1.0",
                "torch_save_fsync_vs_stall": ">= 8", "local_vs_dcp_async_total": "<= 1.0",
                "cold_vs_boto3_upload": "<= 1.3"}
-    print(f"\n{'measure':28} {'median s':>9}   (GiB {nbytes / 2**30:.2f}, {args.rounds} rounds)")
-    for k, v in m.items():
-        print(f"{k:28} {v:9.3f}")
-    print()
-    for k, v in ratios.items():
-        print(f"{k:28} {v:7.2f}   target {targets.get(k, '-')}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"bytes": nbytes, "rounds": args.rounds, "runs": res,
-                                    "medians": m, "ratios": ratios, "targets": targets},
-                                   indent=2) + "\n")
-    print(f"\nwritten {args.out}")
+    report(f"GiB {nbytes / 2**30:.2f}, {args.rounds} rounds", m, ratios, targets, args.out,
+           {"bytes": nbytes, "rounds": args.rounds, "runs": res})
 
 
 if __name__ == "__main__":

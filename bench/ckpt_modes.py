@@ -54,13 +54,13 @@ def shard_state(nbytes: int, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def _work(args: argparse.Namespace) -> Path:
+def scratch_dir(args: argparse.Namespace) -> Path:
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.work or "/var/tmp"))
     work.chmod(0o755)
     return work
 
 
-def _report(title: str, medians: dict[str, float], ratios: dict[str, float],
+def report(title: str, medians: dict[str, float], ratios: dict[str, float],
             targets: dict[str, str], out: Path, extra: dict[str, Any]) -> None:
     print(f"\n{'measure':28} {'median s':>9}   ({title})")
     for k, v in medians.items():
@@ -79,7 +79,7 @@ def ranks_main(args: argparse.Namespace) -> None:
     n, rounds = args.ranks, args.rounds
     size = int(args.size_gib * (1 << 30))
     shard = size // n
-    work = _work(args)
+    work = scratch_dir(args)
     sock = str(work / "pool.sock")
     d = start_daemon(work / "data", "--pool-socket", sock,
                      "--pool-capacity", str(3 * size + 3 * shard + (256 << 20)))
@@ -112,7 +112,7 @@ def ranks_main(args: argparse.Namespace) -> None:
                   s / one for s, one in zip(slowest, single, strict=True)),
               "mean_rank_vs_single": statistics.mean(
                   m[f"rank{r}_stall"] for r in per_rank) / m["single_rank_stall"]}
-    _report(f"{n} ranks, shard {shard / 2**20:.0f} MiB, {rounds} rounds", m, ratios,
+    report(f"{n} ranks, shard {shard / 2**20:.0f} MiB, {rounds} rounds", m, ratios,
             {"slowest_rank_vs_single": "<= 1.2"}, args.out,
             {"ranks": n, "shard_bytes": shard, "rounds": rounds, "single": single,
              "per_rank": per_rank, "cpus": os.cpu_count()})
@@ -185,7 +185,7 @@ def gpu_main(args: argparse.Namespace,
         for k, v in sd.items():
             dst[k].copy_(v, non_blocking=True)
 
-    work = _work(args)
+    work = scratch_dir(args)
     sock = str(work / "pool.sock")
     d = start_daemon(work / "data", "--pool-socket", sock,
                      "--pool-capacity", str(2 * size + (1 << 30)))
@@ -239,7 +239,7 @@ def gpu_main(args: argparse.Namespace,
               / m["pinned_copy"],
               "torch_load_vs_restore_pool": m["torch_load_cuda"] / m["restore_pool"],
               "torch_load_vs_restore_hot": m["torch_load_cuda"] / m["restore_hot"]}
-    _report(f"GiB {nbytes / 2**30:.2f} on {torch.cuda.get_device_name()}", m, ratios,
+    report(f"GiB {nbytes / 2**30:.2f} on {torch.cuda.get_device_name()}", m, ratios,
             {"stall_vs_pinned_copy": "<= 1.2", "torch_load_vs_restore_pool": ">= 4"},
             args.out, {"bytes": nbytes, "rounds": rounds, "runs": res,
                        "device": torch.cuda.get_device_name()})
