@@ -203,15 +203,8 @@ def test_another_users_writes_through_a_root_descriptor_drop_setgid(work: Path,
     """A descriptor opened for writing by root and used by another user (after a setuid):
     the write and the ftruncate succeed and drop the setgid bit (the kernel's killpriv,
     which FUSE sends as a chmod with the writer's credentials), as on a local file system."""
-    answers = []
-    for d in (work, tmp_path):
-        f = d / "setgid-file"
-        f.write_bytes(b"hello")
-        os.chmod(f, 0o2775)
-        r = subprocess.run([sys.executable, "-c", _THROUGH_FD, str(f), str(ALICE[0])],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        answers.append(r.stdout.split())
+    answers = [_run_as_alice(_THROUGH_FD, d / "setgid-file", 0o2775).split()
+               for d in (work, tmp_path)]
     assert answers[0] == answers[1], answers  # mount == kernel
     assert answers[0] == ["ok,ok", "0o775"]
 
@@ -244,9 +237,16 @@ def test_a_non_owners_own_chmod_stays_refused_while_it_holds_the_file(work: Path
 def _chmod_while_writing(d: Path) -> tuple[str, str]:
     """(what the non-owner's chmod got, the mode after it) in directory ``d``."""
     f = d / "setid-file"
+    answer = _run_as_alice(_CHMOD_WHILE_WRITING, f, 0o6666)
+    return answer.strip(), oct(os.stat(f).st_mode & 0o7777)
+
+
+def _run_as_alice(script: str, f: Path, mode: int) -> str:
+    """Create ``f`` (as root, with ``mode``) and run ``script`` on it, which opens it as
+    root and then becomes alice; its output."""
     f.write_bytes(b"hello")
-    os.chmod(f, 0o6666)
-    r = subprocess.run([sys.executable, "-c", _CHMOD_WHILE_WRITING, str(f), str(ALICE[0])],
+    os.chmod(f, mode)
+    r = subprocess.run([sys.executable, "-c", script, str(f), str(ALICE[0])],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    return r.stdout.strip(), oct(os.stat(f).st_mode & 0o7777)
+    return r.stdout
