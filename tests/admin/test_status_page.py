@@ -421,3 +421,28 @@ def test_read_token_survives_a_restart(tmp_path: Path) -> None:
                     headers={"Authorization": f"Bearer {first}"})[0] == 200
     finally:
         b.d.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_read_token_mode_is_repaired_on_a_full_disk(tmp_path: Path) -> None:
+    """Start-up on a full disk (a real full tmpfs): the read-only token's mode is repaired
+    by a chmod, as the admin token's is, not by a rewrite that fails with ENOSPC."""
+    from tierd.admin.auth import bootstrap_read_token
+
+    where = tmp_path / "full"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)],
+                   check=True)
+    try:
+        token = "r" * 43
+        (where / "read-token").write_text(token + "\n")
+        (where / "read-token").chmod(0o644)
+        with open(where / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+        with pytest.raises(OSError):  # the disk is really full
+            (where / "probe").write_bytes(b"x" * 4096)
+        assert bootstrap_read_token(where) == token
+        assert (where / "read-token").stat().st_mode & 0o777 == 0o600
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)

@@ -65,6 +65,11 @@ class TokenError(ValueError):
     """An unusable ``TIERD_ADMIN_TOKEN`` (the daemon refuses to start with the message)."""
 
 
+def _usable(token: str) -> bool:
+    """Whether ``token`` can be a token: long enough, and sent whole in a header."""
+    return len(token) >= _MIN_TOKEN and token.isprintable() and " " not in token
+
+
 def bootstrap_admin_token(data_dir: Path, env: Mapping[str, str] | None = None) -> str:
     """The admin token: ``TIERD_ADMIN_TOKEN`` if set, else the one in ``admin-token``, else a
     new random one; the file is (re)written with mode 0600 when it does not hold it."""
@@ -72,7 +77,7 @@ def bootstrap_admin_token(data_dir: Path, env: Mapping[str, str] | None = None) 
     path = data_dir / TOKEN_FILE
     token = env.get(ENV_TOKEN, "").strip()
     if token:
-        if len(token) < _MIN_TOKEN or not token.isprintable() or " " in token:
+        if not _usable(token):
             raise TokenError(f"{ENV_TOKEN} must be at least {_MIN_TOKEN} printable characters "
                              "without spaces")
         source = "environment"
@@ -99,12 +104,11 @@ def bootstrap_read_token(data_dir: Path) -> str:
     path = data_dir / READ_TOKEN_FILE
     try:
         token = path.read_text().strip()
-        mode = path.stat().st_mode & 0o777
     except FileNotFoundError:
-        token, mode = "", 0
-    if len(token) < _MIN_TOKEN or not token.isprintable() or " " in token:
-        token, mode = secrets.token_urlsafe(32), 0
-    if mode != 0o600:
+        token = ""
+    if not _usable(token):
+        token = secrets.token_urlsafe(32)
+    if not holds(path, (token + "\n").encode()):  # as the admin token's: a chmod, no write
         write_private(path, (token + "\n").encode())
     log.info("admin API read-only token", extra=kv(file=str(path)))
     return token
