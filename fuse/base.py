@@ -20,7 +20,7 @@ import pyfuse3
 
 from tierd.acl import Identity
 from tierd.errors import FsError
-from tierd.logs import kv
+from tierd.logs import LogBudget, kv
 from tierd.meta import Inode
 from tierd.metrics import Metrics, errno_status
 from tierd.namespace import Namespace
@@ -48,27 +48,19 @@ class RefusalLog:
     says how many were left out (``suppressed=N``)."""
 
     def __init__(self, burst: int = 10, window: float = 10.0) -> None:
-        self.burst, self.window = burst, window
-        self.start = -window
-        self.count = 0
-        self.suppressed = 0
+        self.budget = LogBudget(burst, window)
 
     def __call__(self, op: str, e: FsError, args: tuple[object, ...]) -> None:
-        now = time.monotonic()
-        if now - self.start >= self.window:
-            self.start, self.count = now, 0
-        if self.count >= self.burst:
-            self.suppressed += 1
+        suppressed = self.budget.take()
+        if suppressed is None:
             return
-        self.count += 1
         fields: dict[str, object] = {
             "op": op, "errno": errno.errorcode.get(e.errno or 0, str(e.errno))}
         name = next((a for a in args if isinstance(a, bytes)), None)
         if name is not None:
             fields["name"] = name.decode(errors="replace")
-        if self.suppressed:
-            fields["suppressed"] = self.suppressed
-            self.suppressed = 0
+        if suppressed:
+            fields["suppressed"] = suppressed
         log.info("refused: %s", e.message, extra=kv(**fields))
 
 

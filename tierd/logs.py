@@ -60,6 +60,31 @@ def kv(**fields: object) -> dict[str, Any]:
     return {_FIELDS: fields}
 
 
+class LogBudget:
+    """At most ``burst`` lines per ``window`` seconds of one kind of message, so that a
+    client or a store repeating the same refusal cannot flood the log; the first line after
+    a spell of left-out ones says how many were left out."""
+
+    def __init__(self, burst: int, window: float) -> None:
+        self.burst, self.window = burst, window
+        self.start = -window
+        self.count = 0
+        self.left_out = 0
+
+    def take(self) -> int | None:
+        """None: leave this line out.  Else log it, saying how many were left out before
+        it when that is not 0."""
+        now = time.monotonic()
+        if now - self.start >= self.window:
+            self.start, self.count = now, 0
+        if self.count >= self.burst:
+            self.left_out += 1
+            return None
+        self.count += 1
+        left_out, self.left_out = self.left_out, 0
+        return left_out
+
+
 def _component(record: logging.LogRecord) -> str:
     name = record.name
     return name[len("tierd.") :] if name.startswith("tierd.") else name

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from tierd.acl.posix_acl import inherit
 from tierd.errors import FsError
+from tierd.logs import LogBudget
 from tierd.meta import (
     ROOT_INO,
     STATE_CLEAN,
@@ -149,7 +150,7 @@ IMPLICIT = "tierd.implicit"  # same flag as the namespace's implicit directories
 log = logging.getLogger("tierd.placement")
 #: refused keys logged per minute at most (a cold store full of them must not flood the log)
 REFUSED_PER_MINUTE = 20
-_refusals = {"start": 0.0, "logged": 0, "skipped": 0}
+_refusals = LogBudget(REFUSED_PER_MINUTE, 60.0)
 
 
 def refused_key(key: str, rest: str) -> bool:
@@ -162,16 +163,10 @@ def refused_key(key: str, rest: str) -> bool:
     try:
         split_key(rest)
     except FsError as e:
-        now = time.monotonic()
-        if now - _refusals["start"] >= 60:
-            _refusals.update(start=now, logged=0)
-        if _refusals["logged"] < REFUSED_PER_MINUTE:
-            _refusals["logged"] += 1
-            skipped, _refusals["skipped"] = _refusals["skipped"], 0
+        skipped = _refusals.take()
+        if skipped is not None:
             log.warning("cold object %r is not imported: %s%s", key, e.message,
                         f" ({skipped} more not logged)" if skipped else "")
-        else:
-            _refusals["skipped"] += 1
         return True
     return False
 
