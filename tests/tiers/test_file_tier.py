@@ -3,6 +3,7 @@ root, ``a`` vs ``a/b`` conflicts, housekeeping."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
@@ -166,3 +167,27 @@ async def test_a_path_too_long_for_the_file_system_is_the_keys_error(
         await tier.delete(deep)
     await tier.put_file("bkt/ok", src(tmp_path, b"ok"), 2)  # everything else works
     assert await tier.get_range("bkt/ok", 0, 2) == b"ok"
+
+
+async def test_a_metadata_call_does_not_queue_behind_transfers(tmp_path: Path) -> None:
+    """Every transfer thread busy with a long upload (sparse sources, hashed whole): a
+    ``head`` and a ``probe`` still answer within ``call_timeout`` -- waiting for a thread
+    is not the store failing to answer, and a busy store must not read as unreachable."""
+    tier = open_object_tier(str(tmp_path / "cold"), concurrency=1)
+    tier.call_timeout = 0.5
+    big = tmp_path / "big"
+    with open(big, "wb") as f:
+        f.truncate(4 << 30)  # hashing 4 GiB of zeros takes seconds: the threads stay busy
+    uploads = [asyncio.ensure_future(tier.put_file(f"bkt/big{i}", str(big), 4 << 30))
+               for i in range(2)]  # concurrency 1: a pool of two threads, both taken
+    try:
+        await asyncio.sleep(0.2)
+        assert await tier.head("bkt/none") is None
+        await tier.probe()
+        assert not any(u.done() for u in uploads)  # the threads were busy all along
+        assert tier.reachable(), tier.describe_health()
+    finally:
+        for u in uploads:
+            u.cancel()
+        await asyncio.gather(*uploads, return_exceptions=True)
+        await tier.close()

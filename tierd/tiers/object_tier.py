@@ -34,10 +34,12 @@ last outcome was an answer and no call has waited longer than ``call_timeout`` s
 last answer (:mod:`tierd.tiers.health`).
 
 **Concurrency**: every blocking call (boto3, fsspec, file I/O) runs on the tier's own bounded
-thread pool, never on the event loop.  Large transfers are split into ranges/parts run in
-parallel, at most ``TransferOptions.concurrency`` per operation.  When an operation that uses
-a caller's descriptor fails or is cancelled, it waits for its threads to stop before it
-raises: a late thread writing into a descriptor the caller has reused would corrupt data.
+thread pools, never on the event loop: one for transfers, a small one for metadata calls
+(which must not wait behind transfers for a thread).  Large transfers are split into
+ranges/parts run in parallel, at most ``TransferOptions.concurrency`` per operation.  When
+an operation that uses a caller's descriptor fails or is cancelled, it waits for its
+threads to stop before it raises: a late thread writing into a descriptor the caller has
+reused would corrupt data.
 """
 
 from __future__ import annotations
@@ -316,6 +318,13 @@ class ObjectTier(abc.ABC):
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=2 * self.transfer.concurrency, thread_name_prefix="tierd-cold"
         )
+        # Metadata calls (head, list, delete, probe) have threads of their own: queued
+        # behind long transfers they would run past ``call_timeout`` and a store that is
+        # busy, not silent, would count as unreachable.
+        self._meta_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(4, self.transfer.concurrency // 2),
+            thread_name_prefix="tierd-cold-meta",
+        )
         self._closed = False
 
     def __repr__(self) -> str:
@@ -414,24 +423,30 @@ class ObjectTier(abc.ABC):
         if self._closed:
             return
         self._closed = True
-        await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(self._pool.shutdown, wait=True)
-        )
+        for pool in (self._pool, self._meta_pool):
+            await asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(pool.shutdown, wait=True)
+            )
 
     # -- helpers for the engines -------------------------------------------------------------
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run one blocking call on the pool (its outcome goes to :attr:`health`)."""
+    async def _run(self, fn: Callable[..., T], *args: Any,
+                   pool: concurrent.futures.Executor | None = None) -> T:
+        """Run one blocking call on the pool (the transfers', unless ``pool``); its outcome
+        goes to :attr:`health`."""
         if self._closed:
             raise TierUnavailable(f"cold store {self.url} is closed")
-        return await self._tracked(asyncio.wrap_future(self._pool.submit(fn, *args)))
+        cf = (pool or self._pool).submit(fn, *args)
+        return await self._tracked(asyncio.wrap_future(cf))
 
     async def _meta(self, fn: Callable[..., T], *args: Any) -> T:
-        """A metadata call (head, list, delete, probe): :meth:`_run` with a deadline of
-        :attr:`call_timeout` seconds, after which the store counts as unavailable (the
-        thread may still be stuck in the call; its result is ignored)."""
+        """A metadata call (head, list, delete, probe): :meth:`_run` on the metadata
+        threads with a deadline of :attr:`call_timeout` seconds, after which the store
+        counts as unavailable (the thread may still be stuck in the call; its result is
+        ignored)."""
         try:
-            return await asyncio.wait_for(self._run(fn, *args), self.call_timeout)
+            return await asyncio.wait_for(self._run(fn, *args, pool=self._meta_pool),
+                                          self.call_timeout)
         except TimeoutError:
             err = TierUnavailable(f"cold store {self.url} did not answer within "
                                   f"{self.call_timeout:g} s")
