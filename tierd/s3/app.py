@@ -29,12 +29,11 @@ from aiohttp.http import HttpVersion11
 
 from tierd.acl.authorize import PolicyStore
 from tierd.acl.keys import KeyStore
-from tierd.errors import FsError
+from tierd.errors import NO_SPACE, FsError
 from tierd.logs import REQUEST_ID, new_request_id
 from tierd.metrics import OPERATION, Metrics, request_middleware, s3_operation
 from tierd.namespace import Namespace
 from tierd.namespace.names import split_key
-from tierd.namespace.staging import NO_SPACE
 from tierd.s3 import acl, bucket_policy, buckets, listing, multipart, objects
 from tierd.s3.access import Actions, authorize_request
 from tierd.s3.auth import Authenticator
