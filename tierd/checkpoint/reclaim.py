@@ -53,11 +53,11 @@ class Reclaimer:
         for run in sorted(self.svc.runs.values(), key=lambda r: r.used_at):
             if run is self._spared:
                 continue
-            keep = self._newest(run) if run.conns else set()
+            newest = self._newest(run)
+            keep = newest if run.conns else set()
             regions = [r for r in run.regions
                        if r.id in pool.regions and id(r) not in keep
                        and not run.region_busy(r) and (tenant is None or r.tenant == tenant)]
-            newest = self._newest(run)
             regions.sort(key=lambda r: id(r) in newest)
             out.extend((run, r) for r in regions)
         return out

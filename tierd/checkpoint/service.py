@@ -330,12 +330,8 @@ class CheckpointService:
                 del run.steps[n]
                 log.info("dropped a staged checkpoint of a closed connection",
                          extra=kv(run=run.name, step=n, pid=peer.pid))
-            gone = [r for r in run.regions if r.id not in self.pool.regions]
-            for r in gone:
-                run.regions.remove(r)
-                run.region_part.pop(r.id, None)
-                for s in run.steps.values():
-                    s.forget_region(r)
+            for r in [r for r in run.regions if r.id not in self.pool.regions]:
+                self.drop_region(run, r)  # (freed with the connection already)
             run.signal()
         p = self.ns.placement
         for ino in self._holds.pop(peer.conn, []):
