@@ -197,7 +197,6 @@ class Parts:
                               f" bytes; its writer committed {p.size}")
         doc.update(format=FORMAT, run=run.name, step=s.step, save=s.save)
         s.manifest = doc
-        s.remote = [i for i in range(s.parts) if i not in s.members]
         s.state, s.committed_at, s.orphaned_at = COMMITTED, time.monotonic(), 0.0
         if self.svc.observe is not None:
             self.svc.observe("stall", s.committed_at - s.staged_at)
@@ -219,7 +218,7 @@ class Parts:
             sizes = {e["part"]: e["size"] for e in s.manifest["parts"]}
 
             async def elsewhere() -> None:  # other nodes' parts: persisted once cold has them
-                for i in s.remote:
+                for i in (i for i in range(s.parts) if i not in s.members):
                     while not await publish.in_cold(svc.ns, run.bucket, run.name, s.step,
                                                     part_name(i), sizes[i]):
                         await asyncio.sleep(0.5)

@@ -63,11 +63,10 @@ class Step:
     staged_at: float = field(default_factory=time.monotonic)
     committed_at: float = 0.0
     #: multi-part steps: the job's world size (0: one data file), its save's id, the parts
-    #: held here, the parts held by other daemons (known from the manifest at commit)
+    #: held here (the others are held by other daemons)
     parts: int = 0
     save: str = ""
     members: dict[int, Part] = field(default_factory=dict)
-    remote: list[int] = field(default_factory=list)
     #: monotonic time since when no writer of its prepared parts is connected (in doubt)
     orphaned_at: float = 0.0
     #: the placement hold that keeps the persister off the temporary directory
@@ -76,8 +75,7 @@ class Step:
 
     def describe(self) -> dict[str, Any]:
         doc = {"step": self.step, "state": self.state,
-               "in_pool": self.region is not None or any(
-                   p.region is not None for p in self.members.values()),
+               "in_pool": bool(self.regions()),
                "size": (self.manifest or {}).get("size"), "error": self.error or None}
         if self.parts:
             doc["size"] = sum(int(p.get("size", 0)) for p in
