@@ -286,6 +286,12 @@ def read_exact(fd: int, start: int, length: int) -> bytes:
     return bytes(out)
 
 
+def meta_threads(concurrency: int) -> int:
+    """Threads for metadata calls, beside the ``2 * concurrency`` for transfers (an engine
+    with a connection pool sizes it for both)."""
+    return max(4, concurrency // 2)
+
+
 def part_size_for(size: int, part_size: int) -> int:
     """``part_size`` raised (to whole MiB) so that ``size`` needs at most 10,000 parts."""
     if size <= part_size * 10_000:
@@ -322,7 +328,7 @@ class ObjectTier(abc.ABC):
         # behind long transfers they would run past ``call_timeout`` and a store that is
         # busy, not silent, would count as unreachable.
         self._meta_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max(4, self.transfer.concurrency // 2),
+            max_workers=meta_threads(self.transfer.concurrency),
             thread_name_prefix="tierd-cold-meta",
         )
         self._closed = False
