@@ -257,7 +257,11 @@ class FaultProxy:
         self._stop = asyncio.Event()
         session = ClientSession(timeout=ClientTimeout(total=120), auto_decompress=False)
         app = web.Application(client_max_size=1 << 30)
-        app.router.add_route("*", "/{tail:.*}", lambda r: self._handle(r, session))
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self._handle(request, session)
+
+        app.router.add_route("*", "/{tail:.*}", handle)  # a coroutine: bare ones are deprecated
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
