@@ -15,28 +15,24 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
-from tierd_fuse.mount import find_mount, unmount
+
+from .coldlib import Cold, Tierd
 
 pytestmark = [
     pytest.mark.timeout(300),
     pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse"),
 ]
 
-KEY, SECRET = "HOTCRASHKEY", "hot-crash-secret-key-0123456789"
 BUCKET = "hotcrash"
 OP_TIMEOUT = 30.0
 
@@ -46,59 +42,33 @@ PATCH = os.urandom(64 << 10)  # written in place over the start of OLD
 MIXED = PATCH + OLD[len(PATCH):]
 
 
-class Node:
-    """One data directory and the daemon serving it (FUSE mount, S3 and admin doors)."""
+class Node(Tierd):
+    """One data directory and the daemon serving it (FUSE mount, S3 and admin doors, the
+    cold store a ``file://`` directory), with a crash point armed per operation."""
+
+    mnt: Path  # always mounted
 
     def __init__(self, base: Path) -> None:
-        self.base = base
-        self.data = base / "data"
+        super().__init__(base, Cold("file", base), mount=True)
+        # the daemon's own persist delay and import TTL: the old versions stay hot and
+        # dirty until a test persists them
+        for k in ("TIERD_PERSIST_DELAY", "TIERD_IMPORT_TTL"):
+            del self.settings[k]
         self.mnt = base / "mnt"
         self.armed = base / "armed"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = base / "tierd-0.log"
-        self.url = self.admin = ""
-        self.starts = 0
 
-    def start(self, crashpoint: str = "") -> None:
+    def start(self, timeout: float = 60.0, crashpoint: str = "") -> Node:
         """Start the daemon; ``crashpoint`` makes it kill itself at that step once
         :meth:`arm` was called."""
-        self.mnt.mkdir(parents=True, exist_ok=True)
         self.armed.unlink(missing_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
-        env.update(TIERD_ROOT_ACCESS_KEY=KEY, TIERD_ROOT_SECRET_KEY=SECRET)
+        self.settings.pop("TIERD_CRASHPOINT", None)
         if crashpoint:
-            env["TIERD_CRASHPOINT"] = f"{crashpoint}@{self.armed}"
-        self.starts += 1
-        self.log = self.base / f"tierd-{self.starts}.log"
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tierd.cli", "serve", "--data-dir", str(self.data),
-                 "--mount", str(self.mnt), "--s3-listen", "127.0.0.1:0",
-                 "--admin-listen", "127.0.0.1:0"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"tierd exited with {self.proc.returncode}:\n"
-                                     f"{self.log.read_text(errors='replace')}")
-            with contextlib.suppress(OSError, ValueError):
-                doc = json.loads((self.data / "endpoints.json").read_text())
-                if doc.get("pid") == self.proc.pid and find_mount(self.mnt) is not None:
-                    self.url, self.admin = doc["s3"]["url"], doc["admin"]["url"]
-                    return
-            time.sleep(0.05)
-        self.kill()
-        raise AssertionError(f"tierd did not start:\n{self.log.read_text(errors='replace')}")
+            self.settings["TIERD_CRASHPOINT"] = f"{crashpoint}@{self.armed}"
+        super().start(timeout)
+        return self
 
     def arm(self) -> None:
         self.armed.touch()
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash: nothing flushed, nothing closed."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-        self._unmount()
 
     def died(self) -> None:
         """The daemon killed itself at its crash point (the test reached the step)."""
@@ -106,33 +76,14 @@ class Node:
         try:
             code = self.proc.wait(OP_TIMEOUT)
         except subprocess.TimeoutExpired:
-            self.kill()
+            self.kill9()
             raise AssertionError("the crash point was never reached") from None
         self._unmount()
         assert code == -signal.SIGKILL, f"tierd exited with {code}, not by its crash point"
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-        self._unmount()
-
-    def _unmount(self) -> None:
-        if find_mount(self.mnt) is not None:
-            with contextlib.suppress(Exception):
-                unmount(self.mnt, lazy=True)
-
     # -- doors -----------------------------------------------------------------------------
-    def s3(self) -> Any:
-        return boto3.client(
-            "s3", endpoint_url=self.url, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
-            region_name="us-east-1",
-            config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
-                          retries={"max_attempts": 1}, connect_timeout=5, read_timeout=15))
+    def s3(self, **config: Any) -> Any:
+        return super().s3(connect_timeout=5, read_timeout=15, **config)
 
     def fuse(self, code: str, *args: str) -> subprocess.CompletedProcess[bytes]:
         """Run ``code`` (Python, ``a`` = the arguments) in a child process: a FUSE call
@@ -178,15 +129,15 @@ class Node:
 
     def ctl(self, *args: str) -> str:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
-        env.update(TIERD_ADMIN_URL=self.admin, TIERD_DATA_DIR=str(self.data))
+        env.update(TIERD_ADMIN_URL=self.doc["admin"]["url"], TIERD_DATA_DIR=str(self.data_dir))
         r = subprocess.run([sys.executable, "-m", "tierd_client.tierctl", *args],
                            capture_output=True, text=True, timeout=120, env=env,
                            stdin=subprocess.DEVNULL)
         assert r.returncode == 0, r.stderr + r.stdout
         return r.stdout
 
-    def cold(self, key: str) -> bytes | None:
-        p = self.data / "cold" / BUCKET / key
+    def cold_bytes(self, key: str) -> bytes | None:
+        p = self.cold.root / BUCKET / key
         return p.read_bytes() if p.exists() else None
 
 
@@ -208,7 +159,8 @@ def verify(node: Node, key: str, allowed: list[bytes | None], evict: bool = Fals
     assert node.read_s3(key) == got, f"{key}: S3 and FUSE disagree"
     node.ctl("persist", "--wait", f"{BUCKET}/")
     if got is not None:
-        assert node.cold(key) == got, f"{key}: cold holds {show(node.cold(key))}, not {show(got)}"
+        cold = node.cold_bytes(key)
+        assert cold == got, f"{key}: cold holds {show(cold)}, not {show(got)}"
     if evict:
         node.ctl("evict", f"{BUCKET}/")
         assert node.read_fuse(key) == got, f"{key}: other bytes after an eviction"
@@ -223,10 +175,9 @@ def node(tmp_path: Path) -> Iterator[Node]:
         yield n
     finally:
         n.stop()
-    for log in sorted(tmp_path.glob("tierd-*.log")):
-        text = log.read_text(errors="replace")
-        assert "bytes are lost" not in text, f"{log.name}:\n{text[-3000:]}"
-        assert "Traceback" not in text, f"{log.name}:\n{text[-3000:]}"
+    text = n.log if n.log_path.exists() else ""  # every start's
+    assert "bytes are lost" not in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
 
 
 def crash_during(node: Node, point: str, op: Any) -> None:
@@ -239,7 +190,7 @@ def crash_during(node: Node, point: str, op: Any) -> None:
         node.died()
     else:
         op()
-        node.kill()
+        node.kill9()
 
 
 # -- FUSE ----------------------------------------------------------------------------------
@@ -248,7 +199,7 @@ GC_POINTS = ["gc.committed", "gc.durable", "gc.removed", ""]
 
 @pytest.mark.parametrize("point", GC_POINTS)
 def test_rename_over_an_fsynced_file(node: Node, point: str) -> None:
-    node.start(point)
+    node.start(crashpoint=point)
     (node.mnt / BUCKET).mkdir()
     node.write_sync("f", OLD)
     node.write_sync("tmp", NEW)
@@ -261,7 +212,7 @@ def test_rename_over_an_fsynced_file(node: Node, point: str) -> None:
 
 @pytest.mark.parametrize("point", GC_POINTS)
 def test_unlink_of_an_fsynced_file(node: Node, point: str) -> None:
-    node.start(point)
+    node.start(crashpoint=point)
     (node.mnt / BUCKET).mkdir()
     node.write_sync("f", OLD)
     crash_during(node, point, lambda: node.fuse("os.unlink(a[0])", node.path("f")))
@@ -289,7 +240,7 @@ def test_open_unlinked_file_keeps_its_bytes_until_released(node: Node) -> None:
 def test_open_with_o_trunc_over_a_persisted_file(node: Node, point: str) -> None:
     """open(O_TRUNC), write, close over a file whose cold copy is good (the hot file is
     whole, so a lost truncate would be served as zeros without a word)."""
-    node.start(point)
+    node.start(crashpoint=point)
     (node.mnt / BUCKET).mkdir()
     node.write_sync("f", OLD)
     node.ctl("persist", "--wait", f"{BUCKET}/")
@@ -307,7 +258,7 @@ def test_open_with_o_trunc_over_a_persisted_file(node: Node, point: str) -> None
 def test_in_place_overwrite_of_a_persisted_file(node: Node, point: str) -> None:
     """pwrite over the start of a clean file: after the crash the content, its ETag and
     the cold copy agree, and an eviction never brings the old bytes back."""
-    node.start(point)
+    node.start(crashpoint=point)
     (node.mnt / BUCKET).mkdir()
     node.write_sync("f", OLD)
     node.ctl("persist", "--wait", f"{BUCKET}/")
@@ -324,7 +275,7 @@ def test_in_place_overwrite_of_a_persisted_file(node: Node, point: str) -> None:
 def test_extending_truncate_reads_zeros_after_a_crash_left_a_tail(node: Node) -> None:
     """A crash between a shrink's durable commit and the cut leaves the old bytes past the
     new size; growing the file again must show zeros there, never those bytes."""
-    node.start("truncate.durable")
+    node.start(crashpoint="truncate.durable")
     (node.mnt / BUCKET).mkdir()
     node.write_sync("f", OLD)
     crash_during(node, "truncate.durable",
@@ -345,7 +296,7 @@ SIZES = {"small": 4 << 10, "large": 3 << 20}  # small PUTs are logged, large one
 @pytest.mark.parametrize("point", ["put.committed", *GC_POINTS[:-1], "put.durable", ""])
 def test_put_over_an_acknowledged_object(node: Node, point: str, size: str) -> None:
     old, new = os.urandom(SIZES[size]), os.urandom(SIZES[size] + 1)
-    node.start(point)
+    node.start(crashpoint=point)
     s3 = node.s3()
     s3.create_bucket(Bucket=BUCKET)
     s3.put_object(Bucket=BUCKET, Key="k", Body=old)
@@ -356,7 +307,7 @@ def test_put_over_an_acknowledged_object(node: Node, point: str, size: str) -> N
 
 @pytest.mark.parametrize("point", ["delete.committed", *GC_POINTS])
 def test_delete_of_an_acknowledged_object(node: Node, point: str) -> None:
-    node.start(point)
+    node.start(crashpoint=point)
     s3 = node.s3()
     s3.create_bucket(Bucket=BUCKET)
     s3.put_object(Bucket=BUCKET, Key="k", Body=OLD)
