@@ -28,7 +28,7 @@ from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.entries import _EMPTY_MD5
 from tierd.namespace.files import FileOps
 from tierd.namespace.names import check_bucket_name, split_key
-from tierd.namespace.staging import stage_body
+from tierd.namespace.staging import refuse_over_dirty_limit, stage_body
 from tierd.tiers import fileio
 
 READ_CHUNK = 1 << 20
@@ -283,9 +283,7 @@ class ObjectOps(FileOps):
         segments, marker = split_key(key)
         with self.meta.snapshot() as tx:  # fail fast, before reading the body
             self._bucket_dir(tx, bucket)
-        if self.placement is not None and self.placement.over_dirty_limit():
-            raise FsError(errno.EAGAIN, "too much data is waiting to be persisted to the cold "
-                          "store; retry later", reason="SlowDown")
+        refuse_over_dirty_limit(self.placement)
         if marker:
             async for chunk in body:
                 if chunk:
