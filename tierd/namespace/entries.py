@@ -20,8 +20,7 @@ from tierd.namespace.base import (
     now_ns,
 )
 from tierd.namespace.names import SYMLINK_MAX, check_bucket_name, check_name
-from tierd.namespace.resize import _EMPTY_MD5 as _EMPTY_MD5  # (files, objects use it)
-from tierd.namespace.resize import ResizeOps
+from tierd.namespace.resize import _EMPTY_MD5, ResizeOps
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2

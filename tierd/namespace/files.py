@@ -19,7 +19,8 @@ from tierd.meta import ROOT_INO, STATE_DIRTY, Dirent, Inode
 from tierd.namespace.base import OpenFile, drop_privs, has_privs, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.crashpoint import crashpoint
-from tierd.namespace.entries import _EMPTY_MD5, EntryOps
+from tierd.namespace.entries import EntryOps
+from tierd.namespace.resize import _EMPTY_MD5
 from tierd.namespace.staging import retry_full
 from tierd.placement.paths import file_keys
 from tierd.tiers import fileio

@@ -25,9 +25,9 @@ from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
 from tierd.namespace.base import IMPLICIT, Change, has_privs, now_ns
 from tierd.namespace.crashpoint import crashpoint
-from tierd.namespace.entries import _EMPTY_MD5
 from tierd.namespace.files import FileOps
 from tierd.namespace.names import check_bucket_name, split_key
+from tierd.namespace.resize import _EMPTY_MD5
 from tierd.namespace.staging import refuse_over_dirty_limit, stage_body
 from tierd.tiers import fileio
 
