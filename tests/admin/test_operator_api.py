@@ -195,3 +195,15 @@ def test_a_step_removed_from_a_missing_bucket_is_404_and_leaves_no_trace(op: Adm
     status, doc = op.call("GET", "/v1/ckpt")
     assert status == 200, doc
     assert all(r["bucket"] != "no-such-ckpts" for r in doc["runs"]), doc
+
+
+def test_asking_for_a_run_nobody_saved_leaves_no_phantom_run(op: Admin) -> None:
+    """A read of a run that does not exist (a typo, a monitor probing names) answers empty
+    and is not remembered: the listing, and the status page that shows it, do not grow
+    with every name anybody asked for."""
+    op.d.client().create_bucket(Bucket="phantom-ckpts")
+    for name in ("typo-1", "typo-2"):
+        status, doc = op.call("GET", f"/v1/ckpt?bucket=phantom-ckpts&run={name}")
+        assert status == 200 and doc["steps"] == [], doc
+    status, doc = op.call("GET", "/v1/ckpt?bucket=phantom-ckpts")
+    assert status == 200 and doc["runs"] == [], doc

@@ -132,6 +132,12 @@ class CheckpointService:
         run = self.runs.get(key)
         if run is None:
             run = Run(bucket, name, self.keep_local, self.keep_cold)
+            if not create and not await self._exists(run):
+                # a read of a run nobody saved: answer it empty without remembering it (a
+                # listing would show every name ever asked for, without bound)
+                run.scanned = True
+                await self._check_access(ident, run, False)
+                return run
             self.runs[key] = run
         for attr in ("keep_local", "keep_cold"):
             if msg.get(attr) is not None:
@@ -145,6 +151,14 @@ class CheckpointService:
         await self.parts.resolve(run)
         run.used_at = time.monotonic()
         return run
+
+    async def _exists(self, run: Run) -> bool:
+        """Whether the namespace holds the run's directory (a run saved before a restart)."""
+        try:
+            await self.ns.resolve(Identity.ROOT, f"{run.bucket}/{run.name}")
+        except FsError:
+            return False
+        return True
 
     async def _check_access(self, ident: Identity, run: Run, write: bool) -> None:
         """The namespace's permission rule on the run's directory (its bucket's while it
