@@ -42,6 +42,7 @@ from tierd.admin import AdminAuth, bootstrap_admin_token, make_admin_app
 from tierd.admin.auth import TokenError
 from tierd.admin.metrics import instrument_admin
 from tierd.config import Config, HostPort
+from tierd.errors import no_space
 from tierd.logs import AccessLogger, get_logger, kv
 from tierd.mempool.door import MemoryDoor
 from tierd.meta.store import MetaStore
@@ -426,8 +427,7 @@ class Daemon:
             except OSError as e:
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
-                full = e.errno in (errno.ENOSPC, errno.EDQUOT)
-                if full and attempt == 0 and self._stale_endpoints():
+                if no_space(e) and attempt == 0 and self._stale_endpoints():
                     continue
                 log.warning("cannot write %s: %s (the addresses are in the log above)",
                             path, e.strerror or e)

@@ -22,7 +22,6 @@ import os
 from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from tierd.errors import NO_SPACE as NO_SPACE  # (tierd.s3.app imports it from here)
 from tierd.errors import FsError, no_space
 from tierd.namespace.smalllog import SmallLog
 from tierd.tiers.groupsync import write_all
