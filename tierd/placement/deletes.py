@@ -157,7 +157,7 @@ class Deleting(Reading):
             # them goes (rolled back by a crash, they would name objects already gone):
             # they committed before this batch was read, so one flush covers them all
             if todo:
-                await self.meta.flush(self.meta.last_commit(), urgent=False)
+                await self.meta.flush(urgent=False)
             results = await asyncio.gather(*(one(it) for it in todo), return_exceptions=True)
             for r in results:
                 if isinstance(r, TierUnavailable):

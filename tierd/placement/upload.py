@@ -186,7 +186,7 @@ class Uploading(Deleting):
         # the metadata back to a version whose only copy this put replaced, or to before
         # a create whose object would then be left in cold, untracked.  Concurrent
         # reconciles share one group-commit flush.
-        await self.meta.flush(self.meta.last_commit(), urgent=False)
+        await self.meta.flush(urgent=False)
         async with self.transfers:  # taken after the gate: a holder waits for no gate
             etag = None
             if have:
