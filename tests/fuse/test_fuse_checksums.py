@@ -172,7 +172,7 @@ def test_a_change_cut_short_by_a_crash_drops_the_checksum(tmp_path: Path) -> Non
 
     node = Node(tmp_path)
     try:
-        node.start("write.done")
+        node.start(crashpoint="write.done")
         s3 = node.s3()
         s3.create_bucket(Bucket=HOT)
         old = os.urandom(256 << 10)
