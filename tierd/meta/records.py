@@ -115,6 +115,10 @@ class Bucket(Record):
     region: str = "us-east-1"
     policy: str = ""  # bucket policy JSON (ACL issue)
     acl: str = "private"
+    #: the bucket's other S3 sub-resources (versioning, cors, tagging, lifecycle,
+    #: publicAccessBlock, ownershipControls, ...): name -> the document as stored by the
+    #: module that owns it (:mod:`tierd.namespace.bucketconf`)
+    config: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tierd.acl import X_OK, Identity, check_access
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, Inode, MetaStore, MetaTxn
+from tierd.namespace.bucketconf import BucketConfig
 from tierd.namespace.garbage import Garbage
 from tierd.namespace.names import check_name
 from tierd.namespace.smalllog import SmallLog
@@ -158,6 +159,7 @@ class NamespaceBase:
         self.hot = hot
         self.smalllog = SmallLog(meta, hot)
         self.garbage = Garbage(meta, hot, self._placement_forget)
+        self.bucket_config = BucketConfig(meta)
         # inodes whose size is being changed (files.FileOps._set_size): writes wait
         self._resizing: dict[int, asyncio.Future[None]] = {}
         self.umask = umask
