@@ -45,7 +45,9 @@ def test_no_such_upload(s3: Any, bucket: str) -> None:
 
 
 def test_bucket_already_owned_by_you_and_exists(s3: Any, alice: Any, bucket: str) -> None:
-    assert_error("BucketAlreadyOwnedByYou", 409, s3.create_bucket, Bucket=bucket)
+    # us-east-1 answers 200 to your own bucket (tests/s3/test_list_buckets_paging.py has
+    # the 409 BucketAlreadyOwnedByYou of other regions)
+    assert s3.create_bucket(Bucket=bucket)["ResponseMetadata"]["HTTPStatusCode"] == 200
     assert_error("BucketAlreadyExists", 409, alice.create_bucket, Bucket=bucket)
 
 

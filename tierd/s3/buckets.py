@@ -3,6 +3,8 @@ GetBucketLocation, GetBucketVersioning."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import errno
 
 from aiohttp import web
@@ -11,7 +13,7 @@ from tierd.acl import R_OK, X_OK
 from tierd.errors import FsError
 from tierd.s3 import xmlio
 from tierd.s3.body import Body
-from tierd.s3.common import Ctx, canned_acl, reject_unsupported_headers
+from tierd.s3.common import Ctx, canned_acl, int_param, reject_unsupported_headers
 from tierd.s3.errors import S3Error, from_fs_error
 from tierd.s3.xmlio import document, el, iso8601
 
@@ -30,18 +32,45 @@ async def bucket_or_404(ctx: Ctx, name: str | None = None) -> None:
         raise from_fs_error(e, missing="NoSuchBucket", bucket=name) from None
 
 
+MAX_BUCKETS = 10000  # ListBuckets' largest (and default) page
+
+
+def _bucket_token(name: str) -> str:
+    return base64.urlsafe_b64encode(name.encode()).decode()
+
+
+def _bucket_untoken(token: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode()
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise S3Error("InvalidArgument", "The continuation token provided is incorrect",
+                      ArgumentName="continuation-token", ArgumentValue=token) from None
+
+
 async def list_buckets(ctx: Ctx) -> web.Response:
-    """Root sees every bucket; other users the buckets they own."""
+    """Root sees every bucket; other users the buckets they own.  Pages of ``max-buckets``
+    (1..10000, default 10000) in name order; ``ContinuationToken`` in the answer names where
+    the next page starts (an opaque encoding of the last name listed), as AWS does."""
     ident = ctx.ident
+    q = ctx.query
+    limit = int_param(ctx, "max-buckets", 1, MAX_BUCKETS, MAX_BUCKETS)
+    token = q.get("continuation-token") or ""
+    after = _bucket_untoken(token) if token else ""
+    prefix = q.get("prefix", "")
+    region = q.get("bucket-region", "")
     buckets = await ctx.ns.list_buckets(ident)
-    mine = [b for b in buckets if ident.is_root or b.owner_uid == ident.uid]
-    prefix = ctx.query.get("prefix", "")
+    mine = sorted((b for b in buckets if (ident.is_root or b.owner_uid == ident.uid)
+                   and b.name.startswith(prefix) and b.name > after
+                   and (not region or b.region == region)), key=lambda b: b.name)
+    page = mine[:limit]
     rows = "".join(
         f"<Bucket>{el('Name', b.name)}{el('CreationDate', iso8601(b.created_ns))}"
         f"{el('BucketRegion', b.region)}</Bucket>"
-        for b in mine if b.name.startswith(prefix)
+        for b in page
     )
     body = f"{ctx.owner_xml(ident.uid)}<Buckets>{rows}</Buckets>"
+    if len(mine) > limit:
+        body += el("ContinuationToken", _bucket_token(page[-1].name))
     if prefix:
         body += el("Prefix", prefix)
     return xml_response(ctx, document("ListAllMyBucketsResult", body))
@@ -64,21 +93,32 @@ async def create_bucket(ctx: Ctx) -> web.Response:
         await ctx.ns.create_bucket(ctx.ident, ctx.bucket)
     except FsError as e:
         if e.errno == errno.EEXIST:
-            try:
-                existing = await ctx.ns.get_bucket(ctx.bucket)
-            except FsError:
-                raise from_fs_error(e, bucket=ctx.bucket) from None
-            code = ("BucketAlreadyOwnedByYou" if existing.owner_uid == ctx.ident.uid
-                    else "BucketAlreadyExists")
-            raise S3Error(code, BucketName=ctx.bucket) from None
-        if e.errno == errno.EINVAL:
+            await _existing_bucket(ctx, e)
+        elif e.errno == errno.EINVAL:
             raise S3Error("InvalidBucketName", e.message, BucketName=ctx.bucket) from None
-        raise from_fs_error(e, bucket=ctx.bucket) from None
+        else:
+            raise from_fs_error(e, bucket=ctx.bucket) from None
     acl = canned_acl(ctx.headers)
-    if acl is not None:  # the creator owns the new bucket, so this cannot be refused
+    if acl is not None:  # the creator owns the bucket, so this cannot be refused
         await ctx.ns.set_canned_acl(ctx.ident, ctx.bucket, "", acl)
     ctx.response_headers["Location"] = "/" + ctx.bucket
     return web.Response(status=200, headers=ctx.response_headers)
+
+
+async def _existing_bucket(ctx: Ctx, e: FsError) -> None:
+    """CreateBucket of a name that exists: another owner's is 409 BucketAlreadyExists; your
+    own is 409 BucketAlreadyOwnedByYou, except in us-east-1, where AWS keeps its legacy
+    answer, 200 (the bucket is untouched but for a canned ACL sent with the request, as AWS
+    resets the ACL; without one nothing changes, so ACL entries set through the mount
+    survive a client's "make sure the bucket exists" call)."""
+    try:
+        existing = await ctx.ns.get_bucket(ctx.bucket)
+    except FsError:
+        raise from_fs_error(e, bucket=ctx.bucket) from None
+    if existing.owner_uid != ctx.ident.uid:
+        raise S3Error("BucketAlreadyExists", BucketName=ctx.bucket) from None
+    if ctx.state.region != "us-east-1":
+        raise S3Error("BucketAlreadyOwnedByYou", BucketName=ctx.bucket) from None
 
 
 async def delete_bucket(ctx: Ctx) -> web.Response:

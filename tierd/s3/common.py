@@ -375,6 +375,22 @@ def check_version_id(ctx: Ctx) -> bool:
     return True
 
 
+def int_param(ctx: Ctx, name: str, low: int, high: int, default: int) -> int:
+    """The integer query parameter ``name`` (``default`` when absent); InvalidArgument
+    naming it when it is not an integer in ``low..high``."""
+    raw = ctx.query.get(name)
+    if raw is None:
+        return default
+    try:
+        n = int(raw)
+    except ValueError:
+        n = low - 1
+    if not low <= n <= high:
+        raise S3Error("InvalidArgument", f"{name} must be an integer between {low} and "
+                      f"{high}", ArgumentName=name, ArgumentValue=raw)
+    return n
+
+
 def max_keys(ctx: Ctx, name: str = "max-keys", default: int = 1000) -> int:
     raw = ctx.query.get(name)
     if raw is None:

@@ -105,12 +105,9 @@ async def list_objects_v2(ctx: Ctx) -> web.Response:
     q = ctx.query
     prefix, delimiter, url, enc = _common(ctx)
     start_after = q.get("start-after", "")
-    token = q.get("continuation-token")
+    token = q.get("continuation-token") or None  # empty: absent, as AWS treats it
     start = start_after
     if token is not None:
-        if not token:
-            raise S3Error("InvalidArgument", "The continuation token provided is incorrect",
-                          ArgumentName="continuation-token")
         start = max(start, _untoken(token))
     limit = max_keys(ctx)
     fetch_owner = q.get("fetch-owner", "false").lower() == "true"
