@@ -205,6 +205,15 @@ class Config:
             metavar="SECONDS",
         ),
     )
+    s3_allow_sigv2: str = field(
+        default="presigned",
+        metadata=setting(
+            parse=parse_choice("presigned", "all", "off"),
+            help="Signature Version 2 on the S3 gateway: presigned (presigned GET, HEAD and "
+            "PUT URLs only), all (also the Authorization header and every method) or off.",
+            metavar="presigned|all|off",
+        ),
+    )
     s3_min_part_size: int = field(
         default=5 << 20,
         metadata=setting(

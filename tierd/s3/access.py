@@ -74,7 +74,7 @@ def context(ctx: Ctx, action: str) -> dict[str, str]:
             c["aws:username"] = auth.key.user
         c["aws:userid"] = str(auth.key.uid)
         c["s3:authtype"] = "REST-QUERY-STRING" if auth.presigned else "REST-HEADER"
-        c["s3:signatureversion"] = "AWS4-HMAC-SHA256"
+        c["s3:signatureversion"] = auth.version
     for name in _HEADER_KEYS:
         if name in req.headers:
             c["s3:" + name] = req.headers[name]

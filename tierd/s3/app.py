@@ -306,11 +306,14 @@ def error_response(ctx: Ctx, e: S3Error) -> web.Response:
 def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
                 domains: tuple[str, ...] = (), max_skew: float = 900.0,
                 policies: PolicyStore | None = None,
-                metrics: Metrics | None = None) -> web.Application:
+                metrics: Metrics | None = None,
+                allow_sigv2: str = "presigned") -> web.Application:
     """The S3 gateway over ``ns``, authenticating with the access keys in ``keys`` and
     authorizing with the bucket policies in ``policies`` (by default those of the key
-    store's metadata); requests are counted and timed in ``metrics`` when given."""
-    state = S3State(ns=ns, keys=keys, auth=Authenticator(keys, region, max_skew),
+    store's metadata); requests are counted and timed in ``metrics`` when given.
+    ``allow_sigv2`` is the setting ``s3_allow_sigv2`` (:mod:`tierd.s3.sigv2`)."""
+    state = S3State(ns=ns, keys=keys,
+                    auth=Authenticator(keys, region, max_skew, sigv2=allow_sigv2),
                     policies=policies or PolicyStore(keys.meta),
                     region=region, domains=tuple(d.lower().strip(".") for d in domains))
 
@@ -328,8 +331,8 @@ def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
         ctx.response_headers.update({"x-amz-request-id": request_id,
                                      "x-amz-id-2": request_id, "Server": "tierd"})
         try:
-            ctx.bucket, ctx.key, _ = locate(request, state.domains)
-            ctx.auth = state.auth.authenticate(request)
+            ctx.bucket, ctx.key, vhost = locate(request, state.domains)
+            ctx.auth = state.auth.authenticate(request, ctx.bucket if vhost else "")
             try:
                 handler = route(ctx)
             except S3Error:

@@ -1,4 +1,5 @@
-"""AWS Signature Version 4: the Authorization header and presigned (query) URLs.
+"""AWS Signature Version 4: the Authorization header and presigned (query) URLs (Signature
+Version 2, when the setting ``s3_allow_sigv2`` takes it, is :mod:`tierd.s3.sigv2`'s).
 
 :func:`authenticate` checks a request's signature and returns an :class:`Auth` with the
 identity of its access key and what :mod:`tierd.s3.body` needs to verify a streamed body
@@ -29,6 +30,7 @@ from aiohttp import web
 from tierd.acl import Identity
 from tierd.acl.keys import KeyStore, identity_of
 from tierd.meta import AccessKey
+from tierd.s3 import sigv2
 from tierd.s3.errors import S3Error
 
 ALGORITHM = "AWS4-HMAC-SHA256"
@@ -53,6 +55,7 @@ class Auth:
     signature: str
     payload: str  # x-amz-content-sha256: a hex digest, UNSIGNED-PAYLOAD or STREAMING-*
     presigned: bool
+    version: str = ALGORITHM  # s3:signatureversion: AWS4-HMAC-SHA256, or AWS (SigV2)
 
 
 def uri_encode(s: str, keep_slash: bool = False) -> str:
@@ -123,10 +126,14 @@ def _amz_format(ts: float) -> str:
 class Authenticator:
     """Checks SigV4 signatures against the access keys in the metadata store."""
 
-    def __init__(self, keys: KeyStore, region: str, max_skew: float) -> None:
+    def __init__(self, keys: KeyStore, region: str, max_skew: float,
+                 sigv2: str = "off") -> None:
+        """``sigv2``: how much Signature Version 2 is taken (:data:`tierd.s3.sigv2.MODES`,
+        the setting ``s3_allow_sigv2``); off unless the S3 gateway asks for it."""
         self.keys = keys
         self.region = region
         self.max_skew = max_skew
+        self.sigv2 = sigv2
         self._key_cache: dict[tuple[str, str, str], bytes] = {}
 
     def _signing_key(self, secret: str, date: str, region: str) -> bytes:
@@ -144,25 +151,38 @@ class Authenticator:
         return ("Authorization" in request.headers or "X-Amz-Signature" in q
                 or "Signature" in q)
 
-    def authenticate(self, request: web.Request) -> Auth | None:
+    def authenticate(self, request: web.Request, vhost_bucket: str = "") -> Auth | None:
         """The verified signature of ``request``; None when it is not signed at all (an
-        anonymous request); S3Error when a signature is present but wrong."""
+        anonymous request); S3Error when a signature is present but wrong.
+        ``vhost_bucket``: the bucket a virtual-host request named in its Host (SigV2 signs
+        it as part of the path)."""
         header = request.headers.get("Authorization")
         q = request.rel_url.query
         if header is not None:
+            if header.startswith("AWS "):
+                return self._sigv2(request, header, vhost_bucket)
             return self._from_header(request, header)
         if "X-Amz-Signature" in q or "X-Amz-Credential" in q:
             return self._from_query(request)
         if "Signature" in q and "AWSAccessKeyId" in q:
-            raise S3Error("InvalidRequest", "Signature Version 2 is not supported; use "
-                          "AWS4-HMAC-SHA256 (Signature Version 4).")
+            return self._sigv2(request, None, vhost_bucket)
         return None  # anonymous
+
+    def _sigv2(self, request: web.Request, header: str | None, vhost_bucket: str) -> Auth:
+        """A SigV2 request (:mod:`tierd.s3.sigv2`), if ``s3_allow_sigv2`` takes it."""
+        sigv2.check_allowed(self.sigv2, request, presigned=header is None)
+        if header is None:
+            key, signature, ts = sigv2.verify_query(request, self.keys.lookup, vhost_bucket)
+        else:
+            key, signature, ts = sigv2.verify_header(request, header, self.keys.lookup,
+                                                     parse_amz_date, self.max_skew,
+                                                     vhost_bucket)
+        return Auth(key, identity_of(key), b"", _amz_format(ts), "", signature,
+                    sigv2.payload_of(request, UNSIGNED_PAYLOAD), header is None,
+                    sigv2.VERSION)
 
     # -- the two forms -------------------------------------------------------------------
     def _from_header(self, request: web.Request, header: str) -> Auth:
-        if header.startswith("AWS "):
-            raise S3Error("InvalidRequest", "Signature Version 2 is not supported; use "
-                          "AWS4-HMAC-SHA256 (Signature Version 4).")
         algo, _, rest = header.partition(" ")
         if algo != ALGORITHM:
             raise S3Error("AuthorizationHeaderMalformed",
