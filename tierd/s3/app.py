@@ -36,6 +36,7 @@ from tierd.namespace import Namespace
 from tierd.namespace.names import split_key
 from tierd.s3 import acl, bucket_policy, buckets, listing, multipart, objects
 from tierd.s3.access import Actions, authorize_request
+from tierd.s3.attributes import get_object_attributes
 from tierd.s3.auth import Authenticator
 from tierd.s3.common import Ctx, S3State
 from tierd.s3.errors import S3Error, from_fs_error
@@ -52,7 +53,7 @@ READ_BUFSIZE = 1 << 20
 
 #: sub-resources tierd does not implement: answered 501 NotImplemented, never a wrong success
 UNSUPPORTED = frozenset({
-    "accelerate", "analytics", "attributes", "cors", "encryption",
+    "accelerate", "analytics", "cors", "encryption",
     "intelligent-tiering", "inventory", "legal-hold", "lifecycle", "logging", "metadataTable",
     "metrics", "notification", "object-lock", "ownershipControls", "publicAccessBlock",
     "renameObject", "replication", "requestPayment", "restore",
@@ -130,6 +131,8 @@ def route(ctx: Ctx) -> Handler:
     if method == "GET":
         if "uploadId" in q:
             return multipart.list_parts
+        if "attributes" in q:
+            return get_object_attributes
         return objects.get_object
     if method == "HEAD":
         return objects.head_object
@@ -194,6 +197,7 @@ def _actions() -> Actions:
     a.add(acl.put_bucket_acl, "s3:PutBucketAcl", False)
     a.add(acl.get_object_acl, "s3:GetObjectAcl", True)
     a.add(acl.put_object_acl, "s3:PutObjectAcl", True)
+    a.add(get_object_attributes, "s3:GetObjectAttributes", True)
     # these judge for themselves: per key, or the bucket owner's operations
     a.own.update({objects.delete_objects, bucket_policy.get_policy, bucket_policy.put_policy,
                   bucket_policy.delete_policy, bucket_policy.get_policy_status})
@@ -231,6 +235,7 @@ OPERATIONS: dict[Handler, str] = {
     acl.put_bucket_acl: "PutBucketAcl",
     acl.get_object_acl: "GetObjectAcl",
     acl.put_object_acl: "PutObjectAcl",
+    get_object_attributes: "GetObjectAttributes",
     bucket_policy.get_policy: "GetBucketPolicy",
     bucket_policy.put_policy: "PutBucketPolicy",
     bucket_policy.delete_policy: "DeleteBucketPolicy",

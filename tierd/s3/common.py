@@ -376,9 +376,13 @@ def check_version_id(ctx: Ctx) -> bool:
 
 
 def int_param(ctx: Ctx, name: str, low: int, high: int, default: int) -> int:
-    """The integer query parameter ``name`` (``default`` when absent); InvalidArgument
-    naming it when it is not an integer in ``low..high``."""
-    raw = ctx.query.get(name)
+    """The integer query parameter ``name``: :func:`int_value` of it."""
+    return int_value(ctx.query.get(name), name, low, high, default)
+
+
+def int_value(raw: str | None, name: str, low: int, high: int, default: int) -> int:
+    """``raw`` (a query parameter or header ``name``) as an integer, ``default`` when absent;
+    InvalidArgument naming it when it is not an integer in ``low..high``."""
     if raw is None:
         return default
     try:
