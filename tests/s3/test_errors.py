@@ -157,14 +157,10 @@ def test_not_implemented(daemon: Daemon, s3: Any, bucket: str) -> None:
         (s3.get_bucket_tagging, {"Bucket": bucket}),
         (s3.put_object_tagging, {"Bucket": bucket, "Key": "k",
                                  "Tagging": {"TagSet": [{"Key": "a", "Value": "b"}]}}),
-        (s3.put_bucket_cors, {"Bucket": bucket, "CORSConfiguration": {"CORSRules": [
-            {"AllowedMethods": ["GET"], "AllowedOrigins": ["*"]}]}}),
         (s3.put_object, {"Bucket": bucket, "Key": "sse", "Body": b"x",
                          "ServerSideEncryption": "AES256"}),
         (s3.put_object, {"Bucket": bucket, "Key": "cls", "Body": b"x",
                          "StorageClass": "GLACIER"}),
-        (s3.put_bucket_versioning, {"Bucket": bucket,
-                                    "VersioningConfiguration": {"Status": "Enabled"}}),
     ]
     for fn, kw in calls:
         assert_error("NotImplemented", 501, fn, **kw)

@@ -34,7 +34,7 @@ from tierd.logs import REQUEST_ID, new_request_id
 from tierd.metrics import OPERATION, Metrics, request_middleware, s3_operation
 from tierd.namespace import Namespace
 from tierd.namespace.names import split_key
-from tierd.s3 import acl, bucket_policy, buckets, listing, multipart, objects
+from tierd.s3 import acl, bucket_policy, buckets, cors, listing, multipart, objects
 from tierd.s3.access import Actions, authorize_request
 from tierd.s3.attributes import get_object_attributes
 from tierd.s3.auth import Authenticator
@@ -53,7 +53,7 @@ READ_BUFSIZE = 1 << 20
 
 #: sub-resources tierd does not implement: answered 501 NotImplemented, never a wrong success
 UNSUPPORTED = frozenset({
-    "accelerate", "analytics", "cors", "encryption",
+    "accelerate", "analytics", "encryption",
     "intelligent-tiering", "inventory", "legal-hold", "lifecycle", "logging", "metadataTable",
     "metrics", "notification", "object-lock", "ownershipControls", "publicAccessBlock",
     "renameObject", "replication", "requestPayment", "restore",
@@ -85,6 +85,8 @@ def route(ctx: Ctx) -> Handler:
             return buckets.list_buckets
         raise _method_not_allowed(ctx)
     if not ctx.key:
+        if "cors" in q:
+            return _cors_route(ctx)
         if "policy" in q:
             return _policy_route(ctx)
         if "acl" in q:
@@ -168,6 +170,17 @@ def _policy_route(ctx: Ctx) -> Handler:
     raise _method_not_allowed(ctx)
 
 
+_CORS: dict[str, Handler] = {"GET": cors.get_bucket_cors, "PUT": cors.put_bucket_cors,
+                             "DELETE": cors.delete_bucket_cors}
+
+
+def _cors_route(ctx: Ctx) -> Handler:
+    handler = _CORS.get(ctx.request.method)
+    if handler is None:
+        raise _method_not_allowed(ctx)
+    return handler
+
+
 def _actions() -> Actions:
     """Every handler's IAM action (tierd.s3.access): the name a bucket policy uses."""
     a = Actions()
@@ -197,6 +210,9 @@ def _actions() -> Actions:
     a.add(acl.put_bucket_acl, "s3:PutBucketAcl", False)
     a.add(acl.get_object_acl, "s3:GetObjectAcl", True)
     a.add(acl.put_object_acl, "s3:PutObjectAcl", True)
+    a.add(cors.get_bucket_cors, "s3:GetBucketCORS", False)
+    a.add(cors.put_bucket_cors, "s3:PutBucketCORS", False)
+    a.add(cors.delete_bucket_cors, "s3:PutBucketCORS", False)  # AWS's name for it
     a.add(get_object_attributes, "s3:GetObjectAttributes", True)
     # these judge for themselves: per key, or the bucket owner's operations
     a.own.update({objects.delete_objects, bucket_policy.get_policy, bucket_policy.put_policy,
@@ -235,6 +251,9 @@ OPERATIONS: dict[Handler, str] = {
     acl.put_bucket_acl: "PutBucketAcl",
     acl.get_object_acl: "GetObjectAcl",
     acl.put_object_acl: "PutObjectAcl",
+    cors.get_bucket_cors: "GetBucketCors",
+    cors.put_bucket_cors: "PutBucketCors",
+    cors.delete_bucket_cors: "DeleteBucketCors",
     get_object_attributes: "GetObjectAttributes",
     bucket_policy.get_policy: "GetBucketPolicy",
     bucket_policy.put_policy: "PutBucketPolicy",
@@ -337,6 +356,10 @@ def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
                                      "x-amz-id-2": request_id, "Server": "tierd"})
         try:
             ctx.bucket, ctx.key, vhost = locate(request, state.domains)
+            cors.add_headers(ctx)  # before anything can fail: errors carry them too
+            if request.method == "OPTIONS":  # a browser's preflight: never signed
+                request[OPERATION] = "PreflightRequest"
+                return cors.preflight(ctx)
             ctx.auth = state.auth.authenticate(request, ctx.bucket if vhost else "")
             try:
                 handler = route(ctx)

@@ -174,6 +174,16 @@ def canned_acl(h: CIMultiDictProxy[str]) -> str | None:
                       ArgumentValue=acl) from None
 
 
+def stored_encoding(value: str) -> str:
+    """The ``Content-Encoding`` to store: the value byte for byte as sent (``deflate, gzip``
+    keeps its space), less an ``aws-chunked`` coding, which describes the transfer only."""
+    codings = value.split(",")
+    kept = [c for c in codings if c.strip().lower() != "aws-chunked"]
+    if len(kept) == len(codings):
+        return value
+    return ",".join(kept).strip(" \t,")
+
+
 def objmeta_from_headers(h: CIMultiDictProxy[str]) -> dict[str, str]:
     """System and user metadata of a PUT/Create/Copy(REPLACE) request; a canned ACL rides
     along for the namespace to apply in the commit (:data:`tierd.acl.canned.META_KEY`)."""
@@ -186,8 +196,7 @@ def objmeta_from_headers(h: CIMultiDictProxy[str]) -> dict[str, str]:
         if name in h:
             value = h[name]
             if name == "content-encoding":
-                value = ",".join(e for e in (x.strip() for x in value.split(","))
-                                 if e and e.lower() != "aws-chunked")
+                value = stored_encoding(value)
                 if not value:
                     continue
             meta[name] = value

@@ -15,8 +15,10 @@ from tierd.errors import FsError
 #: every error code the gateway answers with, its HTTP status and default message
 CODES: dict[str, tuple[int, str]] = {
     "AccessDenied": (403, "Access Denied"),
+    "AccessForbidden": (403, "CORSResponse: This CORS request is not allowed"),
     "AuthorizationHeaderMalformed": (400, "The authorization header is malformed"),
     "AuthorizationQueryParametersError": (400, "Error parsing the X-Amz-Credential parameter"),
+    "BadRequest": (400, "Bad Request"),
     "BadDigest": (400, "The Content-MD5 or checksum you specified did not match what we "
                   "received"),
     "BucketAlreadyExists": (409, "The requested bucket name is not available: another user "
@@ -54,6 +56,7 @@ CODES: dict[str, tuple[int, str]] = {
     "MissingContentLength": (411, "You must provide the Content-Length HTTP header"),
     "NoSuchBucket": (404, "The specified bucket does not exist"),
     "NoSuchBucketPolicy": (404, "The bucket policy does not exist"),
+    "NoSuchCORSConfiguration": (404, "The CORS configuration does not exist"),
     "NoSuchKey": (404, "The specified key does not exist"),
     "NoSuchUpload": (404, "The specified multipart upload does not exist"),
     "NoSuchVersion": (404, "The specified version does not exist"),

@@ -32,7 +32,8 @@ BODY_LIMITS = {"Delete": 2 << 20, "CompleteMultipartUpload": MAX_XML_BODY}
 SMALL_BODY = 64 << 10
 #: elements per document root (Delete: 1,000 x Object/Key/VersionId...; Complete: 10,000 x
 #: Part and its children); counts past these are refused before any handler walks the tree
-ELEMENT_LIMITS = {"Delete": 1000 * 4 + 16, "CompleteMultipartUpload": 10000 * 10 + 16}
+ELEMENT_LIMITS = {"Delete": 1000 * 4 + 16, "CompleteMultipartUpload": 10000 * 10 + 16,
+                  "CORSConfiguration": 8192}  # 100 rules of many headers within 64 KiB
 SMALL_ELEMENTS = 256
 
 # characters XML 1.0 cannot carry even as references; S3 keys may hold them
