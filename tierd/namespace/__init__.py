@@ -15,8 +15,8 @@ from tierd.meta import ROOT_INO, STATE_DIRTY, Inode, MetaStore, MetaTxn
 from tierd.namespace.base import ROOT_MODE, Change, StatFs, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
-from tierd.namespace.multipart import MultipartOps
 from tierd.namespace.objects import Listing, ObjectReader
+from tierd.namespace.versionops import VersionOps
 from tierd.namespace.xattrs import XATTR_CREATE, XATTR_REPLACE, XattrOps
 from tierd.placement import Placement
 from tierd.tiers.hotdir import HotDir
@@ -43,7 +43,7 @@ __all__ = [
 COUNTER_SKIP = 1 << 20
 
 
-class Namespace(MultipartOps, XattrOps):
+class Namespace(VersionOps, XattrOps):
     """Assembled namespace; build it with :meth:`load` (``open`` opens files)."""
 
     @classmethod

@@ -12,6 +12,7 @@ from tierd.acl import posix_acl as pacl
 from tierd.acl.modes import AccessDenied
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, Bucket, Dirent, Inode, MetaTxn
+from tierd.namespace import versions
 from tierd.namespace.base import (
     MAX_SYMLINK_HOPS,
     StatFs,
@@ -337,16 +338,15 @@ class EntryOps(ResizeOps):
         return d, child
 
     async def unlink(self, ident: Identity, parent: int, name: bytes) -> None:
-        drop_data = False
         with self.meta.write() as tx:
             d, child = self._removable(tx, ident, parent, name)
             if child.is_dir:
                 raise FsError(errno.EISDIR, f"{name.decode(errors='replace')!r} is a directory")
             tx.remove_dirent(parent, name)
             self._touch_dir(tx, d)
-            drop_data = self._unref(tx, child)
-        if drop_data:
-            self._forget_data(child.ino)
+            drops = versions.unlinked(self, tx, d, name, child)  # a marker when versioned
+        for ino in drops:
+            self._forget_data(ino)
 
     def _unref(self, tx: MetaTxn, inode: Inode) -> bool:
         inode.nlink -= 1
@@ -393,7 +393,7 @@ class EntryOps(ResizeOps):
             RENAME_NOREPLACE | RENAME_EXCHANGE
         ):
             raise FsError(errno.EINVAL, f"invalid rename flags {flags:#x}")
-        drop: Inode | None = None
+        drops: list[int] = []
         with self.meta.write() as tx:
             od = self._dir(tx, old_parent)
             nd = self._dir(tx, new_parent)
@@ -438,11 +438,10 @@ class EntryOps(ResizeOps):
                     nd.nlink -= 1
                 else:
                     tx.remove_dirent(new_parent, new_name)
-                    if self._unref(tx, dst):
-                        drop = dst
+                    drops = versions.supersede(self, tx, nd, new_name, dst, src)
             self._move(tx, od, old_name, src, nd, new_name)
-        if drop is not None:
-            self._forget_data(drop.ino)
+        for ino in drops:
+            self._forget_data(ino)
 
     def _is_ancestor(self, tx: MetaTxn, ancestor: int, ino: int) -> bool:
         """True when directory ``ancestor`` is ``ino`` or lies on its path to the root."""

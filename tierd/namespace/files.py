@@ -16,6 +16,7 @@ import stat
 from tierd.acl import R_OK, W_OK, Identity, check_access
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Dirent, Inode
+from tierd.namespace import versions
 from tierd.namespace.base import OpenFile, drop_privs, has_privs, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.crashpoint import crashpoint
@@ -59,10 +60,13 @@ class FileOps(EntryOps):
             inode = self._new_inode(tx, ident, d, stat.S_IFREG | (mode & 0o7777),
                                     etag=_EMPTY_MD5)
             self._inherit_acl(inode, d, umask)
+            drops = versions.supersede(self, tx, d, name, None, inode, stamp=True)
             tx.put_inode(inode)
             tx.add_dirent(parent, name, Dirent(inode.ino, stat.S_IFREG))
             self._touch_dir(tx, d)
             self._queue(tx, inode)  # an empty object is an object too
+        for gone in drops:  # a null version this one replaced (suspended versioning)
+            self._forget_data(gone)
         fh = self._attach(inode, ident, readable, writable, bool(flags & os.O_APPEND))
         return inode, fh
 

@@ -41,7 +41,7 @@ from tierd.namespace.mpu_parts import (
     no_such_upload,
 )
 from tierd.namespace.names import split_key
-from tierd.namespace.objects import ObjectOps
+from tierd.namespace.objects import ObjectOps, ObjectReader
 from tierd.namespace.staging import full_error, refuse_over_dirty_limit, retry_full
 
 log = logging.getLogger("tierd.namespace")
@@ -90,15 +90,17 @@ class MultipartOps(ObjectOps):
         objmeta: dict[str, str] | None = None,
         *,
         src_ident: Identity | None = None,
+        src_version: str | None = None,
     ) -> Inode:
         """Server-side copy; ``objmeta`` None keeps the source's metadata (COPY directive).
         ``src_ident`` reads the source when it differs from the writer (a bucket policy
-        judges the two sides separately); by default ``ident`` does both."""
+        judges the two sides separately); by default ``ident`` does both.  ``src_version``:
+        that version of the source (:meth:`_open_source`)."""
         segments, marker = split_key(dst_key)
         if marker:
             raise FsError(errno.EINVAL, "cannot copy onto a directory marker key")
         refuse_over_dirty_limit(self.placement)
-        src = await self.get_object(src_ident or ident, src_bucket, src_key)
+        src = await self._open_source(src_ident or ident, src_bucket, src_key, src_version)
         try:
             if src.inode.is_dir:
                 raise FsError(errno.EINVAL, "cannot copy a directory marker")
@@ -129,6 +131,14 @@ class MultipartOps(ObjectOps):
         meta = dict(src.inode.objmeta) if objmeta is None else objmeta
         return await self._install_put(ident, dst_bucket, dst_key, segments, path, size, etag,
                                        meta)
+
+    async def _open_source(self, ident: Identity, bucket: str, key: str,
+                           version: str | None) -> ObjectReader:
+        """A copy's source, open; a version of it needs versioning (VersionOps)."""
+        if version is not None:
+            raise FsError(errno.ENOENT, f"no version {version} of {key!r}",
+                          reason="NoSuchVersion")
+        return await self.get_object(ident, bucket, key)
 
     # -- multipart -------------------------------------------------------------------------
     @functools.cached_property
@@ -298,14 +308,14 @@ class MultipartOps(ObjectOps):
     async def upload_part_copy(
         self, ident: Identity, upload_id: str, number: int, src_bucket: str, src_key: str,
         byte_range: tuple[int, int] | None = None, checksums: dict[str, str] | None = None,
-        *, src_ident: Identity | None = None,
+        *, src_ident: Identity | None = None, src_version: str | None = None,
     ) -> UploadPart:
         """A part copied from an existing object; ``byte_range`` is inclusive (first, last).
         ``src_ident`` reads the source (as in :meth:`copy_object`)."""
         self._check_part_number(number)
         self._upload(ident, upload_id)
         refuse_over_dirty_limit(self.placement)
-        src = await self.get_object(src_ident or ident, src_bucket, src_key)
+        src = await self._open_source(src_ident or ident, src_bucket, src_key, src_version)
         try:
             first, last = byte_range if byte_range is not None else (0, src.size - 1)
             if byte_range is not None and (first < 0 or last < first or last >= src.size):

@@ -23,6 +23,7 @@ from tierd.acl import Identity, canned
 from tierd.acl.s3map import allowed, enforce
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
+from tierd.namespace import versions
 from tierd.namespace.base import IMPLICIT, Change, has_privs, now_ns
 from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.files import FileOps
@@ -178,7 +179,9 @@ class ObjectOps(FileOps):
     def _path_of(bucket: str, segments: list[bytes]) -> bytes:
         return b"/".join([bucket.encode(), *segments])
 
-    def _object(self, tx: MetaTxn, ident: Identity, bucket: str, key: str) -> Inode:
+    def _object(self, tx: MetaTxn, ident: Identity, bucket: str, key: str,
+                action: str = "GetObject") -> Inode:
+        """The inode of ``key`` with the POSIX checks of S3 action ``action``."""
         segments, marker = split_key(key)
         self._bucket_dir(tx, bucket)
         try:
@@ -190,7 +193,7 @@ class ObjectOps(FileOps):
         if marker != inode.is_dir:
             raise FsError(errno.ENOENT, f"no such key {key!r}" + (
                 " (it is a directory: its marker key ends with '/')" if inode.is_dir else ""))
-        enforce(ident, "GetObject", obj=inode, key=key)  # HeadObject's checks are the same
+        enforce(ident, action, obj=inode, key=key)  # HeadObject's checks are GetObject's
         return inode
 
     async def set_canned_acl(self, ident: Identity, bucket: str, key: str, name: str) -> Inode:
@@ -243,10 +246,14 @@ class ObjectOps(FileOps):
         serving ranges passes ``ensure=False`` and calls ``await reader.ensure(off, n)``
         before reading ``fd`` itself (``iter`` ensures per chunk)."""
         inode = await self.head_object(ident, bucket, key)
+        if not inode.is_reg and not inode.is_dir:
+            raise FsError(errno.ENOENT, f"key {key!r} is not a regular file")
+        return await self._reader(inode, ensure)
+
+    async def _reader(self, inode: Inode, ensure: bool) -> ObjectReader:
+        """``inode`` (a file, or a directory marker) open for reading (see get_object)."""
         if inode.is_dir:
             return ObjectReader(inode, -1)
-        if not inode.is_reg:
-            raise FsError(errno.ENOENT, f"key {key!r} is not a regular file")
         p = self.placement
         if p is None:
             return ObjectReader(inode, self.hot.open(inode.ino))
@@ -379,9 +386,10 @@ class ObjectOps(FileOps):
         crashpoint("put.committed")
         if logged is not None:
             self.smalllog.logged(ino, len(logged))
-        if dropped is not None:
-            self._forget_data(dropped)
-        self._notify(Change(ino=dropped, parent=inode.parent, name=segments[-1]))
+        for gone in dropped:
+            self._forget_data(gone)
+        self._notify(Change(ino=dropped[0] if dropped else None, parent=inode.parent,
+                            name=segments[-1]))
         inode.parent = 0
         await self._sync_meta()
         crashpoint("put.durable")
@@ -393,8 +401,7 @@ class ObjectOps(FileOps):
         size: int, etag: str, objmeta: dict[str, str], if_match: str | None = None,
         if_none_match: str | None = None, in_txn: Callable[[MetaTxn], None] | None = None,
         logged: bytes | None = None,
-    ) -> tuple[Inode, int | None]:
-        dropped: int | None = None
+    ) -> tuple[Inode, list[int]]:
         with self.meta.write() as tx:
             if in_txn is not None:
                 in_txn(tx)
@@ -417,8 +424,8 @@ class ObjectOps(FileOps):
                     inode.uid, inode.gid, inode.mode = old.uid, old.gid, old.mode
                     inode.acl_access, inode.anon = old.acl_access, old.anon
                 tx.remove_dirent(d.ino, name)
-                if self._unref(tx, old):
-                    dropped = old.ino
+            # a versioned bucket keeps ``old`` as a noncurrent version (no G key)
+            dropped = versions.supersede(self, tx, d, name, old, inode, stamp=True)
             acl = inode.objmeta.pop(canned.META_KEY, None)
             if acl is not None:  # x-amz-acl: the new object's mode and ACL, atomically
                 bucket_owner = tx.get_bucket(bucket)

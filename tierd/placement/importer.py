@@ -39,7 +39,7 @@ from tierd.meta import (
 )
 from tierd.placement import bitmap, intents
 from tierd.placement.intents import RecentDeletes
-from tierd.placement.paths import file_keys, files_under, queue_token
+from tierd.placement.paths import file_keys, files_under, is_version_key, queue_token
 from tierd.tiers import ObjectInfo, ObjectTier
 
 #: what placement says about an inode: open with unflushed writes / wholly local
@@ -232,11 +232,14 @@ class Importer:
             return time.time_ns() - tx.get_stamp(dir_ino) > self.ttl * 1e9
 
     def _wanted(self, tx: MetaTxn, key: str, started: int) -> bool:
-        """Not a key this node is deleting or deleted since the listing began."""
-        return not (intents.pending(tx, key) or self.recent.deleted_since(key, started))
+        """Not a key this node is deleting or deleted since the listing began, nor a
+        noncurrent version's object (those are records, :mod:`tierd.namespace.versions`)."""
+        return not (is_version_key(key) or intents.pending(tx, key)
+                    or self.recent.deleted_since(key, started))
 
     def _wanted_prefix(self, tx: MetaTxn, cp: str, started: int) -> bool:
-        return not (intents.pending_under(tx, cp) or self.recent.any_since_under(cp, started))
+        return not (is_version_key(cp + "x") or intents.pending_under(tx, cp)
+                    or self.recent.any_since_under(cp, started))
 
     def _judge(self, tx: MetaTxn, ino: int, key: str, evidence: str,
                listed_after: int | None) -> None:

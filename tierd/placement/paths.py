@@ -15,6 +15,16 @@ from collections.abc import Iterator
 from tierd.meta import ROOT_INO, Inode, MetaTxn
 from tierd.meta.kv import prefix_end
 
+#: cold prefix of noncurrent versions: ``<bucket>/.tierd-versions/<key>/<version id>``
+#: (:mod:`tierd.namespace.versions`); never imported as ordinary objects
+VERSIONS_DIR = ".tierd-versions"
+
+
+def is_version_key(key: str) -> bool:
+    """Whether cold key ``key`` holds a noncurrent version (not a namespace entry)."""
+    parts = key.split("/", 2)
+    return len(parts) > 2 and parts[1] == VERSIONS_DIR
+
 
 def queue_token(old: bytes | None) -> bytes:
     """A new queue token: unique (the persister's change check) but keeping the time the
@@ -48,6 +58,9 @@ def file_keys(tx: MetaTxn, ino: int) -> list[str]:
         d = dir_path(tx, parent)
         if d is not None:
             keys.append(d + "/" + name.decode("utf-8", "surrogateescape"))
+    if not keys:  # no name: a noncurrent version of a versioned bucket has its own key
+        from tierd.namespace.versions import cold_keys  # here: the namespace imports us
+        keys = cold_keys(tx, ino)
     return sorted(keys)
 
 
@@ -57,6 +70,9 @@ def resolve(tx: MetaTxn, key: str) -> int | None:
     b = tx.get_bucket(bucket)
     if b is None:
         return None
+    if is_version_key(key):
+        from tierd.namespace.versions import resolve_cold  # here: the namespace imports us
+        return resolve_cold(tx, bucket, rest[len(VERSIONS_DIR) + 1:])
     ino = b.ino
     for seg in rest.split("/"):
         d = tx.lookup(ino, seg.encode("utf-8", "surrogateescape"))

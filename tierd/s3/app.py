@@ -34,7 +34,7 @@ from tierd.logs import REQUEST_ID, new_request_id
 from tierd.metrics import OPERATION, Metrics, request_middleware, s3_operation
 from tierd.namespace import Namespace
 from tierd.namespace.names import split_key
-from tierd.s3 import acl, bucket_policy, buckets, cors, listing, multipart, objects
+from tierd.s3 import acl, bucket_policy, buckets, cors, listing, multipart, objects, versioning
 from tierd.s3.access import Actions, authorize_request
 from tierd.s3.attributes import get_object_attributes
 from tierd.s3.auth import Authenticator
@@ -101,9 +101,9 @@ def route(ctx: Ctx) -> Handler:
             if "location" in q:
                 return buckets.get_location
             if "versioning" in q:
-                return buckets.get_versioning
+                return versioning.get_versioning
             if "versions" in q:
-                return listing.list_object_versions
+                return versioning.list_object_versions
             if "uploads" in q:
                 return multipart.list_uploads
             lt = q.get("list-type")
@@ -117,7 +117,7 @@ def route(ctx: Ctx) -> Handler:
             return buckets.head_bucket
         if method == "PUT":
             if "versioning" in q:
-                return buckets.put_versioning
+                return versioning.put_versioning
             return buckets.create_bucket
         if method == "DELETE":
             return buckets.delete_bucket
@@ -189,11 +189,11 @@ def _actions() -> Actions:
     a.add(buckets.delete_bucket, "s3:DeleteBucket", False)
     a.add(buckets.head_bucket, "s3:ListBucket", False)
     a.add(buckets.get_location, "s3:GetBucketLocation", False)
-    a.add(buckets.get_versioning, "s3:GetBucketVersioning", False)
-    a.add(buckets.put_versioning, "s3:PutBucketVersioning", False)
+    a.add(versioning.get_versioning, "s3:GetBucketVersioning", False)
+    a.add(versioning.put_versioning, "s3:PutBucketVersioning", False)
     a.add(listing.list_objects_v1, "s3:ListBucket", False)
     a.add(listing.list_objects_v2, "s3:ListBucket", False)
-    a.add(listing.list_object_versions, "s3:ListBucketVersions", False)
+    a.add(versioning.list_object_versions, "s3:ListBucketVersions", False)
     a.add(multipart.list_uploads, "s3:ListBucketMultipartUploads", False)
     a.add(objects.get_object, "s3:GetObject", True)
     a.add(objects.head_object, "s3:GetObject", True)
@@ -229,11 +229,11 @@ OPERATIONS: dict[Handler, str] = {
     buckets.delete_bucket: "DeleteBucket",
     buckets.head_bucket: "HeadBucket",
     buckets.get_location: "GetBucketLocation",
-    buckets.get_versioning: "GetBucketVersioning",
-    buckets.put_versioning: "PutBucketVersioning",
+    versioning.get_versioning: "GetBucketVersioning",
+    versioning.put_versioning: "PutBucketVersioning",
     listing.list_objects_v1: "ListObjects",
     listing.list_objects_v2: "ListObjectsV2",
-    listing.list_object_versions: "ListObjectVersions",
+    versioning.list_object_versions: "ListObjectVersions",
     multipart.list_uploads: "ListMultipartUploads",
     objects.get_object: "GetObject",
     objects.head_object: "HeadObject",

@@ -17,6 +17,7 @@ from tierd.acl.authorize import PolicyStore
 from tierd.acl.keys import KeyStore, Owner
 from tierd.meta import Inode
 from tierd.namespace import Namespace
+from tierd.namespace.versions import valid_vid
 from tierd.s3 import checksums
 from tierd.s3.errors import S3Error
 from tierd.s3.xmlio import el
@@ -355,14 +356,15 @@ def _unsatisfiable(size: int) -> S3Error:
 
 
 def parse_copy_source(value: str) -> tuple[str, str]:
-    """``x-amz-copy-source`` -> (bucket, key); only ``versionId=null`` is accepted."""
+    """``x-amz-copy-source`` -> (bucket, key); its ``versionId``, checked here, is read by
+    :func:`tierd.s3.versioning.copy_source_version`."""
     src = value.strip()
     path, _, query = src.partition("?")
     if query:
         name, _, vid = query.partition("=")
-        if name != "versionId" or vid != "null":
-            raise S3Error("InvalidArgument", "only versionId=null may be given: buckets are "
-                          "unversioned", ArgumentName="x-amz-copy-source")
+        if name != "versionId" or not valid_vid(unquote(vid)):
+            raise S3Error("InvalidArgument", "Invalid version id specified",
+                          ArgumentName="x-amz-copy-source", ArgumentValue=vid)
     path = unquote(path).lstrip("/")
     bucket, _, key = path.partition("/")
     if not bucket or not key:

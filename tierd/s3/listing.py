@@ -43,13 +43,11 @@ async def _page(ctx: Ctx, prefix: str, start_after: str, delimiter: str,
 
 
 def _contents(ctx: Ctx, listing: Listing, url: bool, owner: bool,
-              tag: str = "Contents", version: bool = False) -> str:
+              tag: str = "Contents") -> str:
     out: list[str] = []
     owners: dict[int, str] = {}
     for key, inode in listing.contents:
         row = el("Key", _enc(url, key))
-        if version:
-            row += el("VersionId", "null") + el("IsLatest", "true")
         row += (el("LastModified", iso8601(inode.mtime_ns)) + el("ETag", quoted(etag_of(inode)))
                 + el("Size", inode.size))
         if owner:
@@ -128,34 +126,3 @@ async def list_objects_v2(ctx: Ctx) -> web.Response:
         head += el("EncodingType", enc)
     body = head + _contents(ctx, listing, url, owner=fetch_owner)
     return xml_response(ctx, document("ListBucketResult", body))
-
-
-async def list_object_versions(ctx: Ctx) -> web.Response:
-    """Unversioned buckets: every object is its one version ``null``, the latest."""
-    q = ctx.query
-    prefix, delimiter, url, enc = _common(ctx)
-    key_marker = q.get("key-marker", "")
-    vid_marker = q.get("version-id-marker")
-    if vid_marker is not None and not key_marker:
-        raise S3Error("InvalidArgument", "A version-id marker cannot be specified without a "
-                      "key marker.", ArgumentName="version-id-marker")
-    if vid_marker not in (None, "", "null"):
-        raise S3Error("InvalidArgument", "Invalid version id specified",
-                      ArgumentName="version-id-marker", ArgumentValue=vid_marker or "")
-    limit = max_keys(ctx)
-    listing = await _page(ctx, prefix, key_marker, delimiter, limit)
-    head = (el("Name", ctx.bucket) + el("Prefix", _enc(url, prefix))
-            + el("KeyMarker", _enc(url, key_marker)) + el("VersionIdMarker", vid_marker or ""))
-    if listing.truncated:
-        head += el("NextKeyMarker", _enc(url, listing.next_marker))
-        if listing.contents and listing.contents[-1][0] == listing.next_marker:
-            head += el("NextVersionIdMarker", "null")
-    head += el("MaxKeys", limit)
-    if delimiter:
-        head += el("Delimiter", _enc(url, delimiter))
-    head += el("IsTruncated", "true" if listing.truncated else "false")
-    if enc:
-        head += el("EncodingType", enc)
-    body = head + _contents(ctx, listing, url, owner=True, tag="Version", version=True)
-    return xml_response(ctx, document("ListVersionsResult", body))
-

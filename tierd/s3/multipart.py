@@ -43,6 +43,7 @@ from tierd.s3.common import (
 )
 from tierd.s3.errors import S3Error, from_fs_error
 from tierd.s3.objects import fs_error, head_source, put_conditions, put_error
+from tierd.s3.versioning import copy_source_version, set_version_header
 from tierd.s3.xmlio import document, el, iso8601
 
 MAX_PARTS = 10000
@@ -183,7 +184,9 @@ async def _copy_part(ctx: Ctx, up: MultipartUpload, number: int, src_bucket: str
             sums[alg], md5 = await _range_digests(ctx, alg, src_bucket, src_key, first, length)
         part = await ctx.ns.upload_part_copy(ctx.ident, up.upload_id, number, src_bucket,
                                              src_key, byte_range, checksums=sums,
-                                             src_ident=ctx.src_ident)
+                                             src_ident=ctx.src_ident,
+                                             src_version=copy_source_version(
+                                                 ctx.headers["x-amz-copy-source"]))
         if not alg or part.etag == md5:
             return part
     raise S3Error("SlowDown", "the copy source kept changing while it was copied; retry")
@@ -362,6 +365,7 @@ async def complete(ctx: Ctx) -> web.Response:
                                                 if_match=if_match, if_none_match=if_none)
     except FsError as e:
         raise await put_error(ctx, e) from None
+    set_version_header(ctx, inode)
     return _complete_answer(ctx, inode)
 
 

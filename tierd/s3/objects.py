@@ -12,8 +12,8 @@ from aiohttp import web
 from tierd.acl import canned
 from tierd.errors import FsError
 from tierd.meta import Inode
-from tierd.namespace import ObjectReader
-from tierd.s3 import access, checksums, xmlio
+from tierd.namespace import ObjectReader, versions
+from tierd.s3 import access, checksums, versioning, xmlio
 from tierd.s3.body import Body
 from tierd.s3.buckets import xml_response
 from tierd.s3.common import (
@@ -21,7 +21,6 @@ from tierd.s3.common import (
     Ctx,
     canned_acl,
     check_conditions,
-    check_version_id,
     checksum_meta,
     etag_of,
     object_checksum,
@@ -118,6 +117,7 @@ async def put_object(ctx: Ctx) -> web.Response:
         raise await put_error(ctx, e) from None
     h = ctx.response_headers
     h["ETag"] = quoted(etag_of(inode))
+    versioning.set_version_header(ctx, inode)
     if body.client_checksum:
         for alg, value in body.checksums.items():
             h[checksums.META_PREFIX + alg] = value
@@ -144,16 +144,24 @@ async def head_object(ctx: Ctx) -> web.StreamResponse:
 
 
 async def _read_object(ctx: Ctx, head: bool) -> web.StreamResponse:
-    versioned = check_version_id(ctx)
+    vid = versioning.version_param(ctx)
     reader: ObjectReader | None = None
     try:
-        if head:
+        if vid is not None:
+            if head:
+                inode = await ctx.ns.head_version(ctx.ident, ctx.bucket, ctx.key, vid)
+            else:
+                reader = await ctx.ns.get_version(ctx.ident, ctx.bucket, ctx.key, vid)
+                inode = reader.inode
+        elif head:
             inode = await ctx.ns.head_object(ctx.ident, ctx.bucket, ctx.key)
         else:
             reader = await ctx.ns.get_object(ctx.ident, ctx.bucket, ctx.key)
             inode = reader.inode
+    except versioning.DeleteMarkerHit as e:
+        raise versioning.marker_error(ctx, e) from None
     except FsError as e:
-        raise await fs_error(ctx, e) from None
+        raise (versioning.missing_error(ctx, e) or await fs_error(ctx, e)) from None
     try:
         check_conditions(ctx.headers, inode)
         size = inode.size
@@ -179,8 +187,10 @@ async def _read_object(ctx: Ctx, head: bool) -> web.StreamResponse:
             value = ctx.query.get(param)
             if value is not None:
                 h[header] = value
-        if versioned:
-            h["x-amz-version-id"] = "null"
+        if vid is not None:
+            h["x-amz-version-id"] = vid
+        else:
+            versioning.set_version_header(ctx, inode)
         first, count_bytes = 0, size
         if span is not None:
             first, last = span
@@ -239,13 +249,18 @@ async def send_range(request: web.Request, resp: web.StreamResponse, reader: Obj
 # -- DELETE ------------------------------------------------------------------------------
 
 async def delete_object(ctx: Ctx) -> web.Response:
-    versioned = check_version_id(ctx)
+    vid = versioning.version_param(ctx)
     try:
-        await ctx.ns.delete_object(ctx.ident, ctx.bucket, ctx.key)
+        if vid is None and not versioning.versioned(ctx):
+            await ctx.ns.delete_object(ctx.ident, ctx.bucket, ctx.key)
+        else:
+            done = await ctx.ns.delete_version(ctx.ident, ctx.bucket, ctx.key, vid)
+            if done.vid is not None:
+                ctx.response_headers["x-amz-version-id"] = done.vid
+            if done.marker:
+                ctx.response_headers["x-amz-delete-marker"] = "true"
     except FsError as e:
         raise await fs_error(ctx, e) from None
-    if versioned:
-        ctx.response_headers["x-amz-version-id"] = "null"
     return web.Response(status=204, headers=ctx.response_headers)
 
 
@@ -264,7 +279,9 @@ async def delete_objects(ctx: Ctx) -> web.Response:
         if key is None:
             raise S3Error("MalformedXML", "every <Object> needs a <Key>")
         asked.append((key, xmlio.child_text(obj, "VersionId")))
-    keys = [key for key, vid in asked if vid in (None, "null")]
+    if versioning.versioned(ctx) or any(vid is not None for _, vid in asked):
+        return await versioning.delete_objects(ctx, asked, quiet)
+    keys = [key for key, _ in asked]
     # the bucket policy judges every key (s3:DeleteObject); refused keys are not touched
     refused, groups = access.judge_keys(ctx, "s3:DeleteObject", keys)
     done: dict[str, bool | FsError] = dict(refused)
@@ -278,19 +295,14 @@ async def delete_objects(ctx: Ctx) -> web.Response:
     except FsError as e:
         raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
     out: list[str] = []
-    for key, vid in asked:
-        vid_xml = el("VersionId", vid) if vid is not None else ""
-        if vid not in (None, "null"):
-            out.append(f"<Error>{el('Key', key)}{vid_xml}{el('Code', 'NoSuchVersion')}"
-                       f"{el('Message', 'buckets are unversioned: only version null')}</Error>")
-            continue
+    for key, _ in asked:
         result = done[key]
         if isinstance(result, FsError):
             err = from_fs_error(result, bucket=ctx.bucket, key=key)
-            out.append(f"<Error>{el('Key', key)}{vid_xml}{el('Code', err.code)}"
+            out.append(f"<Error>{el('Key', key)}{el('Code', err.code)}"
                        f"{el('Message', err.message)}</Error>")
         elif not quiet:
-            out.append(f"<Deleted>{el('Key', key)}{vid_xml}</Deleted>")
+            out.append(f"<Deleted>{el('Key', key)}</Deleted>")
     return xml_response(ctx, document("DeleteResult", "".join(out)))
 
 
@@ -309,11 +321,22 @@ async def head_source(ctx: Ctx) -> tuple[str, str, Inode]:
     """The copy source of this request, its inode, with the copy-source conditionals
     checked."""
     src_bucket, src_key = parse_copy_source(ctx.headers["x-amz-copy-source"])
+    vid = versioning.copy_source_version(ctx.headers["x-amz-copy-source"])
     try:
-        src = await ctx.ns.head_object(ctx.src_ident, src_bucket, src_key)
+        if vid is not None:
+            src = await ctx.ns.head_version(ctx.src_ident, src_bucket, src_key, vid)
+        else:
+            src = await ctx.ns.head_object(ctx.src_ident, src_bucket, src_key)
+    except versioning.DeleteMarkerHit:
+        raise S3Error("InvalidRequest", "The source of a copy request may not specifically "
+                      "refer to a delete marker by version id.") from None
     except FsError as e:
         raise await fs_error(ctx, e, src_bucket, src_key) from None
     check_conditions(ctx.headers, src, prefix="x-amz-copy-source-", copy=True)
+    if vid is not None:
+        ctx.response_headers["x-amz-copy-source-version-id"] = vid
+    elif src.is_reg and versioning.versioned(ctx, src_bucket):
+        ctx.response_headers["x-amz-copy-source-version-id"] = versions.current_vid(src)
     return src_bucket, src_key, src
 
 
@@ -341,10 +364,12 @@ async def copy_object(ctx: Ctx) -> web.Response:
     if acl is not None:  # applied by the namespace in the commit (tierd.acl.canned)
         meta[canned.META_KEY] = acl
     try:
-        inode = await ctx.ns.copy_object(ctx.ident, src_bucket, src_key, ctx.bucket, ctx.key,
-                                         meta, src_ident=ctx.src_ident)
+        inode = await ctx.ns.copy_object(
+            ctx.ident, src_bucket, src_key, ctx.bucket, ctx.key, meta, src_ident=ctx.src_ident,
+            src_version=versioning.copy_source_version(ctx.headers["x-amz-copy-source"]))
     except FsError as e:
         raise await fs_error(ctx, e) from None
+    versioning.set_version_header(ctx, inode)
     fields = el("LastModified", iso8601(inode.mtime_ns)) + el("ETag", quoted(etag_of(inode)))
     ck = object_checksum(inode)
     if ck is not None:
