@@ -154,9 +154,6 @@ def test_not_implemented(daemon: Daemon, s3: Any, bucket: str) -> None:
         (s3.put_bucket_lifecycle_configuration, {"Bucket": bucket, "LifecycleConfiguration": {
             "Rules": [{"ID": "r", "Status": "Enabled", "Filter": {"Prefix": ""},
                        "Expiration": {"Days": 1}}]}}),
-        (s3.get_bucket_tagging, {"Bucket": bucket}),
-        (s3.put_object_tagging, {"Bucket": bucket, "Key": "k",
-                                 "Tagging": {"TagSet": [{"Key": "a", "Value": "b"}]}}),
         (s3.put_object, {"Bucket": bucket, "Key": "sse", "Body": b"x",
                          "ServerSideEncryption": "AES256"}),
         (s3.put_object, {"Bucket": bucket, "Key": "cls", "Body": b"x",

@@ -14,7 +14,7 @@ list) with ``Sid``, ``Effect`` (Allow|Deny), ``Principal`` (``"*"``, ``{"AWS": .
 ``{"CanonicalUser": ...}``), ``Action`` or ``NotAction`` (``s3:`` names, wildcards ``*`` and
 ``?``), ``Resource`` or ``NotResource`` (``arn:aws:s3:::bucket`` and object ARNs in this
 bucket, wildcards) and ``Condition`` (string, IP, numeric and Bool operators, ``...IfExists``,
-on the keys in :data:`CONDITION_KEYS`).
+on the keys in :data:`CONDITION_KEYS` and the tag keys of :data:`TAG_CONDITION_PREFIXES`).
 """
 
 from __future__ import annotations
@@ -79,6 +79,12 @@ CONDITION_KEYS = frozenset({
     "s3:signatureversion", "s3:x-amz-copy-source", "s3:x-amz-metadata-directive",
     "s3:x-amz-storage-class",
 })
+#: condition keys named after a tag (``s3:ExistingObjectTag/<tag key>``: the object's stored
+#: tags; ``s3:RequestObjectTag/<tag key>``: the tags the request sets).  Like every condition
+#: key name they compare case-insensitively, the tag key included; the door fills them in
+EXISTING_OBJECT_TAG = "s3:existingobjecttag/"
+REQUEST_OBJECT_TAG = "s3:requestobjecttag/"
+TAG_CONDITION_PREFIXES = (EXISTING_OBJECT_TAG, REQUEST_OBJECT_TAG)
 
 _STRING_OPS = {"StringEquals", "StringNotEquals", "StringEqualsIgnoreCase",
                "StringNotEqualsIgnoreCase", "StringLike", "StringNotLike"}
@@ -256,6 +262,11 @@ class Policy:
         if allowed is not None:
             return Decision.ALLOW, allowed.sid
         return Decision.NONE, ""
+
+    def tests(self, prefix: str) -> bool:
+        """Some condition tests a key starting with ``prefix`` (lower case): lets the door
+        skip looking up what no statement reads, e.g. an object's stored tags."""
+        return any(c.key.startswith(prefix) for st in self.statements for c in st.conditions)
 
     @property
     def public(self) -> bool:
@@ -477,9 +488,11 @@ def _conditions(block: Any, where: str) -> tuple[Condition, ...]:
             raise MalformedPolicy(f"{where}: {raw_op} must map condition keys to values")
         for key, raw_values in tests.items():
             lkey = key.lower()
-            if lkey not in CONDITION_KEYS:
+            tagged = lkey.startswith(TAG_CONDITION_PREFIXES) and not lkey.endswith("/")
+            if lkey not in CONDITION_KEYS and not tagged:
                 raise MalformedPolicy(f"{where}: unknown condition key {key!r} (supported: "
-                                      f"{', '.join(sorted(CONDITION_KEYS))})")
+                                      f"{', '.join(sorted(CONDITION_KEYS))}, "
+                                      "s3:ExistingObjectTag/<key>, s3:RequestObjectTag/<key>)")
             items = raw_values if isinstance(raw_values, list) else [raw_values]
             if not items:
                 raise MalformedPolicy(f"{where}: {raw_op} {key}: no values")

@@ -88,6 +88,7 @@ _WRITE_OBJECT = (
     Check(Target.PARENT, W_OK | X_OK, When.NEW),
     Check(Target.OBJECT, W_OK, When.EXISTING),
 )
+_CHANGE_OBJECT = (_SEARCH, Check(Target.OBJECT, W_OK))  # an existing object's metadata
 _DELETE_OBJECT = (_SEARCH, Check(Target.PARENT, W_OK | X_OK, sticky=True))
 _LIST = (Check(Target.DIRECTORY, R_OK | X_OK),)
 _UPLOAD_OWNER = "only the user who created the upload (or root)"
@@ -103,6 +104,9 @@ S3_ACTIONS: dict[str, Requirement] = {
         Requirement("DeleteObject", _DELETE_OBJECT,
                     note="a missing key succeeds without checks on it"),
         Requirement("DeleteObjects", _DELETE_OBJECT, note="checked per key"),
+        Requirement("GetObjectTagging", _READ_OBJECT, note="as getxattr of a user.* name"),
+        Requirement("PutObjectTagging", _CHANGE_OBJECT, note="as setxattr of a user.* name"),
+        Requirement("DeleteObjectTagging", _CHANGE_OBJECT, note="as removexattr"),
         Requirement("ListObjects", _LIST),
         Requirement("ListObjectsV2", _LIST),
         Requirement("CopyObject", parts=(("source", "GetObject"), ("destination", "PutObject"))),

@@ -16,6 +16,7 @@ from tierd.namespace.base import ROOT_MODE, Change, StatFs, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
 from tierd.namespace.objects import Listing, ObjectReader
+from tierd.namespace.tags import TagOps
 from tierd.namespace.versionops import VersionOps
 from tierd.namespace.xattrs import XATTR_CREATE, XATTR_REPLACE, XattrOps
 from tierd.placement import Placement
@@ -43,7 +44,7 @@ __all__ = [
 COUNTER_SKIP = 1 << 20
 
 
-class Namespace(VersionOps, XattrOps):
+class Namespace(VersionOps, TagOps, XattrOps):
     """Assembled namespace; build it with :meth:`load` (``open`` opens files)."""
 
     @classmethod
@@ -154,4 +155,3 @@ class Namespace(VersionOps, XattrOps):
             buckets = sum(1 for _ in tx.list_buckets())
         return {"inodes": inodes, "bytes": nbytes, "buckets": buckets,
                 "open_files": len(self._open)}
-

@@ -19,7 +19,9 @@ from aiohttp import web
 from tierd.acl import AccessDenied, Identity
 from tierd.acl.authorize import authorize
 from tierd.acl.keys import canonical_user_id
-from tierd.acl.policy import ANONYMOUS, Policy, Requester
+from tierd.acl.policy import ANONYMOUS, EXISTING_OBJECT_TAG, REQUEST_OBJECT_TAG, Policy, Requester
+from tierd.namespace.tags import Tags
+from tierd.s3 import tagset
 from tierd.s3.common import Ctx, parse_copy_source
 from tierd.s3.errors import S3Error
 
@@ -31,6 +33,13 @@ _LISTINGS = frozenset({"s3:ListBucket", "s3:ListBucketVersions",
 #: headers that are condition keys of the same name (``s3:<header>``)
 _HEADER_KEYS = ("x-amz-acl", "x-amz-content-sha256", "x-amz-copy-source",
                 "x-amz-metadata-directive", "x-amz-storage-class")
+#: actions on an existing object whose ``s3:ExistingObjectTag/<key>`` keys are its stored
+#: tags (AWS's list; HeadObject is s3:GetObject, and the source of a copy is judged as one)
+_EXISTING_TAG_ACTIONS = frozenset({
+    "s3:GetObject", "s3:GetObjectAcl", "s3:PutObjectAcl", "s3:GetObjectTagging",
+    "s3:PutObjectTagging", "s3:DeleteObjectTagging", "s3:GetObjectVersion",
+    "s3:GetObjectVersionAcl", "s3:PutObjectVersionAcl", "s3:GetObjectVersionTagging",
+    "s3:PutObjectVersionTagging", "s3:DeleteObjectVersionTagging"})
 
 
 class Actions:
@@ -78,6 +87,8 @@ def context(ctx: Ctx, action: str) -> dict[str, str]:
     for name in _HEADER_KEYS:
         if name in req.headers:
             c["s3:" + name] = req.headers[name]
+    if tagset.HEADER in req.headers:  # PutObject, CopyObject, CreateMultipartUpload
+        c.update(tag_keys(REQUEST_OBJECT_TAG, tagset.parse_header(req.headers[tagset.HEADER])))
     if action in _LISTINGS:
         q = ctx.query
         c["s3:prefix"] = q.get("prefix", "")
@@ -87,14 +98,37 @@ def context(ctx: Ctx, action: str) -> dict[str, str]:
     return c
 
 
+def tag_keys(prefix: str, tags: Tags) -> dict[str, str]:
+    """Condition keys ``prefix + tag key`` (lower case, as every condition key name) of
+    ``tags``; of two keys differing only in case, the first one's value."""
+    out: dict[str, str] = {}
+    for key, value in tags:
+        out.setdefault(prefix + key.lower(), value)
+    return out
+
+
 def _judge(ctx: Ctx, policy: Policy | None, action: str, bucket: str,
-           key: str | None) -> Identity:
+           key: str | None, extra: dict[str, str] | None = None) -> Identity:
     """The identity for one action on one resource of a bucket whose policy (None without
-    one) was already read (AccessDenied when refused)."""
+    one) was already read (AccessDenied when refused).  ``extra``: condition keys only the
+    handler knows (the tags of a PutObjectTagging body)."""
     if policy is None and not ctx.anonymous:
         return ctx.caller  # the common case: POSIX decides, nothing to evaluate
-    return authorize(policy, ctx.caller, requester(ctx), action, bucket, key,
-                     context(ctx, action))
+    cond = context(ctx, action)
+    if (policy is not None and key and action in _EXISTING_TAG_ACTIONS
+            and policy.tests(EXISTING_OBJECT_TAG)):
+        stored = ctx.ns.peek_object_tags(bucket, key)
+        cond.update(tag_keys(EXISTING_OBJECT_TAG, stored or []))
+    cond.update(extra or {})
+    return authorize(policy, ctx.caller, requester(ctx), action, bucket, key, cond)
+
+
+def judge_object(ctx: Ctx, action: str, extra: dict[str, str]) -> None:
+    """Set ``ctx.identity`` for ``action`` on ``ctx.key`` with the condition keys ``extra``,
+    for a handler that judges itself once it has read its body (AccessDenied when
+    refused)."""
+    policy = ctx.state.policies.get(ctx.bucket)
+    ctx.identity = _judge(ctx, policy, action, ctx.bucket, ctx.key, extra)
 
 
 def authorize_request(ctx: Ctx, handler: Handler, actions: Actions) -> None:

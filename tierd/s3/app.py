@@ -34,7 +34,17 @@ from tierd.logs import REQUEST_ID, new_request_id
 from tierd.metrics import OPERATION, Metrics, request_middleware, s3_operation
 from tierd.namespace import Namespace
 from tierd.namespace.names import split_key
-from tierd.s3 import acl, bucket_policy, buckets, cors, listing, multipart, objects, versioning
+from tierd.s3 import (
+    acl,
+    bucket_policy,
+    buckets,
+    cors,
+    listing,
+    multipart,
+    objects,
+    tagging,
+    versioning,
+)
 from tierd.s3.access import Actions, authorize_request
 from tierd.s3.attributes import get_object_attributes
 from tierd.s3.auth import Authenticator
@@ -57,7 +67,7 @@ UNSUPPORTED = frozenset({
     "intelligent-tiering", "inventory", "legal-hold", "lifecycle", "logging", "metadataTable",
     "metrics", "notification", "object-lock", "ownershipControls", "publicAccessBlock",
     "renameObject", "replication", "requestPayment", "restore",
-    "retention", "select", "session", "tagging", "torrent", "website",
+    "retention", "select", "session", "torrent", "website",
 })
 
 
@@ -84,6 +94,8 @@ def route(ctx: Ctx) -> Handler:
         if method == "GET":
             return buckets.list_buckets
         raise _method_not_allowed(ctx)
+    if "tagging" in q:
+        return _tagging_route(ctx)
     if not ctx.key:
         if "cors" in q:
             return _cors_route(ctx)
@@ -181,6 +193,23 @@ def _cors_route(ctx: Ctx) -> Handler:
     return handler
 
 
+_TAGGING: dict[tuple[bool, str], Handler] = {
+    (False, "GET"): tagging.get_bucket_tagging,
+    (False, "PUT"): tagging.put_bucket_tagging,
+    (False, "DELETE"): tagging.delete_bucket_tagging,
+    (True, "GET"): tagging.get_object_tagging,
+    (True, "PUT"): tagging.put_object_tagging,
+    (True, "DELETE"): tagging.delete_object_tagging,
+}
+
+
+def _tagging_route(ctx: Ctx) -> Handler:
+    handler = _TAGGING.get((bool(ctx.key), ctx.request.method))
+    if handler is None:
+        raise _method_not_allowed(ctx)
+    return handler
+
+
 def _actions() -> Actions:
     """Every handler's IAM action (tierd.s3.access): the name a bucket policy uses."""
     a = Actions()
@@ -214,6 +243,13 @@ def _actions() -> Actions:
     a.add(cors.put_bucket_cors, "s3:PutBucketCORS", False)
     a.add(cors.delete_bucket_cors, "s3:PutBucketCORS", False)  # AWS's name for it
     a.add(get_object_attributes, "s3:GetObjectAttributes", True)
+    a.add(tagging.get_object_tagging, "s3:GetObjectTagging", True)
+    a.add(tagging.delete_object_tagging, "s3:DeleteObjectTagging", True)
+    a.add(tagging.get_bucket_tagging, "s3:GetBucketTagging", False)
+    a.add(tagging.put_bucket_tagging, "s3:PutBucketTagging", False)
+    a.add(tagging.delete_bucket_tagging, "s3:PutBucketTagging", False)  # AWS's name for it
+    # s3:PutObjectTagging is judged by its handler: its condition keys are in the body
+    a.own.add(tagging.put_object_tagging)
     # these judge for themselves: per key, or the bucket owner's operations
     a.own.update({objects.delete_objects, bucket_policy.get_policy, bucket_policy.put_policy,
                   bucket_policy.delete_policy, bucket_policy.get_policy_status})
@@ -259,6 +295,12 @@ OPERATIONS: dict[Handler, str] = {
     bucket_policy.put_policy: "PutBucketPolicy",
     bucket_policy.delete_policy: "DeleteBucketPolicy",
     bucket_policy.get_policy_status: "GetBucketPolicyStatus",
+    tagging.get_object_tagging: "GetObjectTagging",
+    tagging.put_object_tagging: "PutObjectTagging",
+    tagging.delete_object_tagging: "DeleteObjectTagging",
+    tagging.get_bucket_tagging: "GetBucketTagging",
+    tagging.put_bucket_tagging: "PutBucketTagging",
+    tagging.delete_bucket_tagging: "DeleteBucketTagging",
 }
 
 

@@ -18,7 +18,7 @@ from tierd.acl.keys import KeyStore, Owner
 from tierd.meta import Inode
 from tierd.namespace import Namespace
 from tierd.namespace.versions import valid_vid
-from tierd.s3 import checksums
+from tierd.s3 import checksums, tagset
 from tierd.s3.errors import S3Error
 from tierd.s3.xmlio import el
 
@@ -147,7 +147,7 @@ def reject_unsupported_headers(h: CIMultiDictProxy[str]) -> None:
     if sse is not None or any(k.lower().startswith("x-amz-server-side-encryption-customer")
                               for k in h):
         raise S3Error("NotImplemented", "server-side encryption is not supported by tierd")
-    for name in ("x-amz-tagging", "x-amz-object-lock-mode", "x-amz-object-lock-retain-until"
+    for name in ("x-amz-object-lock-mode", "x-amz-object-lock-retain-until"
                  "-date", "x-amz-object-lock-legal-hold", "x-amz-website-redirect-location"):
         if name in h:
             raise S3Error("NotImplemented", f"the {name} header is not supported by tierd")
@@ -187,9 +187,10 @@ def stored_encoding(value: str) -> str:
 
 def objmeta_from_headers(h: CIMultiDictProxy[str]) -> dict[str, str]:
     """System and user metadata of a PUT/Create/Copy(REPLACE) request; a canned ACL rides
-    along for the namespace to apply in the commit (:data:`tierd.acl.canned.META_KEY`)."""
+    along for the namespace to apply in the commit (:data:`tierd.acl.canned.META_KEY`), and
+    the tags of ``x-amz-tagging`` (:mod:`tierd.s3.tagset`) are stored with the rest."""
     reject_unsupported_headers(h)
-    meta: dict[str, str] = {}
+    meta: dict[str, str] = tagset.header_meta(h)
     acl = canned_acl(h)
     if acl is not None:
         meta[canned.META_KEY] = acl
@@ -241,6 +242,9 @@ def object_headers(inode: Inode, *, checksum_mode: bool) -> dict[str, str]:
     for k, v in meta.items():
         if k.startswith("x-amz-meta-"):
             out[k] = v
+    tags = tagset.tag_count(meta)
+    if tags:
+        out[tagset.COUNT_HEADER] = str(tags)
     if checksum_mode:
         for a in checksums.ALGORITHMS:
             value = meta.get(checksums.META_PREFIX + a)

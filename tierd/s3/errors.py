@@ -44,6 +44,7 @@ CODES: dict[str, tuple[int, str]] = {
     "InvalidRange": (416, "The requested range is not satisfiable"),
     "InvalidRequest": (400, "Invalid Request"),
     "InvalidStorageClass": (400, "The storage class you specified is not valid"),
+    "InvalidTag": (400, "The tag provided was not a valid tag"),
     "KeyTooLongError": (400, "Your key is too long"),
     "MalformedACLError": (400, "The XML you provided was not well-formed or did not "
                           "validate against our published schema"),
@@ -58,6 +59,7 @@ CODES: dict[str, tuple[int, str]] = {
     "NoSuchBucketPolicy": (404, "The bucket policy does not exist"),
     "NoSuchCORSConfiguration": (404, "The CORS configuration does not exist"),
     "NoSuchKey": (404, "The specified key does not exist"),
+    "NoSuchTagSet": (404, "The TagSet does not exist"),
     "NoSuchUpload": (404, "The specified multipart upload does not exist"),
     "NoSuchVersion": (404, "The specified version does not exist"),
     "NotImplemented": (501, "A header or query you provided implies functionality that is "

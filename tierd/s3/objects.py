@@ -13,7 +13,7 @@ from tierd.acl import canned
 from tierd.errors import FsError
 from tierd.meta import Inode
 from tierd.namespace import ObjectReader, versions
-from tierd.s3 import access, checksums, versioning, xmlio
+from tierd.s3 import access, checksums, tagset, versioning, xmlio
 from tierd.s3.body import Body
 from tierd.s3.buckets import xml_response
 from tierd.s3.common import (
@@ -363,6 +363,7 @@ async def copy_object(ctx: Ctx) -> web.Response:
     acl = canned_acl(ctx.headers)
     if acl is not None:  # applied by the namespace in the commit (tierd.acl.canned)
         meta[canned.META_KEY] = acl
+    meta = tagset.copy_tags(ctx.headers, src.objmeta, meta)  # x-amz-tagging-directive
     try:
         inode = await ctx.ns.copy_object(
             ctx.ident, src_bucket, src_key, ctx.bucket, ctx.key, meta, src_ident=ctx.src_ident,
@@ -376,4 +377,3 @@ async def copy_object(ctx: Ctx) -> web.Response:
         fields += el("Checksum" + ck[0].upper(), ck[1])
         ctx.response_headers[checksums.META_PREFIX + ck[0]] = ck[1]
     return xml_response(ctx, document("CopyObjectResult", fields))
-

@@ -1,0 +1,116 @@
+"""Object tags: a small key=value set stored with the object, not with its bytes.
+
+Tags (S3's object tagging) are kept in the inode's object metadata under :data:`TAGS_META`,
+as one URL-encoded query string (``k1=v1&k2=v2``, the form of S3's ``x-amz-tagging``
+header), so they travel in the same metadata record, transaction and durability point as
+the content type and user metadata.  Unlike a checksum they describe the object, not its
+bytes: a write through the mount keeps them (:mod:`tierd.namespace.contentmeta` drops only
+``tierd.s3.*`` and checksums), and changing them is not a new version -- the ETag, the
+version number and the modification time stay, only ``ctime`` moves, as for ``setxattr``.
+A new PUT of the key replaces the object and its metadata, tags included (as S3 does).
+
+The key starts with ``tierd.`` so no door ever returns it as a header and a copy does not
+take it along implicitly: CopyObject decides by its tagging directive.  Tags are not shown
+as extended attributes on the mount (user metadata is not either); they are an S3 notion,
+and ``user.*`` attributes belong to the POSIX side.
+
+Which POSIX checks each tagging call needs is :mod:`tierd.acl.s3map`'s (read on the object to
+read tags, write on it to change them, as ``getxattr``/``setxattr`` of ``user.*`` names).
+"""
+
+from __future__ import annotations
+
+import errno
+from urllib.parse import parse_qsl, quote, urlencode
+
+from tierd.acl import Identity
+from tierd.errors import FsError
+from tierd.meta import Inode
+from tierd.namespace.base import Change, now_ns
+from tierd.namespace.names import split_key
+from tierd.namespace.objects import ObjectOps
+
+#: objmeta key of an object's tags (module doc)
+TAGS_META = "tierd.tags"
+
+Tags = list[tuple[str, str]]
+
+
+def encode_tags(tags: Tags) -> str:
+    """The stored form of ``tags``: a URL-encoded query string (order kept)."""
+    return urlencode(tags, quote_via=quote)
+
+
+def decode_tags(text: str) -> Tags:
+    """The tags of a stored string (:func:`encode_tags`); empty for ""."""
+    return parse_qsl(text, keep_blank_values=True) if text else []
+
+
+def tags_of(inode: Inode) -> Tags:
+    """The tags of ``inode`` (empty when it has none)."""
+    return decode_tags(inode.objmeta.get(TAGS_META, ""))
+
+
+def with_tags(objmeta: dict[str, str], tags: Tags) -> dict[str, str]:
+    """``objmeta`` with its tags replaced by ``tags`` (removed when empty)."""
+    out = {k: v for k, v in objmeta.items() if k != TAGS_META}
+    if tags:
+        out[TAGS_META] = encode_tags(tags)
+    return out
+
+
+class TagOps(ObjectOps):
+    """Reading and replacing an existing object's tags."""
+
+    async def _imported(self, bucket: str, key: str) -> None:
+        """Before a second lookup of a key the namespace did not have: import it from the
+        cold store when placement knows it (the same step as HeadObject's)."""
+        if self.placement is None or not key:
+            raise FsError(errno.ENOENT, f"no such key {key!r}")
+        await self.placement.refresh_key(bucket, key.rstrip("/"))
+
+    async def get_object_tags(self, ident: Identity, bucket: str, key: str) -> Tags:
+        """GetObjectTagging: the tags of ``key`` (ENOENT when there is no such key)."""
+        for attempt in (0, 1):
+            try:
+                with self.meta.snapshot() as tx:
+                    return tags_of(self._object(tx, ident, bucket, key, "GetObjectTagging"))
+            except FsError as e:
+                if e.errno != errno.ENOENT or attempt:
+                    raise
+                await self._imported(bucket, key)
+        raise AssertionError("unreachable")
+
+    async def set_object_tags(self, ident: Identity, bucket: str, key: str, tags: Tags,
+                              action: str = "PutObjectTagging") -> Inode:
+        """Put/DeleteObjectTagging: replace the tags of ``key`` (``tags`` empty removes
+        them), durable on return; the version, ETag and mtime stay (module doc)."""
+        for attempt in (0, 1):
+            try:
+                with self.meta.write() as tx:
+                    inode = self._object(tx, ident, bucket, key, action)
+                    inode.objmeta = with_tags(inode.objmeta, tags)
+                    inode.ctime_ns = now_ns()
+                    tx.put_inode(inode)
+                break
+            except FsError as e:
+                if e.errno != errno.ENOENT or attempt:
+                    raise
+                await self._imported(bucket, key)
+        self._notify(Change(ino=inode.ino))
+        await self._sync_meta()
+        return inode
+
+    def peek_object_tags(self, bucket: str, key: str) -> Tags | None:
+        """The stored tags of ``key`` without permission checks, None when there is no such
+        key: for bucket-policy conditions (``s3:ExistingObjectTag/<key>``), which S3 judges
+        on the object's tags whoever asks, before the request's own checks run."""
+        try:
+            segments, marker = split_key(key)
+            with self.meta.snapshot() as tx:
+                self._bucket_dir(tx, bucket)
+                inode = self._resolve(tx, Identity.ROOT, self._path_of(bucket, segments),
+                                      follow=True)
+        except FsError:
+            return None
+        return tags_of(inode) if marker == inode.is_dir else None

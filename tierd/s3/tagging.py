@@ -1,0 +1,138 @@
+"""Object and bucket tagging: Get/Put/DeleteObjectTagging and Get/Put/DeleteBucketTagging.
+
+Object tags are stored with the object's metadata (:mod:`tierd.namespace.tags`: changing
+them keeps the ETag, version and Last-Modified; a write through the mount keeps them); the
+POSIX checks are those of :mod:`tierd.acl.s3map` (read on the object to read them, write to
+change them).  Bucket tags are the bucket configuration document ``tagging``
+(:mod:`tierd.namespace.bucketconf`), stored URL-encoded like object tags.
+
+Permissions: GetObjectTagging and DeleteObjectTagging are judged before the handler, like
+every object call (:mod:`tierd.s3.access`).  PutObjectTagging judges itself once its body is
+read, because its ``s3:RequestObjectTag/<key>`` condition keys are the tags in the body.
+Bucket tagging is the bucket owner's (or root's, or an admin's), or anyone's whom the bucket
+policy allows; an explicit Deny binds the owner too, as on AWS.
+
+Versions: ``?versionId=null`` names the (only) current version.  Other version ids are the
+versioning code's to resolve: :func:`target_version` is the one place that reads the
+parameter, and the namespace calls take the current object.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from aiohttp import web
+
+from tierd.acl import AccessDenied
+from tierd.acl.policy import REQUEST_OBJECT_TAG
+from tierd.errors import FsError
+from tierd.namespace.tags import decode_tags, encode_tags
+from tierd.s3 import access, tagset, xmlio
+from tierd.s3.body import Body
+from tierd.s3.bucket_policy import is_manager
+from tierd.s3.buckets import xml_response
+from tierd.s3.common import Ctx, check_version_id
+from tierd.s3.errors import S3Error, from_fs_error
+from tierd.s3.objects import fs_error
+
+#: the bucket configuration document of bucket tags (tierd.namespace.bucketconf)
+BUCKET_CONFIG = "tagging"
+
+
+def target_version(ctx: Ctx) -> str | None:
+    """The version ``?versionId=`` names: "null" or None (the current object).
+
+    Versioning hook: today :func:`tierd.s3.common.check_version_id` accepts only ``null``;
+    when other ids exist, resolve them here and pass the version to the namespace's
+    ``get_object_tags``/``set_object_tags``, which act on the current object."""
+    return "null" if check_version_id(ctx) else None
+
+
+def _version_header(ctx: Ctx, version: str | None) -> None:
+    if version is not None:
+        ctx.response_headers["x-amz-version-id"] = version
+
+
+async def _read_body(ctx: Ctx) -> bytes:
+    return await Body(ctx.request, ctx.verified).read_all(xmlio.SMALL_BODY)
+
+
+# -- objects -------------------------------------------------------------------------------
+
+async def get_object_tagging(ctx: Ctx) -> web.Response:
+    version = target_version(ctx)
+    try:
+        tags = await ctx.ns.get_object_tags(ctx.ident, ctx.bucket, ctx.key)
+    except FsError as e:
+        raise await fs_error(ctx, e) from None
+    _version_header(ctx, version)
+    return xml_response(ctx, tagset.tagging_document(tags))
+
+
+async def put_object_tagging(ctx: Ctx) -> web.Response:
+    version = target_version(ctx)
+    tags = tagset.parse_document(await _read_body(ctx))
+    access.judge_object(ctx, "s3:PutObjectTagging", access.tag_keys(REQUEST_OBJECT_TAG, tags))
+    try:
+        await ctx.ns.set_object_tags(ctx.ident, ctx.bucket, ctx.key, tags)
+    except FsError as e:
+        raise await fs_error(ctx, e) from None
+    _version_header(ctx, version)
+    return web.Response(status=200, headers=ctx.response_headers)
+
+
+async def delete_object_tagging(ctx: Ctx) -> web.Response:
+    version = target_version(ctx)
+    try:
+        await ctx.ns.set_object_tags(ctx.ident, ctx.bucket, ctx.key, [],
+                                     action="DeleteObjectTagging")
+    except FsError as e:
+        raise await fs_error(ctx, e) from None
+    _version_header(ctx, version)
+    return web.Response(status=204, headers=ctx.response_headers)
+
+
+# -- buckets -------------------------------------------------------------------------------
+
+async def _bucket_owner_or_granted(ctx: Ctx, action: str) -> None:
+    """The bucket exists (NoSuchBucket) and the caller manages it, or the bucket policy
+    allowed ``action`` (the request's identity carries its grant)."""
+    try:
+        b = await ctx.ns.get_bucket(ctx.bucket)
+    except FsError as e:
+        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
+    if not is_manager(ctx, b) and ctx.ident.grant is None:
+        raise AccessDenied(errno.EACCES, f"only the owner of bucket {ctx.bucket!r} may call "
+                           f"{action}")
+
+
+async def _store(ctx: Ctx, text: str | None) -> None:
+    try:
+        await ctx.ns.bucket_config.put(ctx.bucket, BUCKET_CONFIG, text)
+    except FsError as e:
+        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
+
+
+async def get_bucket_tagging(ctx: Ctx) -> web.Response:
+    await _bucket_owner_or_granted(ctx, "s3:GetBucketTagging")
+    try:
+        text = ctx.ns.bucket_config.get(ctx.bucket, BUCKET_CONFIG)
+    except FsError as e:
+        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
+    if not text:
+        raise S3Error("NoSuchTagSet", BucketName=ctx.bucket)
+    return xml_response(ctx, tagset.tagging_document(decode_tags(text)))
+
+
+async def put_bucket_tagging(ctx: Ctx) -> web.Response:
+    await _bucket_owner_or_granted(ctx, "s3:PutBucketTagging")
+    tags = tagset.parse_document(await _read_body(ctx), tagset.MAX_BUCKET_TAGS, "Bucket")
+    await _store(ctx, encode_tags(tags) if tags else None)
+    return web.Response(status=204, headers=ctx.response_headers)
+
+
+async def delete_bucket_tagging(ctx: Ctx) -> web.Response:
+    # AWS names the permission of DeleteBucketTagging s3:PutBucketTagging
+    await _bucket_owner_or_granted(ctx, "s3:PutBucketTagging")
+    await _store(ctx, None)
+    return web.Response(status=204, headers=ctx.response_headers)
