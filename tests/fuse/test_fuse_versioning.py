@@ -1,0 +1,121 @@
+"""Versioning through the mount: the mount shows the current version only; writes, atomic
+replaces and in-place changes through it make versions; ``rm`` leaves a delete marker; an
+S3 delete of a marker or of the current version brings the previous one back at its path.
+Real programs (cp, mv, rm, cat, ls) on one side, boto3 on the other."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ACCESS_KEY, SECRET_KEY, Daemon, run
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def s3(daemon: Daemon) -> Any:
+    boto3 = pytest.importorskip("boto3")
+    from botocore.config import Config
+
+    ep = daemon.endpoints()["s3"]
+    assert isinstance(ep, dict)
+    return boto3.client(
+        "s3", endpoint_url=ep["url"], aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+
+
+@pytest.fixture
+def vbucket(daemon: Daemon, s3: Any) -> Iterator[tuple[str, Path]]:
+    """A versioned bucket of its own (the session's bucket stays unversioned)."""
+    name = f"fv-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=name)
+    s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    yield name, daemon.mnt / name
+    for page in s3.get_paginator("list_object_versions").paginate(Bucket=name):
+        objs = [{"Key": v["Key"], "VersionId": v["VersionId"]}
+                for v in page.get("Versions", []) + page.get("DeleteMarkers", [])]
+        if objs:
+            s3.delete_objects(Bucket=name, Delete={"Objects": objs})
+    s3.delete_bucket(Bucket=name)
+
+
+def history(s3: Any, bucket: str, key: str) -> list[tuple[str, bool, bool]]:
+    """(version id, is delete marker, is latest) of ``key``, newest first."""
+    page = s3.list_object_versions(Bucket=bucket, Prefix=key)
+    rows = [(v["VersionId"], False, v["IsLatest"]) for v in page.get("Versions", [])
+            if v["Key"] == key]
+    rows += [(m["VersionId"], True, m["IsLatest"]) for m in page.get("DeleteMarkers", [])
+             if m["Key"] == key]
+    return sorted(rows, key=lambda r: (r[0] == "null", r[0]))
+
+
+def test_mount_writes_make_versions(s3: Any, vbucket: tuple[str, Path],
+                                    tmp_path: Path) -> None:
+    bucket, root = vbucket
+    src = tmp_path / "src"
+    src.write_bytes(b"first")
+    run(["cp", str(src), str(root / "f.txt")])
+    (v1, _, _), = history(s3, bucket, "f.txt")
+    assert v1 != "null"
+    assert s3.head_object(Bucket=bucket, Key="f.txt")["VersionId"] == v1
+    # an editor's save: a new file renamed over the old one
+    src.write_bytes(b"second")
+    run(["cp", str(src), str(root / ".f.txt.tmp")])
+    run(["mv", str(root / ".f.txt.tmp"), str(root / "f.txt")])
+    hist = history(s3, bucket, "f.txt")
+    assert [h[0] for h in hist][1:] == [v1] and hist[0][2] is True
+    v2 = hist[0][0]
+    assert s3.get_object(Bucket=bucket, Key="f.txt", VersionId=v1)["Body"].read() == b"first"
+    assert run(["cat", str(root / "f.txt")]).stdout == "second"
+    # a change in place gives the current version a new id
+    _in_place(root / "f.txt")
+    v3 = s3.head_object(Bucket=bucket, Key="f.txt")["VersionId"]
+    assert v3 not in (v1, v2, "null")
+    assert s3.get_object(Bucket=bucket, Key="f.txt")["Body"].read() == b"SECOND"
+
+
+def _in_place(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.write(b"SECOND")
+
+
+def test_rm_leaves_marker_and_undelete_restores_the_file(s3: Any,
+                                                          vbucket: tuple[str, Path]) -> None:
+    bucket, root = vbucket
+    s3.put_object(Bucket=bucket, Key="d/g.bin", Body=b"v1")
+    v2 = s3.put_object(Bucket=bucket, Key="d/g.bin", Body=b"v2")["VersionId"]
+    assert (root / "d" / "g.bin").read_bytes() == b"v2"
+    run(["rm", str(root / "d" / "g.bin")])
+    assert not (root / "d" / "g.bin").exists()
+    hist = history(s3, bucket, "d/g.bin")
+    assert hist[0][1:] == (True, True) and len(hist) == 3
+    e = pytest.raises(Exception, s3.get_object, Bucket=bucket, Key="d/g.bin").value
+    assert e.response["ResponseMetadata"]["HTTPHeaders"]["x-amz-delete-marker"] == "true"
+    # removing the marker through S3: the file is back at its path in the mount
+    s3.delete_object(Bucket=bucket, Key="d/g.bin", VersionId=hist[0][0])
+    assert run(["cat", str(root / "d" / "g.bin")]).stdout == "v2"
+    # removing the current version: the one before it is current again
+    s3.delete_object(Bucket=bucket, Key="d/g.bin", VersionId=v2)
+    assert run(["cat", str(root / "d" / "g.bin")]).stdout == "v1"
+    assert sorted(p.name for p in (root / "d").iterdir()) == ["g.bin"]
+
+
+def test_mount_shows_current_versions_only(s3: Any, vbucket: tuple[str, Path]) -> None:
+    bucket, root = vbucket
+    for i in range(3):
+        s3.put_object(Bucket=bucket, Key="many", Body=f"{i}".encode())
+    s3.put_object(Bucket=bucket, Key="gone", Body=b"x")
+    s3.delete_object(Bucket=bucket, Key="gone")
+    assert sorted(run(["ls", "-A", str(root)]).stdout.split()) == ["many"]
+    assert (root / "many").read_bytes() == b"2"
+    (root / ".tierd-versions").mkdir()  # the cold store's prefix for old versions
+    try:
+        with pytest.raises(PermissionError):
+            (root / ".tierd-versions" / "x").write_bytes(b"reserved")
+    finally:
+        (root / ".tierd-versions").rmdir()
