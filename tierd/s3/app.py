@@ -50,6 +50,7 @@ from tierd.s3.attributes import get_object_attributes
 from tierd.s3.auth import Authenticator
 from tierd.s3.common import Ctx, S3State
 from tierd.s3.errors import S3Error, from_fs_error
+from tierd.s3.post_object import post_object
 from tierd.s3.xmlio import error_document
 
 log = logging.getLogger("tierd.s3")
@@ -136,7 +137,7 @@ def route(ctx: Ctx) -> Handler:
         if method == "POST":
             if "delete" in q:
                 return objects.delete_objects
-            raise _not_implemented("POST object (browser form uploads)")
+            return post_object  # a browser form upload
         raise _method_not_allowed(ctx)
     if "acl" in q:
         if method in ("GET", "PUT"):
@@ -250,6 +251,7 @@ def _actions() -> Actions:
     a.add(tagging.delete_bucket_tagging, "s3:PutBucketTagging", False)  # AWS's name for it
     # s3:PutObjectTagging is judged by its handler: its condition keys are in the body
     a.own.add(tagging.put_object_tagging)
+    a.own.add(post_object)  # judges the form's signer itself, as PutObject on its key
     # these judge for themselves: per key, or the bucket owner's operations
     a.own.update({objects.delete_objects, bucket_policy.get_policy, bucket_policy.put_policy,
                   bucket_policy.delete_policy, bucket_policy.get_policy_status})
@@ -277,6 +279,7 @@ OPERATIONS: dict[Handler, str] = {
     objects.copy_object: "CopyObject",
     objects.delete_object: "DeleteObject",
     objects.delete_objects: "DeleteObjects",
+    post_object: "PostObject",
     multipart.create: "CreateMultipartUpload",
     multipart.upload_part: "UploadPart",
     multipart.upload_part_copy: "UploadPartCopy",

@@ -41,6 +41,8 @@ CODES: dict[str, tuple[int, str]] = {
     "InvalidPart": (400, "One or more of the specified parts could not be found"),
     "InvalidPartNumber": (416, "The requested partnumber is not satisfiable"),
     "InvalidPartOrder": (400, "The list of parts was not in ascending order"),
+    "InvalidPolicyDocument": (400, "The content of the form does not meet the conditions "
+                              "specified in the policy document."),
     "InvalidRange": (416, "The requested range is not satisfiable"),
     "InvalidRequest": (400, "Invalid Request"),
     "InvalidStorageClass": (400, "The storage class you specified is not valid"),
@@ -48,9 +50,13 @@ CODES: dict[str, tuple[int, str]] = {
     "KeyTooLongError": (400, "Your key is too long"),
     "MalformedACLError": (400, "The XML you provided was not well-formed or did not "
                           "validate against our published schema"),
+    "MalformedPOSTRequest": (400, "The body of your POST request is not well-formed "
+                             "multipart/form-data."),
     "MalformedPolicy": (400, "Policies must be valid JSON and the first byte must be '{'"),
     "MalformedXML": (400, "The XML you provided was not well-formed or did not validate "
                      "against our published schema"),
+    "MaxPostPreDataLengthExceeded": (400, "Your POST request fields preceding the upload "
+                                     "file were too large."),
     "MetadataTooLarge": (400, "Your metadata headers exceed the maximum allowed metadata "
                          "size"),
     "MethodNotAllowed": (405, "The specified method is not allowed against this resource"),
