@@ -20,6 +20,7 @@ from tierd.errors import FsError
 from tierd.meta import Dirent, Inode, MetaTxn
 from tierd.namespace import versions
 from tierd.namespace.base import Change
+from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.multipart import MultipartOps
 from tierd.namespace.names import split_key
 from tierd.namespace.objects import ObjectReader
@@ -260,6 +261,7 @@ class VersionOps(MultipartOps):
 
     def _after_delete(self, drops: list[int], changes: list[Change], result: Deleted
                       ) -> Deleted:
+        crashpoint("delete.committed")
         for ino in drops:
             self._forget_data(ino)
         if changes:

@@ -63,7 +63,8 @@ class PlacementOps:
 
     def _files(self, prefix: str) -> list[tuple[int, int, list[str]]]:
         with self.p.meta.snapshot() as tx:
-            return [(f.ino, f.size, file_keys(tx, f.ino)) for f in files_under(tx, prefix)]
+            return [(f.ino, f.size, file_keys(tx, f.ino))
+                    for f in files_under(tx, prefix, versions=True)]
 
     def du(self, prefix: str) -> dict[str, Any]:
         """Bytes under ``prefix`` per tier (hot, warm, cold at the current version) and

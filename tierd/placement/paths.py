@@ -82,14 +82,17 @@ def resolve(tx: MetaTxn, key: str) -> int | None:
     return ino
 
 
-def files_under(tx: MetaTxn, prefix: str) -> Iterator[Inode]:
-    """Regular files with a name under ``prefix`` (``bucket/key-prefix``), each once.
+def files_under(tx: MetaTxn, prefix: str, versions: bool = False) -> Iterator[Inode]:
+    """Regular files with a name under ``prefix`` (``bucket/key-prefix``), each once; with
+    ``versions`` the noncurrent versions of keys under it too (evict, persist --wait).
 
     Only the matching subtree is read: complete segments are looked up, the last, partial
     one is a range scan of its directory's entries (sorted by name), and matching
     directories are walked.  An operator command on one dataset costs that dataset, not
     the namespace."""
     seen: set[int] = set()
+    if versions:
+        yield from _versions_under(tx, prefix, seen)
     bucket, sep, rest = prefix.partition("/")
     if not sep:  # a bucket-name prefix ("" is everything)
         for b in tx.list_buckets():
@@ -117,6 +120,17 @@ def files_under(tx: MetaTxn, prefix: str) -> Iterator[Inode]:
             yield from _walk(tx, ent.ino, seen)
         else:
             yield from _file(tx, ent.ino, seen)
+
+
+def _versions_under(tx: MetaTxn, prefix: str, seen: set[int]) -> Iterator[Inode]:
+    from tierd.namespace import versions as vs  # here: the namespace imports us
+
+    bucket, sep, rest = prefix.partition("/")
+    for b in tx.list_buckets():
+        if b.name == bucket if sep else b.name.startswith(bucket):
+            for v in vs.scan(tx, b.name, rest if sep else ""):
+                if v.ino:
+                    yield from _file(tx, v.ino, seen)
 
 
 def _walk(tx: MetaTxn, top: int, seen: set[int]) -> Iterator[Inode]:

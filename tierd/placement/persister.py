@@ -397,7 +397,8 @@ class Placement(Uploading):
         """``wait`` while work under ``prefix`` can still be done, ``stuck`` when only
         unpersistable files (and deletes that wait for them) are left, else ``""``."""
         if prefix:  # the prefix's subtree, not the whole queue
-            queued = [f.ino for f in files_under(tx, prefix) if tx.queued(f.ino) is not None]
+            queued = [f.ino for f in files_under(tx, prefix, versions=True)
+                      if tx.queued(f.ino) is not None]
         else:
             queued = tx.list_queue()
         stuck = False
