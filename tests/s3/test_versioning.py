@@ -124,6 +124,12 @@ def test_copy_and_multipart_make_versions(s3: Any, vb: str) -> None:
     assert vids == [done["VersionId"], r["VersionId"]]
     assert_error("InvalidArgument", 400, s3.copy_object, Bucket=vb, Key="x",
                  CopySource=f"{vb}/src?versionId=bogus")
+    # restoring an old version: a copy of it onto its own key (refused without versionId)
+    r = s3.copy_object(Bucket=vb, Key="src", CopySource={"Bucket": vb, "Key": "src",
+                                                         "VersionId": v1})
+    assert body(s3, vb, "src") == b"first" and r["VersionId"] != v1
+    assert_error("InvalidRequest", 400, s3.copy_object, Bucket=vb, Key="src",
+                 CopySource={"Bucket": vb, "Key": "src"})
 
 
 # -- delete markers --------------------------------------------------------------------

@@ -110,6 +110,9 @@ class VersionOps(MultipartOps):
         if status not in (ENABLED, SUSPENDED):
             raise FsError(errno.EINVAL, f"versioning status {status!r} is not Enabled or "
                           "Suspended", reason="MalformedXML")
+        with self.meta.write() as tx:
+            versions.require_bucket(tx, bucket)
+            versions.mark_in_use(tx)
         await self.bucket_config.put(bucket, versions.CONFIG, status)
 
     async def delete_bucket(self, ident: Identity, name: str) -> None:

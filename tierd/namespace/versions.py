@@ -211,6 +211,14 @@ def resolve_cold(tx: MetaTxn, bucket: str, rest: str) -> int | None:
     return v.ino or None if v is not None else None
 
 
+_IN_USE = PREFIX + b"\0"  # some bucket has had versioning enabled (bucket names are never empty)
+
+
+def mark_in_use(tx: MetaTxn) -> None:
+    """Versioning is being enabled on a bucket: from now on writes look up their bucket."""
+    tx.kv.put(_IN_USE, b"")
+
+
 def state(tx: MetaTxn, bucket: str) -> str:
     """``""`` (never enabled), ``Enabled`` or ``Suspended``."""
     b = tx.get_bucket(bucket)
@@ -218,7 +226,11 @@ def state(tx: MetaTxn, bucket: str) -> str:
 
 
 def locate(tx: MetaTxn, d_ino: int, name: bytes) -> tuple[str, str] | None:
-    """(bucket, key) of entry ``name`` in directory ``d_ino``; None outside a bucket."""
+    """(bucket, key) of entry ``name`` in directory ``d_ino``; None outside a bucket, and
+    None at the cost of one point read while no bucket was ever versioned (a create, an
+    unlink or an overwrite then needs no walk up to its bucket)."""
+    if tx.kv.get(_IN_USE) is None:
+        return None
     p = dir_path(tx, d_ino)
     if p is None:
         return None

@@ -350,7 +350,8 @@ async def copy_object(ctx: Ctx) -> web.Response:
                       ArgumentName="x-amz-metadata-directive", ArgumentValue=directive)
     reject_unsupported_headers(ctx.headers)
     src_bucket, src_key, src = await head_source(ctx)
-    if (src_bucket, src_key) == (ctx.bucket, ctx.key) and directive == "COPY":
+    if ((src_bucket, src_key) == (ctx.bucket, ctx.key) and directive == "COPY"
+            and versioning.copy_source_version(ctx.headers["x-amz-copy-source"]) is None):
         raise S3Error("InvalidRequest", "This copy request is illegal because it is trying to "
                       "copy an object to itself without changing the object's metadata, "
                       "storage class, website redirect location or encryption attributes.")
@@ -377,3 +378,4 @@ async def copy_object(ctx: Ctx) -> web.Response:
         fields += el("Checksum" + ck[0].upper(), ck[1])
         ctx.response_headers[checksums.META_PREFIX + ck[0]] = ck[1]
     return xml_response(ctx, document("CopyObjectResult", fields))
+
