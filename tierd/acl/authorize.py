@@ -22,7 +22,10 @@ They are parsed once per text and cached.
 from __future__ import annotations
 
 import errno
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
 
 from tierd.acl.identity import Grant, Identity
 from tierd.acl.modes import R_OK, W_OK, X_OK, AccessDenied
@@ -41,6 +44,72 @@ ANONYMOUS_POSIX = frozenset({
     "s3:ListBucketVersions", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"})
 
 
+#: the bucket_config name of the public access block (tierd.s3.bucket_controls writes it)
+PAB_CONFIG = "publicAccessBlock"
+
+
+@dataclass(frozen=True, slots=True)
+class PublicAccessBlock:
+    """A bucket's PublicAccessBlockConfiguration.  ``block_public_acls`` and
+    ``block_public_policy`` refuse writes (the S3 door checks them); the other two change
+    decisions, through :class:`GuardedPolicy`: ``ignore_public_acls`` -- anonymous
+    requests get nothing from anonymous grants (the ``AllUsers`` ACLs), only what a policy
+    allows; ``restrict_public_buckets`` -- while the policy is public, anonymous requests
+    get nothing at all (every signed user is a principal of this server, as AWS's "same
+    account")."""
+
+    block_public_acls: bool = False
+    ignore_public_acls: bool = False
+    block_public_policy: bool = False
+    restrict_public_buckets: bool = False
+
+    #: the XML element names, in the order of the fields
+    NAMES: ClassVar[tuple[str, ...]] = ("BlockPublicAcls", "IgnorePublicAcls",
+                                        "BlockPublicPolicy", "RestrictPublicBuckets")
+
+    def flags(self) -> dict[str, bool]:
+        return dict(zip(self.NAMES, (self.block_public_acls, self.ignore_public_acls,
+                                     self.block_public_policy, self.restrict_public_buckets),
+                        strict=True))
+
+    def to_text(self) -> str:
+        return json.dumps(self.flags(), sort_keys=True)
+
+    @classmethod
+    def from_text(cls, text: str) -> PublicAccessBlock:
+        """The stored form (:meth:`to_text`); a damaged record blocks everything (never
+        opens a bucket its owner closed)."""
+        try:
+            doc = json.loads(text)
+            return cls(*(doc.get(n) is True for n in cls.NAMES))
+        except (ValueError, AttributeError):
+            return cls(True, True, True, True)
+
+
+@dataclass(frozen=True, slots=True)
+class GuardedPolicy(Policy):
+    """A bucket's policy (``stated`` False: it has none, only the statements-less
+    placeholder) under its public access block, which :meth:`evaluate` applies to
+    anonymous requesters: a Deny (Sid ``PublicAccessBlock:<flag>``) where the block takes
+    away what the policy or the anonymous grants would give."""
+
+    block: PublicAccessBlock = PublicAccessBlock()
+    stated: bool = True
+
+    def evaluate(self, req: Request) -> tuple[Decision, str]:
+        decision, sid = Policy.evaluate(self, req)
+        if not req.requester.anonymous or decision is Decision.DENY:
+            return decision, sid
+        if self.block.restrict_public_buckets and self.public:
+            return Decision.DENY, GUARD_SID + "RestrictPublicBuckets"
+        if self.block.ignore_public_acls and decision is Decision.NONE:
+            return Decision.DENY, GUARD_SID + "IgnorePublicAcls"
+        return decision, sid
+
+
+GUARD_SID = "PublicAccessBlock:"
+
+
 class PolicyStore:
     """Bucket policies in the metadata store, parsed once per text (one lmdb read per
     request, like the key lookup)."""
@@ -53,13 +122,31 @@ class PolicyStore:
         """The bucket's policy; None when it has none or does not exist."""
         return self.lookup(bucket)[1]
 
-    def lookup(self, bucket: str) -> tuple[bool, Policy | None]:
-        """(whether the bucket exists, its policy or None), with one read."""
+    def lookup(self, bucket: str, guarded: bool = True) -> tuple[bool, Policy | None]:
+        """(whether the bucket exists, its policy or None), with one read.  ``guarded``:
+        under a public access block that changes decisions, a :class:`GuardedPolicy` (also
+        for a bucket without a policy), so every decision made with it obeys the block."""
         with self.meta.snapshot() as tx:
             b = tx.get_bucket(bucket)
-        if b is None or not b.policy:
-            return b is not None, None
-        return True, self._parsed_policy(bucket, b.policy)
+        if b is None:
+            return False, None
+        policy = self._parsed_policy(bucket, b.policy) if b.policy else None
+        block_text = b.config.get(PAB_CONFIG) if guarded else None
+        if block_text is None:
+            return True, policy
+        block = PublicAccessBlock.from_text(block_text)
+        if not (block.ignore_public_acls or block.restrict_public_buckets):
+            return True, policy
+        return True, GuardedPolicy(
+            policy.text if policy else "", bucket, policy.version if policy else "",
+            policy.statements if policy else (), block=block, stated=policy is not None)
+
+    def block(self, bucket: str) -> PublicAccessBlock:
+        """The bucket's public access block (all off without one or without the bucket)."""
+        with self.meta.snapshot() as tx:
+            b = tx.get_bucket(bucket)
+        text = b.config.get(PAB_CONFIG) if b is not None else None
+        return PublicAccessBlock.from_text(text) if text else PublicAccessBlock()
 
     def _parsed_policy(self, bucket: str, text: str) -> Policy:
         ck = (bucket, text)
@@ -120,6 +207,9 @@ def authorize(policy: Policy | None, ident: Identity, requester: Requester, acti
     policy says (the door checks them), so a policy that locks everyone out can be fixed."""
     decision, sid = decide(policy, requester, action, bucket, key, context)
     where = f"{bucket}/{key}" if key is not None else bucket
+    if decision is Decision.DENY and sid.startswith(GUARD_SID):
+        raise AccessDenied(errno.EACCES, f"anonymous {action} on {where!r} is refused by the "
+                           f"bucket's public access block ({sid.removeprefix(GUARD_SID)})")
     if decision is Decision.DENY:
         by = f" (statement {sid!r})" if sid else ""
         raise AccessDenied(errno.EACCES, f"{action} on {where!r} is denied by the bucket "

@@ -41,8 +41,10 @@ import stat
 from dataclasses import dataclass
 
 from tierd.acl import posix_acl as pacl
+from tierd.acl import s3map
 from tierd.acl.identity import Identity
 from tierd.acl.modes import is_owner
+from tierd.acl.s3map import ALL_USERS, AUTHENTICATED_USERS
 from tierd.errors import FsError
 from tierd.meta.records import Inode
 
@@ -61,8 +63,6 @@ _ANONYMOUS = {"public-read": 4, "public-read-write": 6}
 #: and buckets are their owner's alone unless a default ACL shares the directory
 S3_UMASK = 0o077
 
-ALL_USERS = "http://acs.amazonaws.com/groups/global/AllUsers"
-AUTHENTICATED_USERS = "http://acs.amazonaws.com/groups/global/AuthenticatedUsers"
 
 
 class UnknownCannedAcl(ValueError):
@@ -211,11 +211,23 @@ def canned_of(grant_set: list[tuple[str, str]], *, owner_id: str, bucket_owner_i
 def apply_on_commit(ident: Identity, inode: Inode, name: str, bucket_owner: int,
                     key: str) -> None:
     """For the namespace, inside the transaction that commits an S3 write carrying
-    ``x-amz-acl`` (or PutObjectAcl/PutBucketAcl): set the inode's mode, access ACL and
-    anonymous grant.  Setting an ACL is chmod, so only the object's owner or root may (an
-    overwrite keeps the old owner): EPERM else."""
-    if not is_owner(ident, inode):
+    ``x-amz-acl`` or ``x-amz-grant-*`` (or PutObjectAcl/PutBucketAcl): set the inode's mode,
+    access ACL and anonymous grant.  Setting an ACL is chmod, so only the object's owner or
+    root may (an overwrite keeps the old owner): EPERM else.  ``name`` is a canned ACL, a
+    grant list (:class:`tierd.acl.s3map.GrantSet`), or either after
+    :data:`~tierd.acl.s3map.TO_BUCKET_OWNER`: the bucket's ownership controls give the
+    object to the bucket's owner (who accepted that by setting them), then the ACL applies
+    for that owner (an empty one keeps the mode)."""
+    if name.startswith(s3map.TO_BUCKET_OWNER):
+        inode.uid, name = bucket_owner, name.removeprefix(s3map.TO_BUCKET_OWNER)
+        if not name:
+            return
+    elif not is_owner(ident, inode):
         raise FsError(errno.EPERM, f"only the owner of key {key!r} (uid {inode.uid}) or root "
                       "may set its ACL (x-amz-acl)")
+    if name.startswith(s3map.GRANTS_PREFIX):
+        inode.mode, inode.acl_access, inode.anon = s3map.apply_grants(
+            inode.mode, s3map.GrantSet.decode(name), inode.uid)
+        return
     inode.mode, inode.acl_access, inode.anon = apply(
         inode.mode, check(name), owner=inode.uid, bucket_owner=bucket_owner)

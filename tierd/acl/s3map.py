@@ -28,10 +28,13 @@ whose checks apply to their source and destination in ``parts``.
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
+import re
+import stat
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 
+from tierd.acl import posix_acl as pacl
 from tierd.acl.identity import Identity
 from tierd.acl.modes import R_OK, W_OK, X_OK, AccessDenied, check_access, may_access, may_delete
 from tierd.meta.records import Inode
@@ -197,3 +200,167 @@ def allowed(
                 ident, inode, obj):
             return False
     return True
+
+
+# -- S3 grants -> POSIX state ---------------------------------------------------------------
+#
+# The grant half of the table: what each S3 permission (x-amz-grant-* headers, the Grant
+# list of an AccessControlPolicy body) becomes on an object (a file) and on a bucket or
+# prefix (a directory).  Canned ACLs are grant lists too, and each gives here exactly the
+# state tierd.acl.canned gives it, so a grant list and its canned equivalent never differ.
+
+ALL_USERS = "http://acs.amazonaws.com/groups/global/AllUsers"
+AUTHENTICATED_USERS = "http://acs.amazonaws.com/groups/global/AuthenticatedUsers"
+#: a grant list, encoded for the namespace to apply in the commit that creates the object
+#: (it rides in :data:`tierd.acl.canned.META_KEY` like a canned ACL name)
+GRANTS_PREFIX = "grants:"
+#: an ACL spec to apply after the object is given to the bucket's owner (ownership controls)
+TO_BUCKET_OWNER = "bucket-owner:"
+
+#: S3 permission -> the rw bits it gives on an object; a directory also gets search with
+#: any of them (a bucket's READ is list = r-x, WRITE is create/delete keys = -wx).  None:
+#: POSIX cannot give it to anyone but the owner (changing permissions is chmod).
+#: READ_ACP gives nothing: whoever reaches a key may already read its ACL (as ``stat``).
+#: FULL_CONTROL is READ and WRITE: its ACP half stays the owner's, as for the canned
+#: ``bucket-owner-full-control``.  WRITE on an object is overwrite (``w``), as the canned
+#: ``public-read-write`` has always given (S3 defines no WRITE on objects).
+GRANT_PERMISSIONS: dict[str, int | None] = {
+    "READ": R_OK, "WRITE": W_OK, "FULL_CONTROL": R_OK | W_OK, "READ_ACP": 0, "WRITE_ACP": None,
+}
+#: x-amz-grant-* header -> the permission it grants
+GRANT_HEADERS = {"x-amz-grant-read": "READ", "x-amz-grant-write": "WRITE",
+                 "x-amz-grant-read-acp": "READ_ACP", "x-amz-grant-write-acp": "WRITE_ACP",
+                 "x-amz-grant-full-control": "FULL_CONTROL"}
+_GRANTEE = re.compile(r'\s*([A-Za-z]+)\s*=\s*(?:"([^"]*)"|([^,\s]+))\s*(?:,|$)')
+
+
+class GrantError(ValueError):
+    """A grant tierd cannot apply; ``code`` is the S3 error code to answer with."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class GrantSet:
+    """A resolved grant list as rw bits per grantee slot: ``other`` for every signed user
+    (``AuthenticatedUsers``, and ``AllUsers``, which includes them), ``anonymous`` for
+    unsigned requests (``AllUsers``: the inode's anonymous grant), ``users`` for named
+    users ((uid, bits), sorted).  The object's owner always keeps read and write."""
+
+    other: int = 0
+    anonymous: int = 0
+    users: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def public(self) -> bool:
+        """Grants to AllUsers or AuthenticatedUsers (what BlockPublicAcls refuses)."""
+        return bool(self.other or self.anonymous)
+
+    def encode(self) -> str:
+        users = ",".join(f"{u}:{b}" for u, b in self.users)
+        return f"{GRANTS_PREFIX}o={self.other};a={self.anonymous};u={users}"
+
+    @classmethod
+    def decode(cls, text: str) -> GrantSet:
+        fields = dict(p.split("=", 1) for p in text.removeprefix(GRANTS_PREFIX).split(";"))
+        users = tuple((int(u), int(b)) for u, _, b in
+                      (x.partition(":") for x in fields["u"].split(",") if x))
+        return cls(int(fields["o"]), int(fields["a"]), users)
+
+
+def grant_header_pairs(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(grantee, permission) pairs of the ``x-amz-grant-*`` headers: grantee a canonical
+    id, a group URI or ``emailAddress:<address>`` (``id="..."``, ``uri="..."``,
+    ``emailAddress="..."``, comma separated).  GrantError InvalidArgument when malformed."""
+    out: list[tuple[str, str]] = []
+    for name, value in headers:
+        perm = GRANT_HEADERS.get(name.lower())
+        if perm is None:
+            continue
+        pos, text = 0, value.strip()
+        while pos < len(text):
+            m = _GRANTEE.match(text, pos)
+            if m is None or m.end() == pos:
+                raise GrantError("InvalidArgument", f"{name}: cannot parse {text[pos:]!r}; "
+                                 'give id="<canonical id>" or uri="<group URI>", comma '
+                                 "separated")
+            kind, val = m.group(1).lower(), (m.group(2) if m.group(2) is not None
+                                             else m.group(3))
+            if kind == "emailaddress":
+                val = "emailAddress:" + val
+            elif kind not in ("id", "uri"):
+                raise GrantError("InvalidArgument", f"{name}: unknown grantee type {kind!r} "
+                                 "(id, uri or emailAddress)")
+            out.append((val.strip(), perm))
+            pos = m.end()
+        if not text:
+            raise GrantError("InvalidArgument", f"{name} names no grantee")
+    return out
+
+
+def resolve_grants(pairs: Iterable[tuple[str, str]], uid_of: Callable[[str], int | None],
+                   owner: int) -> GrantSet:
+    """The :class:`GrantSet` of (grantee, permission) pairs for an inode of ``owner``;
+    ``uid_of`` maps a canonical id to a known user's uid (None: unknown).  GrantError for
+    what cannot be applied: an unknown id or group (InvalidArgument), an e-mail grantee
+    (UnresolvableGrantByEmailAddress: tierd users have no addresses) and WRITE_ACP to
+    anyone but the owner (NotImplemented: only the owner may change permissions)."""
+    other = anonymous = 0
+    users: dict[int, int] = {}
+    for grantee, perm in pairs:
+        if perm not in GRANT_PERMISSIONS:
+            raise GrantError("MalformedACLError", f"unknown permission {perm!r}")
+        if grantee.startswith("emailAddress:"):
+            raise GrantError("UnresolvableGrantByEmailAddress", "grants by e-mail address "
+                             "are not supported: tierd users have no e-mail address; grant "
+                             'to id="<canonical id>" (GetBucketAcl shows them)')
+        if grantee in (ALL_USERS, AUTHENTICATED_USERS):
+            uid = None
+        else:
+            uid = uid_of(grantee)
+            if uid is None:
+                raise GrantError("InvalidArgument", f"grantee {grantee!r} is neither a known "
+                                 f"user's canonical id nor a group ({ALL_USERS} or "
+                                 f"{AUTHENTICATED_USERS})")
+        bits = GRANT_PERMISSIONS[perm]
+        if uid == owner:
+            continue  # the owner has every permission already
+        if bits is None:
+            raise GrantError("NotImplemented", f"{perm} can be held only by the owner: tierd "
+                             "stores permissions as POSIX modes and ACL entries, which only "
+                             "the owner (or root) may change")
+        if grantee == ALL_USERS:
+            anonymous |= bits
+            other |= bits  # every signed user is one of all users
+        elif grantee == AUTHENTICATED_USERS:
+            other |= bits
+        elif uid is not None and bits:
+            users[uid] = users.get(uid, 0) | bits
+    return GrantSet(other, anonymous, tuple(sorted(users.items())))
+
+
+def apply_grants(mode: int, grants: GrantSet, owner: int) -> tuple[int, bytes, int]:
+    """(new mode, access-ACL blob, anonymous grant) of ``grants`` on an inode of ``mode``
+    and ``owner``, as :func:`tierd.acl.canned.apply`: the owner read+write, "other" and the
+    owning group what all signed users get, a named ``user:`` entry (with what everyone
+    else gets: S3 grants add up, while a POSIX named entry replaces "other") per user."""
+    is_dir = stat.S_ISDIR(mode)
+
+    def bits(b: int) -> int:
+        return b | X_OK if is_dir and b else b
+
+    own, other = bits(R_OK | W_OK), bits(grants.other | grants.anonymous)
+    named = [(uid, bits(b) | other) for uid, b in grants.users if uid != owner]
+    acl: list[pacl.AclEntry] = [pacl.AclEntry(pacl.USER_OBJ, own)]
+    acl += [pacl.AclEntry(pacl.USER, b, uid) for uid, b in named]
+    acl.append(pacl.AclEntry(pacl.GROUP_OBJ, other))
+    if named:
+        mask = other
+        for _, b in named:
+            mask |= b
+        acl.append(pacl.AclEntry(pacl.MASK, mask))
+    acl.append(pacl.AclEntry(pacl.OTHER, other))
+    new, not_equiv = pacl.equiv_mode(tuple(acl), stat.S_IFMT(mode))
+    return new, pacl.serialize(acl) if not_equiv else b"", bits(grants.anonymous)

@@ -4,9 +4,11 @@ An S3 ACL is never stored as such: a canned ACL becomes mode bits, ACL entries a
 anonymous grant (:mod:`tierd.acl.canned`), and reading an ACL describes that state
 (``AllUsers`` for the anonymous grant, or when the bucket policy lets anonymous requests
 read), so the answer is the same whether the permissions were set by S3, ``chmod`` or
-``setfacl`` on the mount.  PutObjectAcl accepts the
-``x-amz-acl`` header, or an ``AccessControlPolicy`` body whose grants amount to a canned ACL;
-other grant lists are NotImplemented (501).
+``setfacl`` on the mount.  PutObjectAcl and PutBucketAcl accept the ``x-amz-acl`` header,
+the ``x-amz-grant-*`` headers or an ``AccessControlPolicy`` body; grants become POSIX state
+through the table in :mod:`tierd.acl.s3map` (what POSIX cannot hold is refused, never
+widened: see docs/permissions.md), within what the bucket's ownership controls and public
+access block allow (:mod:`tierd.s3.bucket_controls`).
 """
 
 from __future__ import annotations
@@ -15,16 +17,16 @@ import errno
 
 from aiohttp import web
 
-from tierd.acl import canned
+from tierd.acl import canned, s3map
 from tierd.acl.keys import canonical_user_id
 from tierd.acl.modes import anonymous_bits
 from tierd.acl.policy import ANONYMOUS, Decision, Request
 from tierd.errors import FsError
 from tierd.meta import Inode
-from tierd.s3 import xmlio
+from tierd.s3 import bucket_controls, xmlio
 from tierd.s3.body import Body
 from tierd.s3.buckets import xml_response
-from tierd.s3.common import Ctx, canned_acl, check_version_id
+from tierd.s3.common import Ctx, check_version_id
 from tierd.s3.errors import S3Error, from_fs_error
 from tierd.s3.objects import fs_error
 from tierd.s3.xmlio import document, el
@@ -87,22 +89,18 @@ async def get_bucket_acl(ctx: Ctx) -> web.Response:
     return _policy_document(ctx, inode, _anonymous_read(ctx, None))
 
 
-async def _requested(ctx: Ctx, inode: Inode, bucket_owner: int) -> str:
-    """The canned ACL a PutObjectAcl/PutBucketAcl asks for (header or XML body)."""
-    if any(k.lower().startswith("x-amz-grant-") for k in ctx.headers):
-        raise S3Error("NotImplemented", "x-amz-grant-* headers are not supported: use a canned "
-                      "ACL (x-amz-acl)")
-    raw = await Body(ctx.request, ctx.verified).read_all(xmlio.MAX_XML_BODY)
-    header = canned_acl(ctx.headers)
-    if header is not None:
-        if raw.strip():
-            raise S3Error("InvalidRequest", "give either x-amz-acl or an AccessControlPolicy "
-                          "body, not both")
-        return header
-    if not raw.strip():
-        raise S3Error("MalformedACLError", "give a canned ACL (x-amz-acl) or an "
-                      "AccessControlPolicy body")
+def _body_pairs(raw: bytes, owner_id: str) -> list[tuple[str, str]]:
+    """(grantee, permission) pairs of an ``AccessControlPolicy`` body: grantee a canonical
+    id, a group URI or ``emailAddress:<address>``.  Its Owner, when given, must be the
+    current owner (an ACL cannot change who owns the inode: that is chown)."""
     doc = xmlio.parse(raw, "AccessControlPolicy")
+    owners = xmlio.children(doc, "Owner")
+    if owners:
+        given = (xmlio.child_text(owners[0], "ID") or "").strip()
+        if given and given != owner_id:
+            raise S3Error("InvalidArgument", "the Owner of an AccessControlPolicy must be the "
+                          "current owner: an ACL cannot change who owns it",
+                          ArgumentName="Owner/ID", ArgumentValue=given)
     lists = xmlio.children(doc, "AccessControlList")
     if len(lists) != 1:
         raise S3Error("MalformedACLError", "an AccessControlPolicy needs one "
@@ -110,21 +108,42 @@ async def _requested(ctx: Ctx, inode: Inode, bucket_owner: int) -> str:
     pairs: list[tuple[str, str]] = []
     for g in xmlio.children(lists[0], "Grant"):
         grantee = xmlio.children(g, "Grantee")
-        perm = xmlio.child_text(g, "Permission")
-        if len(grantee) != 1 or perm not in ("READ", "WRITE", "READ_ACP", "WRITE_ACP",
-                                             "FULL_CONTROL"):
+        perm = (xmlio.child_text(g, "Permission") or "").strip()
+        if len(grantee) != 1 or perm not in s3map.GRANT_PERMISSIONS:
             raise S3Error("MalformedACLError", "every Grant needs a Grantee and a Permission "
                           "(READ, WRITE, READ_ACP, WRITE_ACP or FULL_CONTROL)")
+        email = xmlio.child_text(grantee[0], "EmailAddress")
         who = (xmlio.child_text(grantee[0], "ID") or xmlio.child_text(grantee[0], "URI")
-               or xmlio.child_text(grantee[0], "EmailAddress"))
-        if not who:
-            raise S3Error("MalformedACLError", "a Grantee needs an ID or a URI")
+               or (f"emailAddress:{email.strip()}" if email else ""))
+        if not who or not who.strip():
+            raise S3Error("MalformedACLError", "a Grantee needs an ID, a URI or an "
+                          "EmailAddress")
         pairs.append((who.strip(), perm))
+    return pairs
+
+
+async def _requested(ctx: Ctx, inode: Inode, bucket_owner: int) -> tuple[str, bool, bool]:
+    """The ACL a PutObjectAcl/PutBucketAcl asks for (``x-amz-acl``, ``x-amz-grant-*`` or an
+    AccessControlPolicy body) as the spec the namespace applies, whether it is public and
+    whether a bucket with ACLs disabled accepts it."""
+    raw = await Body(ctx.request, ctx.verified).read_all(xmlio.MAX_XML_BODY)
+    spec, public, accepted = bucket_controls.header_acl(ctx, inode.uid, bucket_owner)
+    if spec is not None:
+        if raw.strip():
+            raise S3Error("InvalidRequest", "give either x-amz-acl (or x-amz-grant-*) or an "
+                          "AccessControlPolicy body, not both")
+        return spec, public, accepted
+    if not raw.strip():
+        raise S3Error("MalformedACLError", "give a canned ACL (x-amz-acl), x-amz-grant-* "
+                      "headers or an AccessControlPolicy body")
+    pairs = _body_pairs(raw, canonical_user_id(inode.uid))
     try:
-        return canned.canned_of(pairs, owner_id=canonical_user_id(inode.uid),
-                                bucket_owner_id=canonical_user_id(bucket_owner))
-    except canned.UnknownCannedAcl as e:
-        raise S3Error("NotImplemented", str(e)) from None
+        grants = s3map.resolve_grants(
+            pairs, bucket_controls.uid_resolver(ctx, inode.uid, bucket_owner), inode.uid)
+    except s3map.GrantError as e:
+        raise S3Error(e.code, str(e)) from None
+    return (grants.encode(), grants.public,
+            bucket_controls.enforced_ok(grants, (bucket_owner,)))
 
 
 async def _put(ctx: Ctx, key: str) -> web.Response:
@@ -133,7 +152,10 @@ async def _put(ctx: Ctx, key: str) -> web.Response:
         b = await ctx.ns.get_bucket(ctx.bucket)
     except FsError as e:
         raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
-    name = await _requested(ctx, inode, b.owner_uid)
+    name, public, accepted = await _requested(ctx, inode, b.owner_uid)
+    bucket_controls.check_acl_allowed(
+        ctx, bucket_controls.ownership(ctx, ctx.bucket), ctx.state.policies.block(ctx.bucket),
+        public, accepted)
     try:
         await ctx.ns.set_canned_acl(ctx.ident, ctx.bucket, key, name)
     except FsError as e:

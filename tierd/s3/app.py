@@ -36,6 +36,7 @@ from tierd.namespace import Namespace
 from tierd.namespace.names import split_key
 from tierd.s3 import (
     acl,
+    bucket_controls,
     bucket_policy,
     buckets,
     cors,
@@ -66,7 +67,7 @@ READ_BUFSIZE = 1 << 20
 UNSUPPORTED = frozenset({
     "accelerate", "analytics", "encryption",
     "intelligent-tiering", "inventory", "legal-hold", "lifecycle", "logging", "metadataTable",
-    "metrics", "notification", "object-lock", "ownershipControls", "publicAccessBlock",
+    "metrics", "notification", "object-lock",
     "renameObject", "replication", "requestPayment", "restore",
     "retention", "select", "session", "torrent", "website",
 })
@@ -102,6 +103,8 @@ def route(ctx: Ctx) -> Handler:
             return _cors_route(ctx)
         if "policy" in q:
             return _policy_route(ctx)
+        if "publicAccessBlock" in q or "ownershipControls" in q:
+            return _controls_route(ctx)
         if "acl" in q:
             if method in ("GET", "PUT"):
                 return acl.get_bucket_acl if method == "GET" else acl.put_bucket_acl
@@ -170,6 +173,24 @@ def route(ctx: Ctx) -> Handler:
             return multipart.abort
         return objects.delete_object
     raise _method_not_allowed(ctx)
+
+
+_CONTROLS: dict[tuple[str, str], Handler] = {
+    ("publicAccessBlock", "GET"): bucket_controls.get_public_access_block,
+    ("publicAccessBlock", "PUT"): bucket_controls.put_public_access_block,
+    ("publicAccessBlock", "DELETE"): bucket_controls.delete_public_access_block,
+    ("ownershipControls", "GET"): bucket_controls.get_ownership_controls,
+    ("ownershipControls", "PUT"): bucket_controls.put_ownership_controls,
+    ("ownershipControls", "DELETE"): bucket_controls.delete_ownership_controls,
+}
+
+
+def _controls_route(ctx: Ctx) -> Handler:
+    which = "publicAccessBlock" if "publicAccessBlock" in ctx.query else "ownershipControls"
+    handler = _CONTROLS.get((which, ctx.request.method))
+    if handler is None:
+        raise _method_not_allowed(ctx)
+    return handler
 
 
 def _policy_route(ctx: Ctx) -> Handler:
@@ -254,7 +275,8 @@ def _actions() -> Actions:
     a.own.add(post_object)  # judges the form's signer itself, as PutObject on its key
     # these judge for themselves: per key, or the bucket owner's operations
     a.own.update({objects.delete_objects, bucket_policy.get_policy, bucket_policy.put_policy,
-                  bucket_policy.delete_policy, bucket_policy.get_policy_status})
+                  bucket_policy.delete_policy, bucket_policy.get_policy_status,
+                  *_CONTROLS.values()})
     return a
 
 
@@ -298,6 +320,12 @@ OPERATIONS: dict[Handler, str] = {
     bucket_policy.put_policy: "PutBucketPolicy",
     bucket_policy.delete_policy: "DeleteBucketPolicy",
     bucket_policy.get_policy_status: "GetBucketPolicyStatus",
+    bucket_controls.get_public_access_block: "GetPublicAccessBlock",
+    bucket_controls.put_public_access_block: "PutPublicAccessBlock",
+    bucket_controls.delete_public_access_block: "DeletePublicAccessBlock",
+    bucket_controls.get_ownership_controls: "GetBucketOwnershipControls",
+    bucket_controls.put_ownership_controls: "PutBucketOwnershipControls",
+    bucket_controls.delete_ownership_controls: "DeleteBucketOwnershipControls",
     tagging.get_object_tagging: "GetObjectTagging",
     tagging.put_object_tagging: "PutObjectTagging",
     tagging.delete_object_tagging: "DeleteObjectTagging",
@@ -415,6 +443,7 @@ def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
                 raise
             request[OPERATION] = OPERATIONS.get(handler, handler.__name__)
             authorize_request(ctx, handler, ACTIONS)
+            bucket_controls.prepare_acl(ctx, ACTIONS.table.get(handler, (None, False))[0])
             await send_continue(ctx, handler)
             return await handler(ctx)
         except S3Error as e:

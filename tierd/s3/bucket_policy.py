@@ -1,5 +1,10 @@
 """GetBucketPolicy, PutBucketPolicy, DeleteBucketPolicy and GetBucketPolicyStatus.
 
+A public policy (an unconditional Allow for everyone) is refused when the bucket's public
+access block says BlockPublicPolicy (403 AccessDenied), and GetBucketPolicyStatus calls a
+policy public only where RestrictPublicBuckets does not confine it (without a policy:
+not public, as AWS answers).
+
 Putting a policy is the bucket owner's (or root's, or an admin user's) right alone, and a
 policy never takes it away: a policy that locks everyone out can always be replaced.  Reading
 and deleting it are the owner's too, and anyone's whom the policy itself allows (and does not
@@ -26,7 +31,7 @@ from tierd.s3.errors import S3Error, from_fs_error
 from tierd.s3.xmlio import document, el
 
 
-async def _bucket(ctx: Ctx) -> Bucket:
+async def bucket_record(ctx: Ctx) -> Bucket:
     try:
         return await ctx.ns.get_bucket(ctx.bucket)
     except FsError as e:
@@ -42,13 +47,15 @@ def is_manager(ctx: Ctx, bucket: Bucket) -> bool:
     return ident.is_root or auth.key.admin or ident.uid == bucket.owner_uid
 
 
-def _may(ctx: Ctx, bucket: Bucket, action: str) -> Policy | None:
-    """Owner/root/admin always; others when the policy allows ``action`` on the bucket.
-    Returns the bucket's policy (None without one)."""
-    policy = ctx.state.policies.get(ctx.bucket)
+def may_manage(ctx: Ctx, bucket: Bucket, action: str) -> Policy | None:
+    """Owner/root/admin always; others when the policy allows ``action`` on the bucket
+    (and its public access block does not take that away).  Returns the bucket's own
+    policy (None without one)."""
+    _, policy = ctx.state.policies.lookup(ctx.bucket, guarded=False)
     if is_manager(ctx, bucket):
         return policy
-    decision, _ = decide(policy, access.requester(ctx), action, ctx.bucket, None,
+    guarded = ctx.state.policies.get(ctx.bucket)
+    decision, _ = decide(guarded, access.requester(ctx), action, ctx.bucket, None,
                          access.context(ctx, action))
     if decision is not Decision.ALLOW:
         raise AccessDenied(errno.EACCES, f"only the owner of bucket {ctx.bucket!r} may call "
@@ -57,8 +64,8 @@ def _may(ctx: Ctx, bucket: Bucket, action: str) -> Policy | None:
 
 
 async def get_policy(ctx: Ctx) -> web.Response:
-    b = await _bucket(ctx)
-    policy = _may(ctx, b, "s3:GetBucketPolicy")
+    b = await bucket_record(ctx)
+    policy = may_manage(ctx, b, "s3:GetBucketPolicy")
     if policy is None:
         raise S3Error("NoSuchBucketPolicy", BucketName=ctx.bucket)
     return web.Response(status=200, body=policy.text.encode(), headers=ctx.response_headers,
@@ -66,7 +73,7 @@ async def get_policy(ctx: Ctx) -> web.Response:
 
 
 async def put_policy(ctx: Ctx) -> web.Response:
-    b = await _bucket(ctx)
+    b = await bucket_record(ctx)
     if not is_manager(ctx, b):
         raise AccessDenied(errno.EACCES, f"only the owner of bucket {ctx.bucket!r} (or root) "
                            "may set its policy")
@@ -81,6 +88,10 @@ async def put_policy(ctx: Ctx) -> web.Response:
         policy = parse_policy(raw, ctx.bucket)
     except MalformedPolicy as e:
         raise S3Error("MalformedPolicy", str(e)) from None
+    if policy.public and ctx.state.policies.block(ctx.bucket).block_public_policy:
+        raise AccessDenied(errno.EACCES, f"bucket {ctx.bucket!r} blocks public policies "
+                           "(PublicAccessBlock BlockPublicPolicy): this policy allows "
+                           "everyone without a condition")
     try:
         await ctx.state.policies.put(ctx.bucket, policy)
     except FsError as e:
@@ -89,8 +100,8 @@ async def put_policy(ctx: Ctx) -> web.Response:
 
 
 async def delete_policy(ctx: Ctx) -> web.Response:
-    b = await _bucket(ctx)
-    _may(ctx, b, "s3:DeleteBucketPolicy")
+    b = await bucket_record(ctx)
+    may_manage(ctx, b, "s3:DeleteBucketPolicy")
     try:
         await ctx.state.policies.delete(ctx.bucket)
     except FsError as e:
@@ -99,10 +110,10 @@ async def delete_policy(ctx: Ctx) -> web.Response:
 
 
 async def get_policy_status(ctx: Ctx) -> web.Response:
-    b = await _bucket(ctx)
-    policy = _may(ctx, b, "s3:GetBucketPolicyStatus")
-    if policy is None:
-        raise S3Error("NoSuchBucketPolicy", BucketName=ctx.bucket)
-    public = "true" if policy.public else "false"
+    b = await bucket_record(ctx)
+    policy = may_manage(ctx, b, "s3:GetBucketPolicyStatus")
+    # no policy is not public (as AWS answers), nor is one RestrictPublicBuckets confines
+    public = ("true" if policy is not None and policy.public
+              and not ctx.state.policies.block(ctx.bucket).restrict_public_buckets else "false")
     return xml_response(ctx, document("PolicyStatus", el("IsPublic", public)))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email.utils
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -151,9 +152,6 @@ def reject_unsupported_headers(h: CIMultiDictProxy[str]) -> None:
                  "-date", "x-amz-object-lock-legal-hold", "x-amz-website-redirect-location"):
         if name in h:
             raise S3Error("NotImplemented", f"the {name} header is not supported by tierd")
-    if any(k.lower().startswith("x-amz-grant-") for k in h):
-        raise S3Error("NotImplemented", "x-amz-grant-* headers are not supported: use a canned "
-                      "ACL (x-amz-acl), which tierd stores as mode bits and POSIX ACL entries")
     canned_acl(h)
     sc = h.get("x-amz-storage-class")
     if sc is not None and sc != "STANDARD":
@@ -163,7 +161,29 @@ def reject_unsupported_headers(h: CIMultiDictProxy[str]) -> None:
                       "every object as STANDARD")
 
 
+#: the ACL this request's write applies, as :func:`tierd.acl.canned.apply_on_commit` takes
+#: it: worked out before the handler runs (:func:`tierd.s3.bucket_controls.prepare_acl`)
+#: from ``x-amz-acl``, ``x-amz-grant-*`` and the bucket's ownership controls and public
+#: access block, which need the key store and the bucket record that header-only callers
+#: such as :func:`objmeta_from_headers` do not have.  A 1-tuple (its value None: no ACL);
+#: None: not worked out for this request (canned ACLs only)
+REQUEST_ACL: ContextVar[tuple[str | None] | None] = ContextVar("tierd_s3_request_acl",
+                                                                default=None)
+
+
 def canned_acl(h: CIMultiDictProxy[str]) -> str | None:
+    """The request's ACL: :data:`REQUEST_ACL` where it was worked out, else ``x-amz-acl``
+    (None when absent); InvalidArgument for an unknown one."""
+    prepared = REQUEST_ACL.get()
+    if prepared is not None:
+        return prepared[0]
+    if any(k.lower().startswith("x-amz-grant-") for k in h):
+        raise S3Error("InvalidRequest", "x-amz-grant-* headers are not accepted by this "
+                      "request")
+    return header_canned_acl(h)
+
+
+def header_canned_acl(h: CIMultiDictProxy[str]) -> str | None:
     """The request's ``x-amz-acl`` (None when absent); InvalidArgument for an unknown one."""
     acl = h.get("x-amz-acl")
     if acl is None:

@@ -14,6 +14,7 @@ from tierd.errors import FsError
 
 #: every error code the gateway answers with, its HTTP status and default message
 CODES: dict[str, tuple[int, str]] = {
+    "AccessControlListNotSupported": (400, "The bucket does not allow ACLs"),
     "AccessDenied": (403, "Access Denied"),
     "AccessForbidden": (403, "CORSResponse: This CORS request is not allowed"),
     "AuthorizationHeaderMalformed": (400, "The authorization header is malformed"),
@@ -63,6 +64,8 @@ CODES: dict[str, tuple[int, str]] = {
     "MissingContentLength": (411, "You must provide the Content-Length HTTP header"),
     "NoSuchBucket": (404, "The specified bucket does not exist"),
     "NoSuchBucketPolicy": (404, "The bucket policy does not exist"),
+    "NoSuchPublicAccessBlockConfiguration": (404, "The public access block configuration "
+                                             "was not found"),
     "NoSuchCORSConfiguration": (404, "The CORS configuration does not exist"),
     "NoSuchKey": (404, "The specified key does not exist"),
     "NoSuchTagSet": (404, "The TagSet does not exist"),
@@ -71,6 +74,7 @@ CODES: dict[str, tuple[int, str]] = {
     "NotImplemented": (501, "A header or query you provided implies functionality that is "
                        "not implemented"),
     "NotModified": (304, "Not Modified"),
+    "OwnershipControlsNotFoundError": (404, "The bucket ownership controls were not found"),
     "PreconditionFailed": (412, "At least one of the pre-conditions you specified did not "
                            "hold"),
     "RequestTimeout": (400, "Your socket connection to the server was not read from or "
@@ -81,6 +85,8 @@ CODES: dict[str, tuple[int, str]] = {
                               "signature you provided. Check your key and signing method."),
     "ServiceUnavailable": (503, "The cold store cannot serve this data now; retry later"),
     "SlowDown": (503, "Please reduce your request rate"),
+    "UnresolvableGrantByEmailAddress": (400, "The email address you provided does not "
+                                        "match any account on record"),
     "XAmzContentSHA256Mismatch": (400, "The provided 'x-amz-content-sha256' header does not "
                                   "match what was computed"),
     # key <-> path conflicts (docs/semantics.md), named like MinIO's equivalents
