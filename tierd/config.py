@@ -75,6 +75,7 @@ NON_SETTING_ENV: frozenset[str] = frozenset(
         "TIERD_ADMIN_TOKEN",  # admin API bearer token (tierd.admin.auth, tierctl)
         "TIERD_VENV",  # dev.sh: location of the virtual environment
         "TIERD_CRASHPOINT",  # tests: die at a named step (tierd.namespace.crashpoint)
+        "TIERD_LIFECYCLE_DAY_SECONDS",  # tests: a lifecycle "day" (tierd.namespace.lifecycle)
     }
 )
 
@@ -237,6 +238,17 @@ class Config:
             parse=parse_float(0.1, 24 * 3600),
             help="Seconds an S3 request body may stall (no bytes arriving) before the "
             "request fails with RequestTimeout.",
+            metavar="SECONDS",
+        ),
+    )
+    lifecycle_interval: float = field(
+        default=3600.0,
+        metadata=setting(
+            parse=parse_float(0.01, 7 * 24 * 3600),
+            help="Seconds between passes of the lifecycle job, which applies the buckets' S3 "
+            "lifecycle rules (expiration, aborting old multipart uploads, noncurrent "
+            "versions); rules count whole days, so hourly passes act within an hour of "
+            "midnight UTC.",
             metavar="SECONDS",
         ),
     )

@@ -48,6 +48,7 @@ from tierd.mempool.door import MemoryDoor
 from tierd.meta.store import MetaStore
 from tierd.metrics import Metrics
 from tierd.namespace import Namespace
+from tierd.namespace.lifecycle import LifecycleJob
 from tierd.placement import Placement
 from tierd.placement.ops import PlacementOps, placement_from_config
 from tierd.s3 import limits as s3_limits
@@ -140,6 +141,8 @@ class Daemon:
         self.placement: Placement | None = None
         self.namespace: Namespace | None = None
         self.memory: MemoryDoor | None = None
+        #: the job applying the buckets' S3 lifecycle rules, once started
+        self.lifecycle: LifecycleJob | None = None
         #: access keys (S3 door, admin API) and the user directory, once started
         self.keys: KeyStore | None = None
         self.users: Directory | None = None
@@ -231,6 +234,10 @@ class Daemon:
             self.metrics.attach(placement=self.placement, pool=self.memory.pool)
             stack.callback(self.metrics.attach)  # nothing to read once they are closed
             self.memory.ckpt.observe = self.metrics.observe_checkpoint
+            self.lifecycle = LifecycleJob(self.namespace, cfg.lifecycle_interval,
+                                          on_action=self.metrics.observe_lifecycle)
+            self.lifecycle.start()
+            stack.push_async_callback(self.lifecycle.stop)
 
             # the mount of the setting, or one attached later (POST /v1/mounts)
             stack.push_async_callback(self._unmount)

@@ -108,9 +108,14 @@ class Metrics:
             "Checkpoint phases: stall = stage to commit (training waits), local = commit to "
             "durable on the hot tier, persisted = commit to in the cold store",
             ["phase"], buckets=CHECKPOINT_BUCKETS, registry=r)
+        self.lifecycle = Counter(
+            "tierd_lifecycle_actions",
+            "What the lifecycle job did: action = expire (current objects deleted), "
+            "abort_upload, expire_noncurrent (versions and delete markers removed), skipped "
+            "(changed after the scan, or an upload completed meanwhile)", ["action"], registry=r)
         #: every event metric above (render() formats them off the loop): a new one goes here
         self.events: list[Collector] = [self.requests, self.request_seconds, self.in_flight,
-                                        self.checkpoint_seconds]
+                                        self.checkpoint_seconds, self.lifecycle]
         #: door -> its in-flight gauge child; (door, operation[, status]) -> children.
         #: ``labels()`` takes a lock and builds a key on every call: cached, a request's
         #: accounting costs a few microseconds instead of a dozen.
@@ -138,6 +143,10 @@ class Metrics:
             timer = self._timers[(door, operation)] = self.request_seconds.labels(door,
                                                                                 operation)
         timer.observe(max(seconds, 0.0))
+
+    def observe_lifecycle(self, action: str, count: int) -> None:
+        """``count`` lifecycle actions of kind ``action`` (tierd.namespace.lifecycle)."""
+        self.lifecycle.labels(action).inc(count)
 
     def observe_checkpoint(self, phase: str, seconds: float) -> None:
         """A checkpoint step finished ``phase`` (one of :data:`CHECKPOINT_PHASES`)."""

@@ -81,7 +81,7 @@ def test_not_supported_sub_resources_answer_501_on_a_real_daemon(tmp_path: Path)
     for line in DOC.read_text().splitlines():
         if line.startswith("| ") and "| not supported |" in line:
             subs.update(re.findall(r"`\?([\w-]+)`", line))
-    assert subs >= {"lifecycle", "select", "object-lock", "session"}
+    assert subs >= {"website", "select", "object-lock", "session"}
     d = start_daemon(tmp_path / "data")
     try:
         s3 = d.client()

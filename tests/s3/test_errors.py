@@ -153,7 +153,7 @@ def test_not_implemented(daemon: Daemon, s3: Any, bucket: str) -> None:
     calls = [
         (s3.put_bucket_lifecycle_configuration, {"Bucket": bucket, "LifecycleConfiguration": {
             "Rules": [{"ID": "r", "Status": "Enabled", "Filter": {"Prefix": ""},
-                       "Expiration": {"Days": 1}}]}}),
+                       "Transitions": [{"Days": 1, "StorageClass": "GLACIER"}]}]}}),
         (s3.put_object, {"Bucket": bucket, "Key": "sse", "Body": b"x",
                          "ServerSideEncryption": "AES256"}),
         (s3.put_object, {"Bucket": bucket, "Key": "cls", "Body": b"x",

@@ -15,8 +15,9 @@ import errno
 from tierd.errors import FsError
 from tierd.meta import MetaStore
 
-#: largest stored document (S3's own limits are smaller for every sub-resource)
-MAX_CONFIG_BYTES = 64 << 10
+#: largest stored document: a lifecycle configuration may hold 1000 rules (~90 KiB of JSON
+#: for short IDs and prefixes); S3's other sub-resources are far smaller
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class BucketConfig:

@@ -51,6 +51,7 @@ from tierd.s3.attributes import get_object_attributes
 from tierd.s3.auth import Authenticator
 from tierd.s3.common import Ctx, S3State
 from tierd.s3.errors import S3Error, from_fs_error
+from tierd.s3.lifecycle import delete_bucket_lifecycle, get_bucket_lifecycle, put_bucket_lifecycle
 from tierd.s3.post_object import post_object
 from tierd.s3.xmlio import error_document
 
@@ -66,7 +67,7 @@ READ_BUFSIZE = 1 << 20
 #: sub-resources tierd does not implement: answered 501 NotImplemented, never a wrong success
 UNSUPPORTED = frozenset({
     "accelerate", "analytics", "encryption",
-    "intelligent-tiering", "inventory", "legal-hold", "lifecycle", "logging", "metadataTable",
+    "intelligent-tiering", "inventory", "legal-hold", "logging", "metadataTable",
     "metrics", "notification", "object-lock",
     "renameObject", "replication", "requestPayment", "restore",
     "retention", "select", "session", "torrent", "website",
@@ -98,6 +99,8 @@ def route(ctx: Ctx) -> Handler:
         raise _method_not_allowed(ctx)
     if "tagging" in q:
         return _tagging_route(ctx)
+    if "lifecycle" in q:
+        return _lifecycle_route(ctx)
     if not ctx.key:
         if "cors" in q:
             return _cors_route(ctx)
@@ -193,6 +196,19 @@ def _controls_route(ctx: Ctx) -> Handler:
     return handler
 
 
+_LIFECYCLE: dict[str, Handler] = {"GET": get_bucket_lifecycle, "PUT": put_bucket_lifecycle,
+                                  "DELETE": delete_bucket_lifecycle}
+
+
+def _lifecycle_route(ctx: Ctx) -> Handler:
+    if ctx.key:
+        raise _not_implemented("?lifecycle on an object (it is a bucket sub-resource)")
+    handler = _LIFECYCLE.get(ctx.request.method)
+    if handler is None:
+        raise _method_not_allowed(ctx)
+    return handler
+
+
 def _policy_route(ctx: Ctx) -> Handler:
     method = ctx.request.method
     if method == "GET":
@@ -265,6 +281,9 @@ def _actions() -> Actions:
     a.add(cors.put_bucket_cors, "s3:PutBucketCORS", False)
     a.add(cors.delete_bucket_cors, "s3:PutBucketCORS", False)  # AWS's name for it
     a.add(get_object_attributes, "s3:GetObjectAttributes", True)
+    a.add(get_bucket_lifecycle, "s3:GetLifecycleConfiguration", False)
+    a.add(put_bucket_lifecycle, "s3:PutLifecycleConfiguration", False)
+    a.add(delete_bucket_lifecycle, "s3:PutLifecycleConfiguration", False)  # AWS's name
     a.add(tagging.get_object_tagging, "s3:GetObjectTagging", True)
     a.add(tagging.delete_object_tagging, "s3:DeleteObjectTagging", True)
     a.add(tagging.get_bucket_tagging, "s3:GetBucketTagging", False)
@@ -316,6 +335,9 @@ OPERATIONS: dict[Handler, str] = {
     cors.put_bucket_cors: "PutBucketCors",
     cors.delete_bucket_cors: "DeleteBucketCors",
     get_object_attributes: "GetObjectAttributes",
+    get_bucket_lifecycle: "GetBucketLifecycleConfiguration",
+    put_bucket_lifecycle: "PutBucketLifecycleConfiguration",
+    delete_bucket_lifecycle: "DeleteBucketLifecycle",
     bucket_policy.get_policy: "GetBucketPolicy",
     bucket_policy.put_policy: "PutBucketPolicy",
     bucket_policy.delete_policy: "DeleteBucketPolicy",

@@ -68,6 +68,7 @@ CODES: dict[str, tuple[int, str]] = {
                                              "was not found"),
     "NoSuchCORSConfiguration": (404, "The CORS configuration does not exist"),
     "NoSuchKey": (404, "The specified key does not exist"),
+    "NoSuchLifecycleConfiguration": (404, "The lifecycle configuration does not exist"),
     "NoSuchTagSet": (404, "The TagSet does not exist"),
     "NoSuchUpload": (404, "The specified multipart upload does not exist"),
     "NoSuchVersion": (404, "The specified version does not exist"),

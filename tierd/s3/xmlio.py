@@ -28,11 +28,13 @@ MAX_XML_BODY = 4 << 20
 #: bytes per document root: DeleteObjects names at most 1,000 keys of at most 1,024 bytes
 #: (a few escaped), CompleteMultipartUpload at most 10,000 parts with checksums; anything
 #: else (CreateBucketConfiguration, versioning...) is a few hundred bytes
-BODY_LIMITS = {"Delete": 2 << 20, "CompleteMultipartUpload": MAX_XML_BODY}
+BODY_LIMITS = {"Delete": 2 << 20, "CompleteMultipartUpload": MAX_XML_BODY,
+               "LifecycleConfiguration": 2 << 20}  # 1000 rules
 SMALL_BODY = 64 << 10
 #: elements per document root (Delete: 1,000 x Object/Key/VersionId...; Complete: 10,000 x
 #: Part and its children); counts past these are refused before any handler walks the tree
 ELEMENT_LIMITS = {"Delete": 1000 * 4 + 16, "CompleteMultipartUpload": 10000 * 10 + 16,
+                  "LifecycleConfiguration": 1001 * 24 + 16,  # a rule has at most ~20
                   "CORSConfiguration": 8192}  # 100 rules of many headers within 64 KiB
 SMALL_ELEMENTS = 256
 
