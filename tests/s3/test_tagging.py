@@ -178,6 +178,40 @@ def test_unknown_version_id_is_refused(s3: Any, bucket: str) -> None:
     assert e["Error"]["ArgumentName"] == "versionId"
 
 
+def test_tagging_a_noncurrent_version(s3: Any, bucket: str) -> None:
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    v1 = s3.put_object(Bucket=bucket, Key="k", Body=b"1", Tagging="gen=1")["VersionId"]
+    v2 = s3.put_object(Bucket=bucket, Key="k", Body=b"2", Tagging="gen=2")["VersionId"]
+    assert tags_of(s3, bucket, "k", VersionId=v1) == {"gen": "1"}
+    got = s3.get_object_tagging(Bucket=bucket, Key="k")
+    assert got["VersionId"] == v2 and got["TagSet"] == [{"Key": "gen", "Value": "2"}]
+    r = s3.put_object_tagging(Bucket=bucket, Key="k", VersionId=v1, Tagging=tagset(old="yes"))
+    assert r["VersionId"] == v1
+    assert tags_of(s3, bucket, "k", VersionId=v1) == {"old": "yes"}
+    assert tags_of(s3, bucket, "k") == {"gen": "2"}
+    assert s3.get_object(Bucket=bucket, Key="k", VersionId=v1)["TagCount"] == 1
+    s3.delete_object_tagging(Bucket=bucket, Key="k", VersionId=v2)
+    assert tags_of(s3, bucket, "k", VersionId=v2) == {}
+    # tagging makes no version and moves none
+    listed = s3.list_object_versions(Bucket=bucket, Prefix="k")["Versions"]
+    assert [(v["VersionId"], v["IsLatest"]) for v in listed] == [(v2, True), (v1, False)]
+
+
+def test_tagging_of_delete_markers_and_missing_versions(s3: Any, bucket: str) -> None:
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    v1 = s3.put_object(Bucket=bucket, Key="k", Body=b"1")["VersionId"]
+    marker = s3.delete_object(Bucket=bucket, Key="k")["VersionId"]
+    e = assert_error("NoSuchKey", 404, s3.get_object_tagging, Bucket=bucket, Key="k")
+    assert e["ResponseMetadata"]["HTTPHeaders"]["x-amz-delete-marker"] == "true"
+    assert_error("MethodNotAllowed", 405, s3.put_object_tagging, Bucket=bucket, Key="k",
+                 VersionId=marker, Tagging=tagset(a="1"))
+    s3.put_object_tagging(Bucket=bucket, Key="k", VersionId=v1, Tagging=tagset(a="1"))
+    assert tags_of(s3, bucket, "k", VersionId=v1) == {"a": "1"}
+    missing = "0" * 16
+    assert_error("NoSuchVersion", 404, s3.get_object_tagging, Bucket=bucket, Key="k",
+                 VersionId=missing)
+
+
 def test_directory_marker_keys_take_tags(s3: Any, bucket: str) -> None:
     s3.put_object(Bucket=bucket, Key="dir/", Body=b"")
     s3.put_object_tagging(Bucket=bucket, Key="dir/", Tagging=tagset(kind="dir"))

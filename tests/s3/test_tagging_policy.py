@@ -53,6 +53,23 @@ def test_existing_object_tag_allows_get(s3: Any, alice: Any, bucket: str,
     assert alice.get_object(Bucket=bucket, Key="sec")["Body"].read() == b"s"
 
 
+def test_existing_object_tag_of_the_version_asked_for(s3: Any, alice: Any, bucket: str,
+                                                     alice_bucket: str,
+                                                     policy: Callable[..., None]) -> None:
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    v1 = s3.put_object(Bucket=bucket, Key="k", Body=b"1", Tagging="class=public")["VersionId"]
+    v2 = s3.put_object(Bucket=bucket, Key="k", Body=b"2")["VersionId"]
+    policy(stmt("Allow", ALICE, ["s3:GetObject", "s3:GetObjectVersion"], arn(bucket, "*"),
+                Condition={"StringEquals": {"s3:ExistingObjectTag/class": "public"}}))
+    assert alice.get_object(Bucket=bucket, Key="k", VersionId=v1)["Body"].read() == b"1"
+    assert_error("AccessDenied", 403, alice.get_object, Bucket=bucket, Key="k")
+    assert_error("AccessDenied", 403, alice.get_object, Bucket=bucket, Key="k", VersionId=v2)
+    alice.copy_object(Bucket=alice_bucket, Key="c",
+                      CopySource={"Bucket": bucket, "Key": "k", "VersionId": v1})
+    assert_error("AccessDenied", 403, alice.copy_object, Bucket=alice_bucket, Key="d",
+                 CopySource={"Bucket": bucket, "Key": "k", "VersionId": v2})
+
+
 def test_existing_object_tag_judges_the_copy_source(s3: Any, alice: Any, bucket: str,
                                                     alice_bucket: str,
                                                     policy: Callable[..., None]) -> None:

@@ -24,11 +24,13 @@ import errno
 from urllib.parse import parse_qsl, quote, urlencode
 
 from tierd.acl import Identity
+from tierd.acl.s3map import enforce
 from tierd.errors import FsError
-from tierd.meta import Inode
+from tierd.meta import Inode, MetaTxn
+from tierd.namespace import versions
 from tierd.namespace.base import Change, now_ns
-from tierd.namespace.names import split_key
 from tierd.namespace.objects import ObjectOps
+from tierd.namespace.versionops import DeleteMarkerHit
 
 #: objmeta key of an object's tags (module doc)
 TAGS_META = "tierd.tags"
@@ -60,7 +62,7 @@ def with_tags(objmeta: dict[str, str], tags: Tags) -> dict[str, str]:
 
 
 class TagOps(ObjectOps):
-    """Reading and replacing an existing object's tags."""
+    """Reading and replacing the tags of an existing object or of one of its versions."""
 
     async def _imported(self, bucket: str, key: str) -> None:
         """Before a second lookup of a key the namespace did not have: import it from the
@@ -69,48 +71,76 @@ class TagOps(ObjectOps):
             raise FsError(errno.ENOENT, f"no such key {key!r}")
         await self.placement.refresh_key(bucket, key.rstrip("/"))
 
-    async def get_object_tags(self, ident: Identity, bucket: str, key: str) -> Tags:
-        """GetObjectTagging: the tags of ``key`` (ENOENT when there is no such key)."""
+    def _tag_target(self, tx: MetaTxn, ident: Identity, bucket: str, key: str,
+                    vid: str | None, action: str) -> Inode:
+        """The inode of ``key`` (``vid`` None: the current object; else that version:
+        NoSuchVersion, or a :class:`DeleteMarkerHit` for a marker), with the POSIX checks
+        of S3 action ``action``."""
+        if vid is None:
+            return self._object(tx, ident, bucket, key, action)
+        versions.require_bucket(tx, bucket)
+        v = versions.find(tx, bucket, key, vid)
+        if v is not None and v.marker:
+            raise DeleteMarkerHit(v, latest=False)
+        found = tx.get_inode(v.ino) if v is not None else None
+        if found is not None:
+            enforce(ident, action, obj=found, key=key)
+            return found
+        try:  # the current object's own version id (null for an unversioned one)
+            cur = self._object(tx, ident, bucket, key, action)
+        except FsError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR):
+                raise
+            cur = None
+        if v is None and cur is not None and (versions.current_vid(cur) == vid
+                                              or (cur.is_dir and vid == versions.NULL)):
+            return cur
+        raise FsError(errno.ENOENT, f"no version {vid} of {key!r}", reason="NoSuchVersion")
+
+    async def tagged_object(self, ident: Identity, bucket: str, key: str,
+                            vid: str | None = None) -> Inode:
+        """GetObjectTagging: the inode whose tags (:func:`tags_of`) ``key`` (version ``vid``)
+        has; ENOENT when there is no such key."""
         for attempt in (0, 1):
             try:
                 with self.meta.snapshot() as tx:
-                    return tags_of(self._object(tx, ident, bucket, key, "GetObjectTagging"))
+                    return self._tag_target(tx, ident, bucket, key, vid, "GetObjectTagging")
             except FsError as e:
-                if e.errno != errno.ENOENT or attempt:
+                if e.errno != errno.ENOENT or e.reason or vid is not None or attempt:
                     raise
                 await self._imported(bucket, key)
         raise AssertionError("unreachable")
 
     async def set_object_tags(self, ident: Identity, bucket: str, key: str, tags: Tags,
-                              action: str = "PutObjectTagging") -> Inode:
-        """Put/DeleteObjectTagging: replace the tags of ``key`` (``tags`` empty removes
-        them), durable on return; the version, ETag and mtime stay (module doc)."""
+                              action: str = "PutObjectTagging",
+                              vid: str | None = None) -> Inode:
+        """Put/DeleteObjectTagging: replace the tags of ``key`` (version ``vid``; ``tags``
+        empty removes them), durable on return; the version, ETag and mtime stay (module
+        doc)."""
         for attempt in (0, 1):
             try:
                 with self.meta.write() as tx:
-                    inode = self._object(tx, ident, bucket, key, action)
+                    inode = self._tag_target(tx, ident, bucket, key, vid, action)
                     inode.objmeta = with_tags(inode.objmeta, tags)
                     inode.ctime_ns = now_ns()
                     tx.put_inode(inode)
                 break
             except FsError as e:
-                if e.errno != errno.ENOENT or attempt:
+                if e.errno != errno.ENOENT or e.reason or vid is not None or attempt:
                     raise
                 await self._imported(bucket, key)
         self._notify(Change(ino=inode.ino))
         await self._sync_meta()
         return inode
 
-    def peek_object_tags(self, bucket: str, key: str) -> Tags | None:
-        """The stored tags of ``key`` without permission checks, None when there is no such
-        key: for bucket-policy conditions (``s3:ExistingObjectTag/<key>``), which S3 judges
-        on the object's tags whoever asks, before the request's own checks run."""
+    def peek_object_tags(self, bucket: str, key: str, vid: str | None = None) -> Tags | None:
+        """The stored tags of ``key`` (version ``vid``) without permission checks, None when
+        there is no such key or version: for bucket-policy conditions
+        (``s3:ExistingObjectTag/<key>``), which S3 judges on the object's tags whoever asks,
+        before the request's own checks run."""
         try:
-            segments, marker = split_key(key)
             with self.meta.snapshot() as tx:
-                self._bucket_dir(tx, bucket)
-                inode = self._resolve(tx, Identity.ROOT, self._path_of(bucket, segments),
-                                      follow=True)
+                return tags_of(self._tag_target(tx, Identity.ROOT, bucket, key, vid,
+                                                "GetObjectTagging"))
         except FsError:
             return None
-        return tags_of(inode) if marker == inode.is_dir else None

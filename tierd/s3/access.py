@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import time
 from collections.abc import Awaitable, Callable
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -108,19 +109,28 @@ def tag_keys(prefix: str, tags: Tags) -> dict[str, str]:
 
 
 def _judge(ctx: Ctx, policy: Policy | None, action: str, bucket: str,
-           key: str | None, extra: dict[str, str] | None = None) -> Identity:
+           key: str | None, extra: dict[str, str] | None = None,
+           vid: str | None = None) -> Identity:
     """The identity for one action on one resource of a bucket whose policy (None without
     one) was already read (AccessDenied when refused).  ``extra``: condition keys only the
-    handler knows (the tags of a PutObjectTagging body)."""
+    handler knows (the tags of a PutObjectTagging body); ``vid``: the version of ``key``
+    the request names (its tags are the ``s3:ExistingObjectTag`` keys)."""
     if policy is None and not ctx.anonymous:
         return ctx.caller  # the common case: POSIX decides, nothing to evaluate
     cond = context(ctx, action)
     if (policy is not None and key and action in _EXISTING_TAG_ACTIONS
             and policy.tests(EXISTING_OBJECT_TAG)):
-        stored = ctx.ns.peek_object_tags(bucket, key)
+        stored = ctx.ns.peek_object_tags(bucket, key, vid)
         cond.update(tag_keys(EXISTING_OBJECT_TAG, stored or []))
     cond.update(extra or {})
     return authorize(policy, ctx.caller, requester(ctx), action, bucket, key, cond)
+
+
+def _source_version(value: str) -> str | None:
+    """The ``versionId`` of an ``x-amz-copy-source`` (None without one; its validity is the
+    handler's to judge)."""
+    name, _, vid = value.strip().partition("?")[2].partition("=")
+    return unquote(vid) if name == "versionId" else None
 
 
 def judge_object(ctx: Ctx, action: str, extra: dict[str, str]) -> None:
@@ -128,7 +138,8 @@ def judge_object(ctx: Ctx, action: str, extra: dict[str, str]) -> None:
     for a handler that judges itself once it has read its body (AccessDenied when
     refused)."""
     policy = ctx.state.policies.get(ctx.bucket)
-    ctx.identity = _judge(ctx, policy, action, ctx.bucket, ctx.key, extra)
+    ctx.identity = _judge(ctx, policy, action, ctx.bucket, ctx.key, extra,
+                          ctx.query.get("versionId"))
 
 
 def authorize_request(ctx: Ctx, handler: Handler, actions: Actions) -> None:
@@ -152,12 +163,14 @@ def authorize_request(ctx: Ctx, handler: Handler, actions: Actions) -> None:
     if not ctx.bucket:  # ListBuckets (an anonymous one was refused above)
         return
     action, on_object = spec
-    ctx.identity = _judge(ctx, policy, action, ctx.bucket, ctx.key if on_object else None)
+    ctx.identity = _judge(ctx, policy, action, ctx.bucket, ctx.key if on_object else None,
+                          vid=ctx.query.get("versionId"))
     if handler in actions.copies and "x-amz-copy-source" in ctx.headers:
         src_bucket, src_key = parse_copy_source(ctx.headers["x-amz-copy-source"])
         src_policy = (policy if src_bucket == ctx.bucket
                       else ctx.state.policies.get(src_bucket) if src_bucket else None)
-        ctx.src_identity = _judge(ctx, src_policy, "s3:GetObject", src_bucket, src_key)
+        ctx.src_identity = _judge(ctx, src_policy, "s3:GetObject", src_bucket, src_key,
+                                  vid=_source_version(ctx.headers["x-amz-copy-source"]))
 
 
 def judge_keys(ctx: Ctx, action: str, keys: list[str]

@@ -12,9 +12,10 @@ read, because its ``s3:RequestObjectTag/<key>`` condition keys are the tags in t
 Bucket tagging is the bucket owner's (or root's, or an admin's), or anyone's whom the bucket
 policy allows; an explicit Deny binds the owner too, as on AWS.
 
-Versions: ``?versionId=null`` names the (only) current version.  Other version ids are the
-versioning code's to resolve: :func:`target_version` is the one place that reads the
-parameter, and the namespace calls take the current object.
+Versions: ``?versionId=`` names any version (``null`` included) whose tags are read or
+changed (a version is an inode of its own, :mod:`tierd.namespace.versions`); without it the
+current object.  Tagging never makes a version.  ``s3:ExistingObjectTag/<key>`` is judged on
+the tags of the version the request names (:mod:`tierd.s3.access`).
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from aiohttp import web
 from tierd.acl import AccessDenied
 from tierd.acl.policy import REQUEST_OBJECT_TAG
 from tierd.errors import FsError
-from tierd.namespace.tags import decode_tags, encode_tags
-from tierd.s3 import access, tagset, xmlio
+from tierd.meta import Inode
+from tierd.namespace.tags import decode_tags, encode_tags, tags_of
+from tierd.s3 import access, tagset, versioning, xmlio
 from tierd.s3.body import Body
 from tierd.s3.bucket_policy import is_manager
 from tierd.s3.buckets import xml_response
-from tierd.s3.common import Ctx, check_version_id
+from tierd.s3.common import Ctx
 from tierd.s3.errors import S3Error, from_fs_error
 from tierd.s3.objects import fs_error
 
@@ -40,17 +42,29 @@ BUCKET_CONFIG = "tagging"
 
 
 def target_version(ctx: Ctx) -> str | None:
-    """The version ``?versionId=`` names: "null" or None (the current object).
-
-    Versioning hook: today :func:`tierd.s3.common.check_version_id` accepts only ``null``;
-    when other ids exist, resolve them here and pass the version to the namespace's
-    ``get_object_tags``/``set_object_tags``, which act on the current object."""
-    return "null" if check_version_id(ctx) else None
+    """The version ``?versionId=`` names (None: the current object); InvalidArgument when
+    it is no version id."""
+    return versioning.version_param(ctx)
 
 
-def _version_header(ctx: Ctx, version: str | None) -> None:
-    if version is not None:
-        ctx.response_headers["x-amz-version-id"] = version
+async def _error(ctx: Ctx, e: FsError, vid: str | None) -> S3Error:
+    """The S3 error of a failed tagging call: a delete marker as S3 answers it (405 when
+    named by id, 404 NoSuchKey with ``x-amz-delete-marker`` when it is the latest)."""
+    if isinstance(e, versioning.DeleteMarkerHit):
+        return versioning.marker_error(ctx, e)
+    if vid is None:
+        marker = versioning.missing_error(ctx, e)
+        if marker is not None:
+            return marker
+    return await fs_error(ctx, e)
+
+
+def _version_header(ctx: Ctx, inode: Inode, vid: str | None) -> None:
+    """``x-amz-version-id``: the version named, or the current one's in a versioned bucket."""
+    if vid is not None:
+        ctx.response_headers["x-amz-version-id"] = vid
+    else:
+        versioning.set_version_header(ctx, inode)
 
 
 async def _read_body(ctx: Ctx) -> bytes:
@@ -60,35 +74,35 @@ async def _read_body(ctx: Ctx) -> bytes:
 # -- objects -------------------------------------------------------------------------------
 
 async def get_object_tagging(ctx: Ctx) -> web.Response:
-    version = target_version(ctx)
+    vid = target_version(ctx)
     try:
-        tags = await ctx.ns.get_object_tags(ctx.ident, ctx.bucket, ctx.key)
+        inode = await ctx.ns.tagged_object(ctx.ident, ctx.bucket, ctx.key, vid)
     except FsError as e:
-        raise await fs_error(ctx, e) from None
-    _version_header(ctx, version)
-    return xml_response(ctx, tagset.tagging_document(tags))
+        raise await _error(ctx, e, vid) from None
+    _version_header(ctx, inode, vid)
+    return xml_response(ctx, tagset.tagging_document(tags_of(inode)))
 
 
 async def put_object_tagging(ctx: Ctx) -> web.Response:
-    version = target_version(ctx)
+    vid = target_version(ctx)
     tags = tagset.parse_document(await _read_body(ctx))
     access.judge_object(ctx, "s3:PutObjectTagging", access.tag_keys(REQUEST_OBJECT_TAG, tags))
     try:
-        await ctx.ns.set_object_tags(ctx.ident, ctx.bucket, ctx.key, tags)
+        inode = await ctx.ns.set_object_tags(ctx.ident, ctx.bucket, ctx.key, tags, vid=vid)
     except FsError as e:
-        raise await fs_error(ctx, e) from None
-    _version_header(ctx, version)
+        raise await _error(ctx, e, vid) from None
+    _version_header(ctx, inode, vid)
     return web.Response(status=200, headers=ctx.response_headers)
 
 
 async def delete_object_tagging(ctx: Ctx) -> web.Response:
-    version = target_version(ctx)
+    vid = target_version(ctx)
     try:
-        await ctx.ns.set_object_tags(ctx.ident, ctx.bucket, ctx.key, [],
-                                     action="DeleteObjectTagging")
+        inode = await ctx.ns.set_object_tags(ctx.ident, ctx.bucket, ctx.key, [],
+                                             action="DeleteObjectTagging", vid=vid)
     except FsError as e:
-        raise await fs_error(ctx, e) from None
-    _version_header(ctx, version)
+        raise await _error(ctx, e, vid) from None
+    _version_header(ctx, inode, vid)
     return web.Response(status=204, headers=ctx.response_headers)
 
 
