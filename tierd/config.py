@@ -211,7 +211,8 @@ class Config:
         metadata=setting(
             parse=parse_choice("presigned", "all", "off"),
             help="Signature Version 2 on the S3 gateway: presigned (presigned GET, HEAD and "
-            "PUT URLs only), all (also the Authorization header and every method) or off.",
+            "PUT URLs and POST forms only), all (also the Authorization header and every "
+            "method) or off.",
             metavar="presigned|all|off",
         ),
     )

@@ -12,6 +12,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -20,7 +21,15 @@ import pytest
 import requests
 from botocore.config import Config
 
-from s3.conftest import REGION, ROOT_KEY, ROOT_SECRET, USER_KEY, USER_SECRET, Daemon
+from s3.conftest import (
+    REGION,
+    ROOT_KEY,
+    ROOT_SECRET,
+    USER_KEY,
+    USER_SECRET,
+    Daemon,
+    start_daemon,
+)
 from tierd.s3.auth import signing_key
 
 MiB = 1 << 20
@@ -235,6 +244,26 @@ def test_browser_preflight_then_form_post(daemon: Daemon, s3: Any, bucket: str) 
     assert r.status_code == 204
     assert r.headers["Access-Control-Allow-Origin"] == origin
     assert r.headers["Access-Control-Expose-Headers"] == "ETag"
+
+
+def test_acknowledged_upload_survives_kill_9(tmp_path: Path) -> None:
+    """The 204 comes only once the object is durable (the PutObject path): a SIGKILL right
+    after it loses nothing, small (logged) or large (synced data file)."""
+    d = start_daemon(tmp_path / "data")
+    try:
+        d.client().create_bucket(Bucket="durable")
+        small, large = b"s" * 100, os.urandom(3 * MiB)
+        for key, data in (("small", small), ("large", large)):
+            assert post(d, "durable", form("durable", [{"key": key}], {"key": key}),
+                        data).status_code == 204
+        d.proc.kill()
+        d.proc.wait(10)
+        d = start_daemon(tmp_path / "data")
+        s3 = d.client()
+        assert s3.get_object(Bucket="durable", Key="small")["Body"].read() == small
+        assert s3.get_object(Bucket="durable", Key="large")["Body"].read() == large
+    finally:
+        d.stop()
 
 
 @pytest.mark.parametrize("status", ["204", "bogus"])

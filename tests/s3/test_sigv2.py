@@ -109,6 +109,7 @@ def test_aws_cli_presign(daemon: Daemon, s3: Any, bucket: str, tmp_path: Path) -
     out = subprocess.run([tool("aws"), "--endpoint-url", daemon.url, "s3", "presign",
                           f"s3://{bucket}/cli"], env=env, capture_output=True, text=True,
                          timeout=60, check=True).stdout.strip()
+    assert "AWSAccessKeyId=" in out  # the AWS CLI presigns with SigV2 too
     r = requests.get(out, timeout=10)
     assert (r.status_code, r.content) == (200, b"from the cli"), out
 
@@ -249,6 +250,29 @@ def test_s3cmd_signature_v2(daemon_all: Daemon, tmp_path: Path) -> None:
     assert (tmp_path / "got").read_bytes() == b"s3cmd v2"
     run("del", f"s3://{b}/f.txt")
     run("rb", f"s3://{b}")
+
+
+def test_off_refuses_every_form_of_sigv2(tmp_path: Path) -> None:
+    """``s3_allow_sigv2 = off``: presigned URLs, the header and POST forms signed with
+    SigV2 are 400 InvalidRequest naming the setting; SigV4 still works."""
+    d = start_daemon(tmp_path / "data", "--s3-allow-sigv2", "off")
+    try:
+        s3 = d.client()
+        s3.create_bucket(Bucket="off")
+        s3.put_object(Bucket="off", Key="k", Body=b"x")
+        v2 = v2_client(d.url, signature_version="s3")
+        r = requests.get(v2.generate_presigned_url(
+            "get_object", Params={"Bucket": "off", "Key": "k"}, ExpiresIn=60), timeout=10)
+        assert (r.status_code, error_code(r)) == (400, "InvalidRequest")
+        assert "s3_allow_sigv2 = off" in r.text
+        r = _raw_v2(d.url, "GET", "/", {"Date": email.utils.formatdate(usegmt=True)})
+        assert (r.status_code, error_code(r)) == (400, "InvalidRequest")
+        p = v2.generate_presigned_post("off", "posted", ExpiresIn=60)
+        r = requests.post(p["url"], data=p["fields"], files={"file": ("f", b"y")}, timeout=10)
+        assert (r.status_code, error_code(r)) == (400, "InvalidRequest")
+        assert s3.list_objects_v2(Bucket="off")["KeyCount"] == 1
+    finally:
+        d.stop()
 
 
 def test_setting_values_and_off() -> None:

@@ -5,7 +5,8 @@ Clients still produce SigV2 without being asked: botocore presigns with it for a
 endpoint unless told ``signature_version="s3v4"``, and ``aws s3 presign`` and s3cmd's
 ``signature_v2`` do the same.  How much of it the gateway takes is the setting
 ``s3_allow_sigv2`` (:data:`MODES`): ``presigned`` (the default, as MinIO does: presigned
-GET, HEAD and PUT URLs only, the links people hand out), ``all``, or ``off``.  A refused
+GET, HEAD and PUT URLs only, the links people hand out, and SigV2-signed POST forms,
+:mod:`tierd.s3.post_object`), ``all``, or ``off``.  A refused
 SigV2 request is answered ``400 InvalidRequest`` naming the setting.
 
 The string to sign is S3's: the method, ``Content-MD5``, ``Content-Type``, the date line
