@@ -6,6 +6,7 @@ Ownership is the POSIX owner (docs/permissions.md), read back as GetObjectAcl's 
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -126,3 +127,12 @@ def test_object_writer_keeps_the_writer(alice: Any, frank: Any, alice_bucket: st
     assert owner_name(alice, alice_bucket, "w") != "alice"
     # bucket-owner-full-control gives alice access without ownership
     assert alice.get_object(Bucket=alice_bucket, Key="w")["Body"].read() == b"w"
+
+
+def test_create_bucket_object_ownership_header(s3: Any) -> None:
+    name = f"o-{uuid.uuid4().hex[:16]}"
+    assert_error("NotImplemented", 501, s3.create_bucket, Bucket=name,
+                 ObjectOwnership="BucketOwnerEnforced")
+    assert name not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    s3.create_bucket(Bucket=name, ObjectOwnership="ObjectWriter")  # what it is anyway
+    s3.delete_bucket(Bucket=name)

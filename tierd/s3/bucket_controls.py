@@ -113,10 +113,26 @@ def check_acl_allowed(ctx: Ctx, rule: str, block: PublicAccessBlock, public: boo
                       "(PublicAccessBlock BlockPublicAcls)")
 
 
+def ownership_header(ctx: Ctx) -> None:
+    """CreateBucket's ``x-amz-object-ownership``: ``ObjectWriter`` is what a new bucket
+    has anyway; the other rules are set with PutBucketOwnershipControls once the bucket
+    exists (NotImplemented rather than a bucket that silently lacks the rule)."""
+    value = ctx.headers.get("x-amz-object-ownership")
+    if value is None or value.strip() == "ObjectWriter":
+        return
+    if value.strip() not in OWNERSHIP_RULES:
+        raise S3Error("InvalidArgument", f"x-amz-object-ownership must be one of "
+                      f"{', '.join(OWNERSHIP_RULES)}", ArgumentName="x-amz-object-ownership",
+                      ArgumentValue=value)
+    raise S3Error("NotImplemented", "x-amz-object-ownership on CreateBucket: create the "
+                  "bucket, then set the rule with PutBucketOwnershipControls")
+
+
 def prepare_acl(ctx: Ctx, action: str | None) -> None:
     """Work out the ACL of an object write (``s3:PutObject``) or CreateBucket into
     :data:`~tierd.s3.common.REQUEST_ACL` (every other request: not worked out)."""
     if action == "s3:CreateBucket":
+        ownership_header(ctx)
         spec, _, _ = header_acl(ctx, ctx.ident.uid)
         REQUEST_ACL.set((spec,))
         return
