@@ -14,6 +14,11 @@ of the inodes on its way (the ``public-read``/``public-read-write`` canned ACLs,
 :func:`tierd.acl.modes.anonymous_bits`), so any other action (ACLs, policies, locations,
 ...) is refused here unless a policy allows it.
 
+A bucket's public access block (:class:`PublicAccessBlock`) reaches the same decision:
+where its IgnorePublicAcls or RestrictPublicBuckets flag is on, :meth:`PolicyStore.lookup`
+hands out a :class:`GuardedPolicy`, whose evaluation denies anonymous requesters what the
+flags take away, so no path that decides with the bucket's policy can miss the block.
+
 Policies live in the bucket's metadata record (:attr:`tierd.meta.Bucket.policy`, the JSON
 exactly as it was PUT), so they go with the bucket: deleting a bucket deletes its policy.
 They are parsed once per text and cached.

@@ -185,29 +185,6 @@ def grants(mode: int, owner: int, acl_blob: bytes, *, anonymous: int = 0,
     return out
 
 
-def canned_of(grant_set: list[tuple[str, str]], *, owner_id: str, bucket_owner_id: str
-              ) -> str:
-    """The canned ACL a requested grant list (``(grantee, permission)`` pairs; grantee a
-    canonical id or a group URI) amounts to; :class:`UnknownCannedAcl` when none does (the
-    XML form of PutObjectAcl accepts exactly these)."""
-    rest = {g for g in grant_set if g != (owner_id, "FULL_CONTROL")}
-    table: dict[frozenset[tuple[str, str]], str] = {
-        frozenset(): "private",
-        frozenset({(ALL_USERS, "READ")}): "public-read",
-        frozenset({(ALL_USERS, "READ"), (ALL_USERS, "WRITE")}): "public-read-write",
-        frozenset({(AUTHENTICATED_USERS, "READ")}): "authenticated-read",
-    }
-    if bucket_owner_id != owner_id:
-        table[frozenset({(bucket_owner_id, "READ")})] = "bucket-owner-read"
-        table[frozenset({(bucket_owner_id, "FULL_CONTROL")})] = "bucket-owner-full-control"
-    name = table.get(frozenset(rest))
-    if name is None:
-        raise UnknownCannedAcl("only grant lists that match a canned ACL can be set (tierd "
-                               "stores ACLs as POSIX modes and ACL entries)")
-    return name
-
-
-
 def apply_on_commit(ident: Identity, inode: Inode, name: str, bucket_owner: int,
                     key: str) -> None:
     """For the namespace, inside the transaction that commits an S3 write carrying

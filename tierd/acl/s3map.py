@@ -23,6 +23,11 @@ one needs write+search on the parent, as ``creat`` does.  ``sticky`` adds the st
 rule of ``unlink`` (in a sticky directory only the owner of the entry or of the directory,
 or root, may remove it).  Composite actions (CopyObject, UploadPartCopy) name the actions
 whose checks apply to their source and destination in ``parts``.
+
+The second half of the module is the grant table: what each S3 permission of a grant
+(``x-amz-grant-*`` headers, AccessControlPolicy bodies) becomes in mode bits, named ACL
+entries and the anonymous grant (:data:`GRANT_PERMISSIONS`, :func:`resolve_grants`,
+:func:`apply_grants`).
 """
 
 from __future__ import annotations
