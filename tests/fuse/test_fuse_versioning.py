@@ -77,6 +77,13 @@ def test_mount_writes_make_versions(s3: Any, vbucket: tuple[str, Path],
     v3 = s3.head_object(Bucket=bucket, Key="f.txt")["VersionId"]
     assert v3 not in (v1, v2, "null")
     assert s3.get_object(Bucket=bucket, Key="f.txt")["Body"].read() == b"SECOND"
+    # the editor's temporary name has no history: no marker was left there
+    assert history(s3, bucket, ".f.txt.tmp") == []
+    # moving the file away: its old key keeps its history under a delete marker
+    run(["mv", str(root / "f.txt"), str(root / "g.txt")])
+    hist = history(s3, bucket, "f.txt")
+    assert hist[0][1:] == (True, True) and [h[0] for h in hist[1:]] == [v1]
+    assert s3.head_object(Bucket=bucket, Key="g.txt")["VersionId"] == v3
 
 
 def _in_place(path: Path) -> None:

@@ -440,6 +440,7 @@ class EntryOps(ResizeOps):
                     tx.remove_dirent(new_parent, new_name)
                     drops = versions.supersede(self, tx, nd, new_name, dst, src)
             self._move(tx, od, old_name, src, nd, new_name)
+            drops += versions.moved_away(self, tx, od, old_name, src)
         for ino in drops:
             self._forget_data(ino)
 

@@ -330,3 +330,16 @@ def unlinked(ns: EntryOps, tx: MetaTxn, d: Inode, name: bytes, child: Inode) -> 
     drops = retire(ns, tx, bucket, key, child, replace_null=st != ENABLED)
     _, more = add_marker(ns, tx, bucket, key, child.uid)
     return drops + more
+
+
+def moved_away(ns: EntryOps, tx: MetaTxn, d: Inode, name: bytes, src: Inode) -> list[int]:
+    """A rename through the mount took file ``src`` (its current version) away from entry
+    ``name`` of ``d``: when that key has older versions, a delete marker becomes its latest
+    version, as S3's copy-and-delete would leave it (a key without history, such as an
+    editor's temporary file, gets none)."""
+    if not src.is_reg:
+        return []
+    loc = locate(tx, d.ino, name)
+    if loc is None or not state(tx, loc[0]) or not of_key(tx, *loc):
+        return []
+    return add_marker(ns, tx, loc[0], loc[1], src.uid)[1]
