@@ -5,17 +5,20 @@ S3's limits and error codes, the POSIX checks, and tags surviving kill -9."""
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import minio
+import minio.commonconfig
 import pytest
 import requests
 
 from . import test_clients
-from .conftest import Daemon, assert_error, start_daemon
+from .conftest import REGION, ROOT_KEY, ROOT_SECRET, Daemon, assert_error, start_daemon
 from .test_auth import send, signed
 
 aws = test_clients.aws  # the AWS CLI (s3api) as a fixture, with the root key
@@ -423,6 +426,26 @@ def test_aws_cli_object_and_bucket_tagging(aws: Callable[..., str], s3: Any,
     assert out["TagSet"] == [{"Key": "team", "Value": "ml"}]
     aws("s3api", "delete-bucket-tagging", "--bucket", bucket)
     assert_error("NoSuchTagSet", 404, s3.get_bucket_tagging, Bucket=bucket)
+
+
+def test_minio_py_object_and_bucket_tags(daemon: Daemon, s3: Any, bucket: str) -> None:
+    mc = minio.Minio(daemon.url.removeprefix("http://"), access_key=ROOT_KEY,
+                     secret_key=ROOT_SECRET, secure=False, region=REGION)
+    tags = minio.commonconfig.Tags.new_object_tags()
+    tags["team"] = "ml"
+    mc.put_object(bucket, "m", io.BytesIO(b"x"), 1, tags=tags)  # x-amz-tagging
+    assert dict(mc.get_object_tags(bucket, "m") or {}) == {"team": "ml"}
+    tags["stage"] = "raw"
+    mc.set_object_tags(bucket, "m", tags)
+    assert tags_of(s3, bucket, "m") == {"team": "ml", "stage": "raw"}
+    mc.delete_object_tags(bucket, "m")
+    assert not mc.get_object_tags(bucket, "m")
+    btags = minio.commonconfig.Tags.new_bucket_tags()
+    btags["cost"] = "42"
+    mc.set_bucket_tags(bucket, btags)
+    assert dict(mc.get_bucket_tags(bucket) or {}) == {"cost": "42"}
+    mc.delete_bucket_tags(bucket)
+    assert mc.get_bucket_tags(bucket) is None  # minio-py's answer to NoSuchTagSet
 
 
 # -- durability ------------------------------------------------------------------------------

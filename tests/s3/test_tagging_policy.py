@@ -129,6 +129,25 @@ def test_request_object_tag_on_put_object(s3: Any, bucket: str,
     assert s3.get_object(Bucket=bucket, Key="a")["TagCount"] == 2
 
 
+def test_malformed_tagging_header_under_a_policy(s3: Any, bucket: str,
+                                                policy: Callable[..., None]) -> None:
+    """Where the condition keys are read, a bad x-amz-tagging stays the handler's
+    InvalidArgument on a write, and is ignored on a read, as S3 does."""
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    policy(stmt("Allow", "*", "s3:GetObject", arn(bucket, "*"),
+                Condition={"StringEquals": {"s3:RequestObjectTag/a": "1"}}))
+    assert_error("InvalidArgument", 400, s3.put_object, Bucket=bucket, Key="j", Body=b"x",
+                 Tagging="a=%zz")
+
+    def bad_header(request: Any, **_: Any) -> None:
+        request.headers["x-amz-tagging"] = "a=%zz"
+    s3.meta.events.register("before-sign.s3.GetObject", bad_header)
+    try:
+        assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"x"
+    finally:
+        s3.meta.events.unregister("before-sign.s3.GetObject", bad_header)
+
+
 def test_request_object_tag_on_copy_and_create_multipart(s3: Any, bucket: str,
                                                          policy: Callable[..., None]) -> None:
     s3.put_object(Bucket=bucket, Key="src", Body=b"x", Tagging="project=alpha")

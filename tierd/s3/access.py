@@ -10,6 +10,7 @@ the source, PutObject on the target) and DeleteObjects once per key, as S3 does.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import time
 from collections.abc import Awaitable, Callable
@@ -88,8 +89,12 @@ def context(ctx: Ctx, action: str) -> dict[str, str]:
     for name in _HEADER_KEYS:
         if name in req.headers:
             c["s3:" + name] = req.headers[name]
-    if tagset.HEADER in req.headers:  # PutObject, CopyObject, CreateMultipartUpload
-        c.update(tag_keys(REQUEST_OBJECT_TAG, tagset.parse_header(req.headers[tagset.HEADER])))
+    if action == "s3:PutObject" and tagset.HEADER in req.headers:
+        # PutObject, CopyObject, CreateMultipartUpload; a malformed header is the handler's
+        # InvalidArgument (tierd.s3.common.objmeta_from_headers), with no tag keys here
+        with contextlib.suppress(S3Error):
+            tags = tagset.parse_header(req.headers[tagset.HEADER])
+            c.update(tag_keys(REQUEST_OBJECT_TAG, tags))
     if action in _LISTINGS:
         q = ctx.query
         c["s3:prefix"] = q.get("prefix", "")

@@ -31,7 +31,7 @@ from tierd.meta import Inode
 from tierd.namespace.tags import decode_tags, encode_tags, tags_of
 from tierd.s3 import access, tagset, versioning, xmlio
 from tierd.s3.body import Body
-from tierd.s3.bucket_policy import is_manager
+from tierd.s3.bucket_policy import bucket_record, is_manager
 from tierd.s3.buckets import xml_response
 from tierd.s3.common import Ctx
 from tierd.s3.errors import S3Error, from_fs_error
@@ -111,10 +111,7 @@ async def delete_object_tagging(ctx: Ctx) -> web.Response:
 async def _bucket_owner_or_granted(ctx: Ctx, action: str) -> None:
     """The bucket exists (NoSuchBucket) and the caller manages it, or the bucket policy
     allowed ``action`` (the request's identity carries its grant)."""
-    try:
-        b = await ctx.ns.get_bucket(ctx.bucket)
-    except FsError as e:
-        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
+    b = await bucket_record(ctx)
     if not is_manager(ctx, b) and ctx.ident.grant is None:
         raise AccessDenied(errno.EACCES, f"only the owner of bucket {ctx.bucket!r} may call "
                            f"{action}")
