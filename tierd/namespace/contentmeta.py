@@ -6,7 +6,8 @@ door's own records of the content (``tierd.s3.*``: the multipart part layout, th
 that made it).  When the bytes change through any other path -- a write or truncate on the
 mount -- those facts are false, and a client that validates them (boto3, the aws cli) could
 no longer download the object.  So every content change drops them in the transaction that
-gives the file its new version; user metadata and the content type stay, as on a file
+gives the file its new version; user metadata, the content type and the object's tags
+(:mod:`tierd.namespace.tags`, which describe the object, not its bytes) stay, as on a file
 rewritten in place.
 """
 
