@@ -289,6 +289,16 @@ def test_expiration_by_days_prefix_and_size(lcd: Daemon, lcb: tuple[Any, str]) -
     assert "lifecycle: expired" in lcd.log.read_text()
 
 
+def test_expiration_by_tag(lcb: tuple[Any, str]) -> None:
+    s3, b = lcb
+    s3.put_object(Bucket=b, Key="t/a", Body=b"x", Tagging="tmp=yes&team=ml")
+    s3.put_object(Bucket=b, Key="t/b", Body=b"x", Tagging="tmp=no")
+    s3.put_object(Bucket=b, Key="t/c", Body=b"x")
+    put_rules(s3, b, {"ID": "tag", "Filter": {"Tag": {"Key": "tmp", "Value": "yes"}},
+                      "Status": "Enabled", "Expiration": {"Days": 1}})
+    wait_for(lambda: keys(s3, b) == ["t/b", "t/c"])
+
+
 def test_a_young_object_is_kept(lcb: tuple[Any, str]) -> None:
     """Days 1000 (a thousand one-second days) has not passed: nothing goes, while a second
     rule in the same pass shows the job ran."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import logging
 import os
@@ -41,10 +42,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qsl
 
 from tierd.acl import Identity
 from tierd.errors import FsError
+from tierd.namespace.tags import tags_of
 
 if TYPE_CHECKING:
     from tierd.namespace import Namespace
@@ -58,8 +59,6 @@ DAY_ENV = "TIERD_LIFECYCLE_DAY_SECONDS"
 DAY = 86400.0
 PAGE = 256  # keys per listing page the job scans
 BATCH = 100  # keys per namespace delete call (one metadata sync each)
-#: objmeta key of an object's tags, as tierd.namespace.tags stores them (a query string)
-TAGS_META = "tierd.tags"
 #: filter kinds, as the configuration said them (GET gives back the same form)
 FILTER_KINDS = ("legacy", "none", "prefix", "tag", "and", "gt", "lt")
 
@@ -109,11 +108,9 @@ class Rule:
         return self.days is not None or self.date is not None
 
     def date_ns(self) -> int:
-        from datetime import datetime
-
         assert self.date is not None
-        return int(datetime.fromisoformat(self.date.replace("Z", "+00:00")).timestamp()
-                   * 1e9)
+        when = datetime.datetime.fromisoformat(self.date.replace("Z", "+00:00"))
+        return int(when.timestamp()) * 1_000_000_000
 
 
 def encode(rules: list[Rule]) -> str:
@@ -150,11 +147,6 @@ def cutoff_ns(now_ns: int, days: int, day: float) -> int:
     ``t <= last midnight - days``."""
     day_ns = int(day * 1e9)
     return (now_ns // day_ns) * day_ns - days * day_ns
-
-
-def object_tags(objmeta: dict[str, str]) -> list[tuple[str, str]]:
-    text = objmeta.get(TAGS_META, "")
-    return parse_qsl(text, keep_blank_values=True) if text else []
 
 
 @dataclass
@@ -264,7 +256,7 @@ class LifecycleJob:
                                               "", PAGE)
             doomed = [(k, (i.ino, i.version, i.mtime_ns)) for k, i in page.contents
                       if i.is_reg and i.mtime_ns <= newest_ns
-                      and rule.filter.matches(k, i.size, object_tags(i.objmeta))]
+                      and rule.filter.matches(k, i.size, tags_of(i))]
             for i in range(0, len(doomed), BATCH):
                 await self.expire_batch(bucket, doomed[i:i + BATCH], done)
             if not page.truncated:
