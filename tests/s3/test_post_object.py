@@ -128,6 +128,23 @@ def test_filename_metadata_content_type_and_acl(daemon: Daemon, s3: Any, bucket:
     assert any(g["Grantee"].get("URI", "").endswith("AllUsers") for g in grants)
 
 
+def test_tagging_field_and_version_id(daemon: Daemon, s3: Any, bucket: str) -> None:
+    tagging = ("<Tagging><TagSet><Tag><Key>team</Key><Value>a b&amp;c</Value></Tag>"
+               "</TagSet></Tagging>")
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    f = form(bucket, [{"key": "t"}, {"tagging": tagging}], {"key": "t", "tagging": tagging})
+    r = post(daemon, bucket, f)
+    assert r.status_code == 204, r.text
+    vid = r.headers["x-amz-version-id"]
+    assert s3.head_object(Bucket=bucket, Key="t")["VersionId"] == vid
+    assert s3.get_object_tagging(Bucket=bucket, Key="t")["TagSet"] == [
+        {"Key": "team", "Value": "a b&c"}]
+    bad = "<Tagging><TagSet>" + "".join(
+        f"<Tag><Key>k{i}</Key><Value>v</Value></Tag>" for i in range(11)) + "</TagSet></Tagging>"
+    f = form(bucket, [{"key": "t2"}, {"tagging": bad}], {"key": "t2", "tagging": bad})
+    assert code(post(daemon, bucket, f)) == "InvalidTag"
+
+
 def test_content_length_range(daemon: Daemon, s3: Any, bucket: str) -> None:
     s3.put_object(Bucket=bucket, Key="sized", Body=b"old")
     f = form(bucket, [{"key": "sized"}, ["content-length-range", 10, 100]], {"key": "sized"})

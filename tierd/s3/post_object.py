@@ -51,7 +51,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from tierd.acl.keys import identity_of
 from tierd.errors import FsError
-from tierd.s3 import sigv2
+from tierd.meta import Inode
+from tierd.s3 import sigv2, tagset, versioning
 from tierd.s3.access import Actions, authorize_request
 from tierd.s3.auth import ALGORITHM, UNSIGNED_PAYLOAD, Auth, parse_amz_date, signing_key
 from tierd.s3.buckets import xml_response
@@ -308,11 +309,13 @@ def _headers(fields: dict[str, str]) -> CIMultiDictProxy[str]:
     """The form fields that PutObject takes as headers."""
     h: CIMultiDict[str] = CIMultiDict()
     for name, value in fields.items():
-        if name in STORED_HEADERS or name.startswith("x-amz-meta-") or name in (
-                "x-amz-storage-class", "x-amz-tagging"):
+        if name in STORED_HEADERS or name.startswith("x-amz-meta-") or (
+                name == "x-amz-storage-class"):
             h[name] = value
     if "acl" in fields:
         h["x-amz-acl"] = fields["acl"]
+    if "tagging" in fields:  # a <Tagging> document, as PutObjectTagging's body
+        h[tagset.HEADER] = urlencode(tagset.parse_document(fields["tagging"].encode()))
     return CIMultiDictProxy(h)
 
 
@@ -351,12 +354,14 @@ async def post_object(ctx: Ctx) -> web.StreamResponse:
                                         _file_body(part, low, high), objmeta)
     except FsError as e:
         raise await put_error(ctx, e) from None
-    return _answer(ctx, fields, quoted(etag_of(inode)))
+    return _answer(ctx, fields, inode)
 
 
-def _answer(ctx: Ctx, fields: dict[str, str], etag: str) -> web.Response:
+def _answer(ctx: Ctx, fields: dict[str, str], inode: Inode) -> web.Response:
+    etag = quoted(etag_of(inode))
     h = ctx.response_headers
     h["ETag"] = etag
+    versioning.set_version_header(ctx, inode)
     location = f"{ctx.request.scheme}://{ctx.request.host}/{quote(ctx.bucket)}/" \
                f"{quote(ctx.key)}"
     h["Location"] = location
