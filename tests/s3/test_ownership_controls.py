@@ -10,6 +10,7 @@ import uuid
 from typing import Any
 
 import pytest
+import requests
 
 from .conftest import Daemon, assert_error, new_user
 
@@ -136,3 +137,18 @@ def test_create_bucket_object_ownership_header(s3: Any) -> None:
     assert name not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
     s3.create_bucket(Bucket=name, ObjectOwnership="ObjectWriter")  # what it is anyway
     s3.delete_bucket(Bucket=name)
+
+
+def test_enforced_covers_browser_form_uploads(alice: Any, frank: Any,
+                                              alice_bucket: str) -> None:
+    writable_by(alice, alice_bucket, frank)
+    alice.put_bucket_ownership_controls(Bucket=alice_bucket,
+                                        OwnershipControls=rule("BucketOwnerEnforced"))
+    p = frank.generate_presigned_post(alice_bucket, "form", ExpiresIn=60)
+    r = requests.post(p["url"], data=p["fields"], files={"file": ("f", b"x")}, timeout=30)
+    assert r.status_code == 204, r.text
+    assert owner_name(alice, alice_bucket, "form") == "alice"
+    p = frank.generate_presigned_post(alice_bucket, "pub", Fields={"acl": "public-read"},
+                                      Conditions=[{"acl": "public-read"}], ExpiresIn=60)
+    r = requests.post(p["url"], data=p["fields"], files={"file": ("f", b"x")}, timeout=30)
+    assert r.status_code == 400 and "AccessControlListNotSupported" in r.text, r.text

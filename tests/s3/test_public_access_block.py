@@ -191,3 +191,18 @@ def test_restrict_public_buckets_also_stops_the_anonymous_grant(alice: Any, anon
 def test_policy_status_without_a_policy_is_not_public(alice: Any, alice_bucket: str) -> None:
     status = alice.get_bucket_policy_status(Bucket=alice_bucket)["PolicyStatus"]
     assert status["IsPublic"] is False
+
+
+def test_block_public_acls_covers_browser_form_uploads(alice: Any, alice_bucket: str) -> None:
+    """The ACL of a POST form (its ``acl`` field) is refused like x-amz-acl."""
+    alice.put_public_access_block(Bucket=alice_bucket,
+                                  PublicAccessBlockConfiguration=block(BlockPublicAcls=True))
+    p = alice.generate_presigned_post(alice_bucket, "form", Fields={"acl": "public-read"},
+                                      Conditions=[{"acl": "public-read"}], ExpiresIn=60)
+    r = requests.post(p["url"], data=p["fields"], files={"file": ("f", b"x")}, timeout=30)
+    assert r.status_code == 403 and "BlockPublicAcls" in r.text, r.text
+    p = alice.generate_presigned_post(alice_bucket, "form", Fields={"acl": "private"},
+                                      Conditions=[{"acl": "private"}], ExpiresIn=60)
+    r = requests.post(p["url"], data=p["fields"], files={"file": ("f", b"x")}, timeout=30)
+    assert r.status_code == 204, r.text
+    alice.delete_public_access_block(Bucket=alice_bucket)

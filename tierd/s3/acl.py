@@ -127,7 +127,8 @@ async def _requested(ctx: Ctx, inode: Inode, bucket_owner: int) -> tuple[str, bo
     AccessControlPolicy body) as the spec the namespace applies, whether it is public and
     whether a bucket with ACLs disabled accepts it."""
     raw = await Body(ctx.request, ctx.verified).read_all(xmlio.MAX_XML_BODY)
-    spec, public, accepted = bucket_controls.header_acl(ctx, inode.uid, bucket_owner)
+    spec, public, accepted = bucket_controls.header_acl(ctx, ctx.headers, inode.uid,
+                                                          bucket_owner)
     if spec is not None:
         if raw.strip():
             raise S3Error("InvalidRequest", "give either x-amz-acl (or x-amz-grant-*) or an "

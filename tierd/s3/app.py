@@ -465,7 +465,8 @@ def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
                 raise
             request[OPERATION] = OPERATIONS.get(handler, handler.__name__)
             authorize_request(ctx, handler, ACTIONS)
-            bucket_controls.prepare_acl(ctx, ACTIONS.table.get(handler, (None, False))[0])
+            bucket_controls.prepare_acl(ctx, ACTIONS.table.get(handler, (None, False))[0],
+                                        form=handler is post_object)
             await send_continue(ctx, handler)
             return await handler(ctx)
         except S3Error as e:

@@ -24,6 +24,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 
 from aiohttp import web
+from multidict import CIMultiDictProxy
 
 from tierd.acl import s3map
 from tierd.acl.authorize import PAB_CONFIG, PublicAccessBlock
@@ -69,12 +70,12 @@ def ownership(ctx: Ctx, bucket: str) -> str:
         return ""
 
 
-def header_acl(ctx: Ctx, owner: int, *also: int) -> tuple[str | None, bool, bool]:
-    """(the ACL spec of the request's ``x-amz-acl`` or ``x-amz-grant-*`` headers or None,
+def header_acl(ctx: Ctx, h: CIMultiDictProxy[str], owner: int, *also: int
+               ) -> tuple[str | None, bool, bool]:
+    """(the ACL spec of the ``x-amz-acl`` or ``x-amz-grant-*`` headers ``h`` or None,
     whether it is public, whether a bucket with ACLs disabled accepts it) for an inode
     that ``owner`` will own; ``also``: other uids a grant may name.  S3 errors for
     malformed or unresolvable grants."""
-    h = ctx.headers
     grant_headers = [(k, v) for k, v in h.items() if k.lower().startswith("x-amz-grant-")]
     canned = h.get("x-amz-acl")
     if canned is not None and grant_headers:
@@ -128,32 +129,52 @@ def ownership_header(ctx: Ctx) -> None:
                   "bucket, then set the rule with PutBucketOwnershipControls")
 
 
-def prepare_acl(ctx: Ctx, action: str | None) -> None:
-    """Work out the ACL of an object write (``s3:PutObject``) or CreateBucket into
-    :data:`~tierd.s3.common.REQUEST_ACL` (every other request: not worked out)."""
-    if action == "s3:CreateBucket":
-        ownership_header(ctx)
-        spec, _, _ = header_acl(ctx, ctx.ident.uid)
-        REQUEST_ACL.set((spec,))
-        return
-    if action != "s3:PutObject" or not ctx.bucket:
-        REQUEST_ACL.set(None)
-        return
+def write_acl(ctx: Ctx, h: CIMultiDictProxy[str]) -> str | None:
+    """The ACL spec an object write into ``ctx.bucket`` with headers ``h`` applies in its
+    commit: the headers' ACL, refused where the bucket's settings forbid it, and given to
+    the bucket's owner where its ownership rule says so."""
     with ctx.state.policies.meta.snapshot() as tx:
         rec = tx.get_bucket(ctx.bucket)
     if rec is None:  # the handler answers NoSuchBucket
-        REQUEST_ACL.set(None)
-        return
+        return header_acl(ctx, h, ctx.ident.uid)[0]
     rule = rec.config.get(OWNERSHIP_CONFIG, "")
     to_bucket_owner = rule == "BucketOwnerEnforced"
     owner = rec.owner_uid if to_bucket_owner else ctx.ident.uid
-    spec, public, accepted = header_acl(ctx, owner, rec.owner_uid)
+    spec, public, accepted = header_acl(ctx, h, owner, rec.owner_uid)
     check_acl_allowed(ctx, rule, ctx.state.policies.block(ctx.bucket), public, accepted)
     if rule == "BucketOwnerPreferred" and spec == "bucket-owner-full-control":
         to_bucket_owner = True
     if to_bucket_owner:
         spec = s3map.TO_BUCKET_OWNER + (spec or "")
-    REQUEST_ACL.set((spec,))
+    return spec
+
+
+def prepare_acl(ctx: Ctx, action: str | None, form: bool = False) -> None:
+    """Set :data:`~tierd.s3.common.REQUEST_ACL` for this request: for an object write
+    (``s3:PutObject``, or a browser ``form`` upload, whose ACL is a form field) and
+    CreateBucket the function that works out the ACL of the headers it is given (the
+    request's are checked here, before any body is read); None for every other request.
+    The answer is kept per headers object: a handler asks for it more than once."""
+    if action == "s3:CreateBucket":
+        ownership_header(ctx)
+        spec = header_acl(ctx, ctx.headers, ctx.ident.uid)[0]
+        REQUEST_ACL.set(lambda h: spec if h is ctx.headers
+                        else header_acl(ctx, h, ctx.ident.uid)[0])
+        return
+    if not ctx.bucket or not (form or action == "s3:PutObject"):
+        REQUEST_ACL.set(None)
+        return
+    answers: dict[int, tuple[CIMultiDictProxy[str], str | None]] = {}
+
+    def resolve(h: CIMultiDictProxy[str]) -> str | None:
+        got = answers.get(id(h))
+        if got is None or got[0] is not h:
+            got = answers[id(h)] = (h, write_acl(ctx, h))
+        return got[1]
+
+    if not form:
+        resolve(ctx.headers)
+    REQUEST_ACL.set(resolve)
 
 
 # -- PublicAccessBlock ----------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email.utils
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -161,22 +162,22 @@ def reject_unsupported_headers(h: CIMultiDictProxy[str]) -> None:
                       "every object as STANDARD")
 
 
-#: the ACL this request's write applies, as :func:`tierd.acl.canned.apply_on_commit` takes
-#: it: worked out before the handler runs (:func:`tierd.s3.bucket_controls.prepare_acl`)
-#: from ``x-amz-acl``, ``x-amz-grant-*`` and the bucket's ownership controls and public
-#: access block, which need the key store and the bucket record that header-only callers
-#: such as :func:`objmeta_from_headers` do not have.  A 1-tuple (its value None: no ACL);
-#: None: not worked out for this request (canned ACLs only)
-REQUEST_ACL: ContextVar[tuple[str | None] | None] = ContextVar("tierd_s3_request_acl",
-                                                                default=None)
+#: how this request's write works out its ACL, as :func:`tierd.acl.canned.apply_on_commit`
+#: takes it, from the headers (or form fields) it is given: set before the handler runs
+#: (:func:`tierd.s3.bucket_controls.prepare_acl`) with what ``x-amz-grant-*``, the bucket's
+#: ownership controls and public access block need (the key store, the bucket record),
+#: which header-only callers such as :func:`objmeta_from_headers` do not have.  None: not
+#: an object write or CreateBucket (canned ACLs only)
+REQUEST_ACL: ContextVar[Callable[[CIMultiDictProxy[str]], str | None] | None] = ContextVar(
+    "tierd_s3_request_acl", default=None)
 
 
 def canned_acl(h: CIMultiDictProxy[str]) -> str | None:
-    """The request's ACL: :data:`REQUEST_ACL` where it was worked out, else ``x-amz-acl``
-    (None when absent); InvalidArgument for an unknown one."""
-    prepared = REQUEST_ACL.get()
-    if prepared is not None:
-        return prepared[0]
+    """The ACL of headers ``h``: as :data:`REQUEST_ACL` works it out where this request
+    has one, else ``x-amz-acl`` (None when absent); InvalidArgument for an unknown one."""
+    resolve = REQUEST_ACL.get()
+    if resolve is not None:
+        return resolve(h)
     if any(k.lower().startswith("x-amz-grant-") for k in h):
         raise S3Error("InvalidRequest", "x-amz-grant-* headers are not accepted by this "
                       "request")
