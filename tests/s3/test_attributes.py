@@ -173,3 +173,25 @@ def test_aws_cli_get_object_attributes(aws: Callable[..., str],  # noqa: F811
     assert out["ObjectSize"] == len(data) and out["StorageClass"] == "STANDARD"
     assert out["ObjectParts"]["TotalPartsCount"] == 3
     assert out["ObjectParts"]["Parts"] == [{"PartNumber": 1, "Size": sizes[0]}]
+
+
+def test_versions_of_a_versioned_object(s3: Any, bucket: str) -> None:
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    v1 = s3.put_object(Bucket=bucket, Key="v", Body=b"first")["VersionId"]
+    v2 = s3.put_object(Bucket=bucket, Key="v", Body=b"second!")["VersionId"]
+    cur = s3.get_object_attributes(Bucket=bucket, Key="v", ObjectAttributes=["ObjectSize"])
+    assert cur["ObjectSize"] == 7 and cur["VersionId"] == v2
+    old = s3.get_object_attributes(Bucket=bucket, Key="v", VersionId=v1,
+                                   ObjectAttributes=["ObjectSize", "ETag"])
+    assert old["ObjectSize"] == 5 and old["VersionId"] == v1
+    assert old["ETag"] == hashlib.md5(b"first").hexdigest()
+    marker = s3.delete_object(Bucket=bucket, Key="v")["VersionId"]
+    resp = assert_error("NoSuchKey", 404, s3.get_object_attributes, Bucket=bucket, Key="v",
+                        ObjectAttributes=["ETag"])
+    assert resp["ResponseMetadata"]["HTTPHeaders"]["x-amz-delete-marker"] == "true"
+    assert_error("MethodNotAllowed", 405, s3.get_object_attributes, Bucket=bucket, Key="v",
+                 VersionId=marker, ObjectAttributes=["ETag"])
+    assert_error("InvalidArgument", 400, s3.get_object_attributes, Bucket=bucket, Key="v",
+                 VersionId="not a version", ObjectAttributes=["ETag"])
+    for vid in (v1, v2, marker):
+        s3.delete_object(Bucket=bucket, Key="v", VersionId=vid)

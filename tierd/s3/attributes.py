@@ -6,7 +6,8 @@ Clients call it to learn an object's size and checksum, and the part layout of a
 object (to download or verify it part by part) without a HEAD per part.  The part layout
 is the one CompleteMultipartUpload stored (:data:`tierd.s3.common.META_PARTS`); parts are
 paged with ``x-amz-max-parts`` and ``x-amz-part-number-marker``.  Part checksums are not
-kept, so a ``<Part>`` carries its number and size only.
+kept, so a ``<Part>`` carries its number and size only.  ``versionId`` names a version as
+for GetObject (a delete marker: 404 or 405 with ``x-amz-delete-marker``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ import errno
 from aiohttp import web
 
 from tierd.errors import FsError
-from tierd.s3 import checksums
+from tierd.s3 import checksums, versioning
 from tierd.s3.buckets import xml_response
 from tierd.s3.common import (
     Ctx,
-    check_version_id,
     etag_of,
     http_date,
     int_value,
@@ -73,11 +73,16 @@ async def get_object_attributes(ctx: Ctx) -> web.Response:
     limit = int_value(h.get("x-amz-max-parts"), "x-amz-max-parts", 0, MAX_PARTS, MAX_PARTS)
     marker = int_value(h.get("x-amz-part-number-marker"), "x-amz-part-number-marker", 0,
                        10000, 0)
-    versioned = check_version_id(ctx)
+    vid = versioning.version_param(ctx)
     try:
-        inode = await ctx.ns.head_object(ctx.ident, ctx.bucket, ctx.key)
+        if vid is not None:
+            inode = await ctx.ns.head_version(ctx.ident, ctx.bucket, ctx.key, vid)
+        else:
+            inode = await ctx.ns.head_object(ctx.ident, ctx.bucket, ctx.key)
+    except versioning.DeleteMarkerHit as e:
+        raise versioning.marker_error(ctx, e) from None
     except FsError as e:
-        raise await fs_error(ctx, e) from None
+        raise (versioning.missing_error(ctx, e) or await fs_error(ctx, e)) from None
     if not inode.is_reg and not inode.is_dir:
         raise await fs_error(ctx, FsError(errno.ENOENT, f"no such key {ctx.key!r}"))
     out = ""
@@ -98,6 +103,8 @@ async def get_object_attributes(ctx: Ctx) -> web.Response:
     if "ObjectSize" in names:
         out += el("ObjectSize", inode.size)
     ctx.response_headers["Last-Modified"] = http_date(inode.mtime_ns)
-    if versioned:
-        ctx.response_headers["x-amz-version-id"] = "null"
+    if vid is not None:
+        ctx.response_headers["x-amz-version-id"] = vid
+    else:
+        versioning.set_version_header(ctx, inode)
     return xml_response(ctx, document("GetObjectAttributesResponse", out))
