@@ -91,6 +91,30 @@ def test_boto3_default_presigned_post_is_sigv2(daemon: Daemon, s3: Any, bucket: 
     assert (r.status_code, code(r)) == (403, "SignatureDoesNotMatch")
 
 
+def test_minio_presigned_post_policy(daemon: Daemon, s3: Any, bucket: str) -> None:
+    import minio
+    from minio.datatypes import PostPolicy
+
+    mc = minio.Minio(daemon.url.removeprefix("http://"), access_key=ROOT_KEY,
+                     secret_key=ROOT_SECRET, secure=False, region=REGION)
+    policy = PostPolicy(bucket, datetime.datetime.now(datetime.UTC)
+                        + datetime.timedelta(minutes=5))
+    policy.add_starts_with_condition("key", "minio/")
+    policy.add_starts_with_condition("Content-Type", "text/")
+    policy.add_content_length_range_condition(1, 1024)
+    fields = mc.presigned_post_policy(policy)
+    r = requests.post(f"{daemon.url}/{bucket}", timeout=30,
+                      data={**fields, "key": "minio/${filename}", "Content-Type": "text/plain"},
+                      files={"file": ("note.txt", b"from minio-py")})
+    assert r.status_code == 204, r.text
+    got = s3.get_object(Bucket=bucket, Key="minio/note.txt")
+    assert got["Body"].read() == b"from minio-py" and got["ContentType"] == "text/plain"
+    r = requests.post(f"{daemon.url}/{bucket}", timeout=30,
+                      data={**fields, "key": "elsewhere", "Content-Type": "text/plain"},
+                      files={"file": ("note.txt", b"x")})
+    assert (r.status_code, code(r)) == (403, "AccessDenied")
+
+
 def test_success_action_status_and_redirect(daemon: Daemon, s3: Any, bucket: str) -> None:
     f = form(bucket, [{"key": "a"}, {"success_action_status": "201"}],
              {"key": "a", "success_action_status": "201"})
