@@ -8,6 +8,8 @@ import gzip
 import hashlib
 import http.client
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -16,6 +18,7 @@ from tierd.s3.common import stored_encoding
 
 from .conftest import Daemon, assert_error
 from .test_auth import signed
+from .test_clients import aws  # noqa: F401  (the AWS CLI fixture)
 
 
 def test_gzip_object_is_stored_as_sent(s3: Any, bucket: str) -> None:
@@ -160,3 +163,17 @@ def test_other_storage_classes_are_refused(s3: Any, bucket: str) -> None:
                  StorageClass="GLACIER")
     assert_error("InvalidStorageClass", 400, s3.put_object, Bucket=bucket, Key="g",
                  Body=b"x", StorageClass="SHINY")
+
+
+def test_aws_cli_storage_class_and_encoding(aws: Callable[..., str], bucket: str,  # noqa: F811
+                                            tmp_path: Path) -> None:
+    src = tmp_path / "f"
+    src.write_bytes(b"data")
+    aws("s3api", "put-object", "--bucket", bucket, "--key", "cli", "--body", str(src),
+        "--storage-class", "STANDARD", "--content-encoding", "deflate, gzip")
+    head = json.loads(aws("s3api", "head-object", "--bucket", bucket, "--key", "cli",
+                          "--output", "json"))
+    assert head["ContentEncoding"] == "deflate, gzip" and "StorageClass" not in head
+    listed = json.loads(aws("s3api", "list-objects-v2", "--bucket", bucket, "--output",
+                            "json"))
+    assert [(o["Key"], o["StorageClass"]) for o in listed["Contents"]] == [("cli", "STANDARD")]
