@@ -1,5 +1,7 @@
 """Content-Encoding is object metadata to S3: a gzip object keeps its bytes, ETag and
-encoding; the gateway never decompresses a request body (aiohttp would by default)."""
+encoding; the gateway never decompresses a request body (aiohttp would by default).  Stored
+headers come back byte for byte (an encoding list, raw UTF-8 and RFC 2047 metadata), and
+the STANDARD storage class is accepted and listed."""
 
 from __future__ import annotations
 
