@@ -287,9 +287,18 @@ def test_browser_preflight_then_form_post(daemon: Daemon, s3: Any, bucket: str) 
     assert r.headers["Access-Control-Expose-Headers"] == "ETag"
 
 
-def test_acknowledged_upload_survives_kill_9(tmp_path: Path) -> None:
-    """The 204 comes only once the object is durable (the PutObject path): a SIGKILL right
-    after it loses nothing, small (logged) or large (synced data file)."""
+def _peak_rss(pid: int) -> int:
+    """The process's resident-memory high-water mark (bytes)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_streamed_in_bounded_memory_and_durable_when_acknowledged(tmp_path: Path) -> None:
+    """A 96 MiB form upload moves the daemon's peak RSS by far less than its size (it is
+    streamed, never held); and the 204 comes only once the object is durable (the PutObject
+    path): a SIGKILL right after it loses nothing, small (logged) or large (synced)."""
     d = start_daemon(tmp_path / "data")
     try:
         d.client().create_bucket(Bucket="durable")
@@ -297,6 +306,16 @@ def test_acknowledged_upload_survives_kill_9(tmp_path: Path) -> None:
         for key, data in (("small", small), ("large", large)):
             assert post(d, "durable", form("durable", [{"key": key}], {"key": key}),
                         data).status_code == 204
+        before = _peak_rss(d.proc.pid)
+        f = form("durable", [{"key": "huge"}, ["content-length-range", 0, 128 * MiB]],
+                 {"key": "huge"})
+        boundary, md5 = uuid.uuid4().hex, hashlib.md5()
+        r = requests.post(f"{d.url}/durable", timeout=300,
+                          data=_streamed(boundary, f, 96 * MiB, md5),
+                          headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        assert r.status_code == 204 and r.headers["ETag"] == f'"{md5.hexdigest()}"'
+        grew = _peak_rss(d.proc.pid) - before
+        assert grew < 32 * MiB, f"peak RSS grew by {grew >> 20} MiB for a 96 MiB upload"
         d.proc.kill()
         d.proc.wait(10)
         d = start_daemon(tmp_path / "data")
