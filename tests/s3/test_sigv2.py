@@ -8,6 +8,7 @@ import base64
 import email.utils
 import hashlib
 import hmac
+import json
 import subprocess
 import time
 import uuid
@@ -143,6 +144,24 @@ def test_presigned_url_of_another_user_is_judged_as_that_user(daemon: Daemon, s3
         "get_object", Params={"Bucket": bucket, "Key": "private"}, ExpiresIn=60)
     r = requests.get(url, timeout=10)
     assert (r.status_code, error_code(r)) == (403, "AccessDenied")
+
+
+def test_bucket_policy_sees_signature_version(daemon: Daemon, s3: Any, bucket: str) -> None:
+    """``s3:signatureversion`` is ``AWS`` for SigV2: a policy can deny SigV2 links."""
+    s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Deny", "Principal": "*", "Action": "s3:GetObject",
+         "Resource": f"arn:aws:s3:::{bucket}/*",
+         "Condition": {"StringEquals": {"s3:signatureversion": "AWS"}}}]}))
+    try:
+        r = requests.get(v2_client(daemon.url).generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": "k"}, ExpiresIn=60), timeout=10)
+        assert (r.status_code, error_code(r)) == (403, "AccessDenied")
+        r = requests.get(s3.generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": "k"}, ExpiresIn=60), timeout=10)
+        assert r.status_code == 200
+    finally:
+        s3.delete_bucket_policy(Bucket=bucket)
 
 
 def test_default_refuses_presigned_delete_and_header_sigv2(daemon: Daemon, s3: Any,
