@@ -27,6 +27,7 @@ They are parsed once per text and cached.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,12 +84,18 @@ class PublicAccessBlock:
     @classmethod
     def from_text(cls, text: str) -> PublicAccessBlock:
         """The stored form (:meth:`to_text`); a damaged record blocks everything (never
-        opens a bucket its owner closed)."""
-        try:
-            doc = json.loads(text)
-            return cls(*(doc.get(n) is True for n in cls.NAMES))
-        except (ValueError, AttributeError):
-            return cls(True, True, True, True)
+        opens a bucket its owner closed).  Parsed once per text: read on every request to
+        a bucket that has one."""
+        return _parse_block(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_block(text: str) -> PublicAccessBlock:
+    try:
+        doc = json.loads(text)
+        return PublicAccessBlock(*(doc.get(n) is True for n in PublicAccessBlock.NAMES))
+    except (ValueError, AttributeError):
+        return PublicAccessBlock(True, True, True, True)
 
 
 @dataclass(frozen=True, slots=True)

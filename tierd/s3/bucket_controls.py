@@ -141,7 +141,9 @@ def write_acl(ctx: Ctx, h: CIMultiDictProxy[str]) -> str | None:
     to_bucket_owner = rule == "BucketOwnerEnforced"
     owner = rec.owner_uid if to_bucket_owner else ctx.ident.uid
     spec, public, accepted = header_acl(ctx, h, owner, rec.owner_uid)
-    check_acl_allowed(ctx, rule, ctx.state.policies.block(ctx.bucket), public, accepted)
+    block_text = rec.config.get(PAB_CONFIG)  # the record already read: no second read
+    block = PublicAccessBlock.from_text(block_text) if block_text else PublicAccessBlock()
+    check_acl_allowed(ctx, rule, block, public, accepted)
     if rule == "BucketOwnerPreferred" and spec == "bucket-owner-full-control":
         to_bucket_owner = True
     if to_bucket_owner:
