@@ -206,3 +206,15 @@ def test_block_public_acls_covers_browser_form_uploads(alice: Any, alice_bucket:
     r = requests.post(p["url"], data=p["fields"], files={"file": ("f", b"x")}, timeout=30)
     assert r.status_code == 204, r.text
     alice.delete_public_access_block(Bucket=alice_bucket)
+
+
+def test_admin_api_policy_of_a_blocked_bucket_without_a_policy(daemon: Daemon, alice: Any,
+                                                                alice_bucket: str) -> None:
+    """The admin API reads the bucket's own policy, not the block's placeholder."""
+    alice.put_public_access_block(Bucket=alice_bucket, PublicAccessBlockConfiguration=ALL_ON)
+    doc = json.loads((daemon.data_dir / "endpoints.json").read_text())
+    token = (daemon.data_dir / "admin-token").read_text().strip()
+    r = requests.get(f"{doc['admin']['url']}/v1/buckets/{alice_bucket}/policy", timeout=10,
+                     headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 404, r.text
+    alice.delete_public_access_block(Bucket=alice_bucket)
