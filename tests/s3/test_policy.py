@@ -64,10 +64,16 @@ def test_anonymous_denied_without_a_policy(daemon: Daemon, s3: Any, bucket: str)
     denied(anon_get(daemon, bucket, policy=""))
     denied(requests.put(f"{daemon.url}/{bucket}?policy", data=b"{}", timeout=10))
     denied(anon_get(daemon, f"{bucket}/public/a.txt", acl=""))
-    denied(requests.post(f"{daemon.url}/{bucket}", timeout=10))  # no such operation
+    # a bare POST on a bucket is a browser form upload that is not a form (AWS's 412); an
+    # anonymous form is judged as an anonymous PutObject
+    r = requests.post(f"{daemon.url}/{bucket}", timeout=10)
+    assert r.status_code == 412 and "<Code>PreconditionFailed</Code>" in r.text, r.text
+    denied(requests.post(f"{daemon.url}/{bucket}", timeout=10,
+                         files={"key": (None, "anon.txt"), "file": ("a", b"x")}))
     r = requests.head(f"{daemon.url}/{bucket}/public/a.txt", timeout=10)
     assert r.status_code == 403
     assert s3.get_object(Bucket=bucket, Key="public/a.txt")["Body"].read() == b"hello"
+    assert "anon.txt" not in [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
 
 
 def test_public_read_of_a_prefix(daemon: Daemon, s3: Any, alice: Any, bucket: str) -> None:
