@@ -248,3 +248,25 @@ def test_put_bucket_versioning_back_to_unversioned_is_refused(s3: Any, vb: str) 
     with pytest.raises(ClientError):
         s3.put_bucket_versioning(Bucket=vb, VersioningConfiguration={"Status": "Disabled"})
     assert s3.get_bucket_versioning(Bucket=vb)["Status"] == "Enabled"
+
+
+def test_policy_judges_version_actions(s3: Any, vb: str) -> None:
+    """A request naming a version is s3:GetObjectVersion / s3:DeleteObjectVersion (as AWS):
+    a Deny of those leaves the current version readable and every old one out of reach."""
+    from tests.s3.test_policy import arn, doc, stmt
+
+    v1 = s3.put_object(Bucket=vb, Key="k", Body=b"one")["VersionId"]
+    s3.put_object(Bucket=vb, Key="k", Body=b"two")
+    s3.put_bucket_policy(Bucket=vb, Policy=doc(stmt(
+        "Deny", "*", ["s3:GetObjectVersion", "s3:DeleteObjectVersion"], arn(vb, "*"))))
+    try:
+        assert body(s3, vb, "k") == b"two"
+        assert_error("AccessDenied", 403, s3.get_object, Bucket=vb, Key="k", VersionId=v1)
+        assert_error("AccessDenied", 403, s3.delete_object, Bucket=vb, Key="k", VersionId=v1)
+        assert_error("AccessDenied", 403, s3.copy_object, Bucket=vb, Key="c",
+                     CopySource={"Bucket": vb, "Key": "k", "VersionId": v1})
+        r = s3.delete_objects(Bucket=vb, Delete={"Objects": [{"Key": "k", "VersionId": v1}]})
+        assert [e["Code"] for e in r["Errors"]] == ["AccessDenied"]
+    finally:
+        s3.delete_bucket_policy(Bucket=vb)
+    assert body(s3, vb, "k", VersionId=v1) == b"one"

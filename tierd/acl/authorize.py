@@ -46,7 +46,8 @@ _CACHE_MAX = 256
 #: what an anonymous request may do without a policy: the actions whose POSIX checks an
 #: inode's anonymous grant can pass (the namespace judges them like any other request)
 ANONYMOUS_POSIX = frozenset({
-    "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket",
+    "s3:GetObject", "s3:GetObjectVersion", "s3:PutObject", "s3:DeleteObject",
+    "s3:DeleteObjectVersion", "s3:ListBucket",
     "s3:ListBucketVersions", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"})
 
 

@@ -131,6 +131,16 @@ def _judge(ctx: Ctx, policy: Policy | None, action: str, bucket: str,
     return authorize(policy, ctx.caller, requester(ctx), action, bucket, key, cond)
 
 
+#: the action a request naming a version (``versionId``) is, as AWS judges it
+VERSION_ACTIONS = {"s3:GetObject": "s3:GetObjectVersion",
+                   "s3:DeleteObject": "s3:DeleteObjectVersion"}
+
+
+def version_action(action: str, vid: str | None) -> str:
+    """``action`` on one version of an object (``vid`` given) is its ``*Version`` action."""
+    return VERSION_ACTIONS.get(action, action) if vid is not None else action
+
+
 def _source_version(value: str) -> str | None:
     """The ``versionId`` of an ``x-amz-copy-source`` (None without one; its validity is the
     handler's to judge)."""
@@ -168,14 +178,16 @@ def authorize_request(ctx: Ctx, handler: Handler, actions: Actions) -> None:
     if not ctx.bucket:  # ListBuckets (an anonymous one was refused above)
         return
     action, on_object = spec
-    ctx.identity = _judge(ctx, policy, action, ctx.bucket, ctx.key if on_object else None,
-                          vid=ctx.query.get("versionId"))
+    vid = ctx.query.get("versionId") if on_object else None
+    ctx.identity = _judge(ctx, policy, version_action(action, vid), ctx.bucket,
+                          ctx.key if on_object else None, vid=vid)
     if handler in actions.copies and "x-amz-copy-source" in ctx.headers:
         src_bucket, src_key = parse_copy_source(ctx.headers["x-amz-copy-source"])
         src_policy = (policy if src_bucket == ctx.bucket
                       else ctx.state.policies.get(src_bucket) if src_bucket else None)
-        ctx.src_identity = _judge(ctx, src_policy, "s3:GetObject", src_bucket, src_key,
-                                  vid=_source_version(ctx.headers["x-amz-copy-source"]))
+        src_vid = _source_version(ctx.headers["x-amz-copy-source"])
+        ctx.src_identity = _judge(ctx, src_policy, version_action("s3:GetObject", src_vid),
+                                  src_bucket, src_key, vid=src_vid)
 
 
 def judge_keys(ctx: Ctx, action: str, keys: list[str]

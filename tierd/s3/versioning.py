@@ -9,6 +9,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+from tierd.acl import Identity
 from tierd.errors import FsError
 from tierd.meta import Inode
 from tierd.namespace import versions
@@ -184,19 +185,28 @@ async def delete_objects(ctx: Ctx, asked: list[tuple[str, str | None]],
 
     bad = {i for i, (_, vid) in enumerate(asked) if vid is not None
            and not versions.valid_vid(vid)}
-    refused, groups = access.judge_keys(ctx, "s3:DeleteObject",
-                                        list(dict.fromkeys(k for k, _ in asked)))
-    ident_of = {key: ident for ident, group in groups for key in group}
+    # the bucket policy judges every key: s3:DeleteObjectVersion where a version is named
+    refused: dict[tuple[str, bool], FsError] = {}
+    ident_of: dict[tuple[str, bool], Identity] = {}
+    for named in (False, True):
+        keys = list(dict.fromkeys(k for k, v in asked if (v is not None) == named))
+        action = access.version_action("s3:DeleteObject", "" if named else None)
+        no, groups = access.judge_keys(ctx, action, keys) if keys else ({}, [])
+        refused.update({(k, named): e for k, e in no.items()})
+        ident_of.update({(k, named): ident for ident, group in groups for k in group})
+
+    def who(n: int) -> tuple[str, bool]:
+        return asked[n][0], asked[n][1] is not None
+
     results: dict[int, Deleted | FsError] = {}
-    todo = [i for i, (key, _) in enumerate(asked) if i not in bad and key in ident_of]
+    todo = [i for i in range(len(asked)) if i not in bad and who(i) in ident_of]
     try:
         for i in range(0, len(todo), 100):
-            chunk = todo[i:i + 100]
             by_ident: dict[int, list[int]] = {}
-            for n in chunk:
-                by_ident.setdefault(id(ident_of[asked[n][0]]), []).append(n)
+            for n in todo[i:i + 100]:
+                by_ident.setdefault(id(ident_of[who(n)]), []).append(n)
             for ns in by_ident.values():
-                got = await ctx.ns.delete_versions(ident_of[asked[ns[0]][0]], ctx.bucket,
+                got = await ctx.ns.delete_versions(ident_of[who(ns[0])], ctx.bucket,
                                                    [asked[n] for n in ns])
                 results.update(zip(ns, got, strict=True))
     except FsError as e:
@@ -207,7 +217,8 @@ async def delete_objects(ctx: Ctx, asked: list[tuple[str, str | None]],
         res: Deleted | FsError | S3Error
         res = S3Error("NoSuchVersion", "The specified version does not exist.") \
             if i in bad else results.get(i) or from_fs_error(
-            refused.get(key) or FsError(errno.EACCES, "refused"), bucket=ctx.bucket, key=key)
+            refused.get(who(i)) or FsError(errno.EACCES, "refused"), bucket=ctx.bucket,
+            key=key)
         if isinstance(res, FsError):
             res = from_fs_error(res, bucket=ctx.bucket, key=key)
         if isinstance(res, S3Error):
