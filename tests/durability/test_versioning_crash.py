@@ -135,11 +135,28 @@ def test_noncurrent_versions_persist_and_read_back_from_cold(tmp_path: Path) -> 
         check(s3, acked, "d/k")
         # undelete: the newest version goes back to the plain key, in cold too
         s3.delete_object(Bucket=BUCKET, Key="d/k", VersionId=marker)
+        del acked[marker]
         newest = next(v for v, d in reversed(acked.items()) if d is not None)
         assert t.persist_wait(BUCKET)["persisted"] is True
         want.pop(f"{BUCKET}/.tierd-versions/d/k/{newest}")
         wait_for(lambda: cold.objects() == {*want, f"{BUCKET}/other", f"{BUCKET}/d/k"},
                  what="the undeleted version back at its key")
         assert cold.get(f"{BUCKET}/d/k") == acked[newest]
+        # the current version's bytes only in cold (evicted), then superseded and kill -9
+        # right after the acknowledgement: its object must move under .tierd-versions
+        # (fetched back first if the new upload would replace it), never be lost
+        t.admin("POST", "/v1/placement/evict", {"prefix": f"{BUCKET}/", "tier": "all"})
+        data = os.urandom(150_000)
+        acked[s3.put_object(Bucket=BUCKET, Key="d/k", Body=data)["VersionId"]] = data
+        t.kill9()
+        t.start()
+        s3 = t.s3()
+        assert t.persist_wait(BUCKET)["persisted"] is True
+        want[f"{BUCKET}/.tierd-versions/d/k/{newest}"] = acked[newest]
+        wait_for(lambda: cold.objects() == {*want, f"{BUCKET}/other", f"{BUCKET}/d/k"},
+                 what="the superseded version under .tierd-versions after kill -9")
+        assert cold.get(f"{BUCKET}/.tierd-versions/d/k/{newest}") == acked[newest]
+        t.admin("POST", "/v1/placement/evict", {"prefix": f"{BUCKET}/", "tier": "all"})
+        check(s3, acked, "d/k")
     finally:
         t.stop()
