@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from namespace.conftest import ROOT, NsEnv
+from tierd.namespace import versionops
 
 
 def enabled(nsenv: NsEnv, name: str = "bkt") -> None:
@@ -51,3 +53,14 @@ def test_expire_noncurrent(nsenv: NsEnv) -> None:
     left = [(r.key, r.marker) for r in ns.iter_versions("bkt")]
     assert left == [("keep/b", False), ("logs/a", False)]
     assert nsenv.get(ROOT, "bkt", "logs/a") == b"2"
+
+
+def test_expire_noncurrent_pages_through_many_keys(nsenv: NsEnv, monkeypatch: Any) -> None:
+    """The scan reads a few keys per read transaction: every page is covered."""
+    monkeypatch.setattr(versionops, "_EXPIRE_PAGE", 2)
+    enabled(nsenv)
+    for i in range(5):
+        for body in (b"old", b"new"):
+            nsenv.put(ROOT, "bkt", f"k{i}", body)
+    assert nsenv.run(nsenv.ns.expire_noncurrent("bkt", "", time.time_ns())) == 5
+    assert [r.current for r in nsenv.ns.iter_versions("bkt")] == [True] * 5

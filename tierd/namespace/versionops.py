@@ -9,6 +9,7 @@ listing of current inodes and records, and the expiry of noncurrent versions.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import stat
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from tierd.namespace.resize import _EMPTY_MD5
 from tierd.namespace.versions import ENABLED, NULL, SUSPENDED, Version
 
 _SKIP = b"\xff\xff\xff\xff"  # after a common prefix: past every key below it
+_EXPIRE_PAGE = 256  # keys per read transaction of expire_noncurrent
 
 
 class DeleteMarkerHit(FsError):
@@ -408,16 +410,25 @@ class VersionOps(MultipartOps):
         ``keep_newer`` newest noncurrent ones of each key; with ``expired_markers``, also
         a delete marker that is all that is left of a key.  Returns how many went."""
         doomed: list[tuple[str, str]] = []
-        with self.meta.snapshot() as tx:
-            root = self._bucket_dir(tx, bucket)
-            for key, entries in self._groups(tx, Identity.ROOT, root, bucket, prefix, None):
-                old = [e for e in entries if not e.is_latest]
-                for n, e in enumerate(old):
-                    if n >= keep_newer and e.noncurrent_since_ns < older_than_ns:
-                        doomed.append((key, e.vid))
-                if (expired_markers and entries[0].marker and
-                        all((key, e.vid) in doomed for e in old)):
-                    doomed.append((key, entries[0].vid))
+        after: bytes | None = None
+        while True:  # pages of keys, each its own short read: the loop is never held long
+            seen = 0
+            with self.meta.snapshot() as tx:
+                root = self._bucket_dir(tx, bucket)
+                for key, entries in self._groups(tx, Identity.ROOT, root, bucket, prefix,
+                                                 after):
+                    old = [e for e in entries if not e.is_latest]
+                    gone = [(key, e.vid) for n, e in enumerate(old)
+                            if n >= keep_newer and e.noncurrent_since_ns < older_than_ns]
+                    doomed += gone
+                    if expired_markers and entries[0].marker and len(gone) == len(old):
+                        doomed.append((key, entries[0].vid))
+                    after, seen = _b(key), seen + 1
+                    if seen >= _EXPIRE_PAGE:
+                        break
+            if seen < _EXPIRE_PAGE:
+                break
+            await asyncio.sleep(0)
         n = 0
         for i in range(0, len(doomed), 100):
             with self.meta.write() as tx:
@@ -429,6 +440,7 @@ class VersionOps(MultipartOps):
                         n += 1
             for ino in drops:
                 self._forget_data(ino)
+            await asyncio.sleep(0)
         if n:
             await self._sync_meta()
         return n
