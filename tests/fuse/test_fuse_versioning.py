@@ -129,3 +129,21 @@ def test_mount_shows_current_versions_only(s3: Any, vbucket: tuple[str, Path]) -
             (root / ".tierd-versions" / "x").write_bytes(b"reserved")
     finally:
         (root / ".tierd-versions").rmdir()
+
+
+def test_suspended_bucket_through_the_mount(s3: Any, vbucket: tuple[str, Path],
+                                            tmp_path: Path) -> None:
+    """While suspended, a write through the mount replaces the null version and rm leaves
+    a null delete marker; versions made while enabled stay."""
+    bucket, root = vbucket
+    v1 = s3.put_object(Bucket=bucket, Key="s", Body=b"enabled")["VersionId"]
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Suspended"})
+    src = tmp_path / "src"
+    for data in (b"null-1", b"null-2"):
+        src.write_bytes(data)
+        run(["cp", str(src), str(root / ".s.tmp")])
+        run(["mv", str(root / ".s.tmp"), str(root / "s")])
+    assert [h[0] for h in history(s3, bucket, "s")] == [v1, "null"]
+    assert s3.get_object(Bucket=bucket, Key="s", VersionId="null")["Body"].read() == b"null-2"
+    run(["rm", str(root / "s")])
+    assert history(s3, bucket, "s") == [(v1, False, False), ("null", True, True)]
