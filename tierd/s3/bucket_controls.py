@@ -31,12 +31,12 @@ from tierd.acl.authorize import PAB_CONFIG, PublicAccessBlock
 from tierd.acl.keys import canonical_user_id
 from tierd.errors import FsError
 from tierd.meta import Bucket
-from tierd.s3 import xmlio
+from tierd.s3 import bucketdoc, xmlio
 from tierd.s3.body import Body
 from tierd.s3.bucket_policy import bucket_record, may_manage
 from tierd.s3.buckets import xml_response
 from tierd.s3.common import REQUEST_ACL, Ctx, header_canned_acl
-from tierd.s3.errors import S3Error, from_fs_error
+from tierd.s3.errors import S3Error
 from tierd.s3.xmlio import document, el
 
 OWNERSHIP_CONFIG = "ownershipControls"
@@ -182,18 +182,10 @@ def prepare_acl(ctx: Ctx, action: str | None, form: bool = False) -> None:
 # -- PublicAccessBlock ----------------------------------------------------------------------
 
 async def _config(ctx: Ctx, b: Bucket, name: str, action: str) -> str | None:
+    """The document ``name`` once the caller may call ``action`` (these handlers judge
+    themselves: :func:`~tierd.s3.bucket_policy.may_manage`)."""
     may_manage(ctx, b, action)
-    try:
-        return ctx.ns.bucket_config.get(ctx.bucket, name)
-    except FsError as e:
-        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
-
-
-async def _store(ctx: Ctx, name: str, text: str | None) -> None:
-    try:
-        await ctx.ns.bucket_config.put(ctx.bucket, name, text)
-    except FsError as e:
-        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
+    return bucketdoc.read(ctx, name)
 
 
 async def _body(ctx: Ctx, root: str) -> ET.Element:
@@ -223,7 +215,7 @@ async def put_public_access_block(ctx: Ctx) -> web.Response:
             raise S3Error("MalformedXML", f"<{name}> must appear at most once, as true or "
                           "false")
         values.append(text == "true")
-    await _store(ctx, PAB_CONFIG, PublicAccessBlock(*values).to_text())
+    await bucketdoc.store(ctx, PAB_CONFIG, PublicAccessBlock(*values).to_text())
     return web.Response(status=200, headers=ctx.response_headers)
 
 
@@ -231,7 +223,7 @@ async def _delete(ctx: Ctx, name: str, action: str) -> web.Response:
     """Remove the document ``name`` (204, also when there was none)."""
     b = await bucket_record(ctx)
     await _config(ctx, b, name, action)
-    await _store(ctx, name, None)
+    await bucketdoc.store(ctx, name, None)
     return web.Response(status=204, headers=ctx.response_headers)
 
 
@@ -259,7 +251,7 @@ async def put_ownership_controls(ctx: Ctx) -> web.Response:
     if len(rules) != 1 or rule not in OWNERSHIP_RULES:
         raise S3Error("MalformedXML", "OwnershipControls needs exactly one Rule whose "
                       f"ObjectOwnership is one of {', '.join(OWNERSHIP_RULES)}")
-    await _store(ctx, OWNERSHIP_CONFIG, rule)
+    await bucketdoc.store(ctx, OWNERSHIP_CONFIG, rule)
     return web.Response(status=200, headers=ctx.response_headers)
 
 

@@ -63,6 +63,19 @@ def may_manage(ctx: Ctx, bucket: Bucket, action: str) -> Policy | None:
     return policy
 
 
+async def owner_or_granted(ctx: Ctx, action: str, refusal: str | None = None) -> None:
+    """NoSuchBucket, or AccessDenied (``refusal``, or "only the owner ... may call
+    ``action``") unless the caller manages the bucket or the bucket policy allowed
+    ``action``.  Unlike :func:`may_manage` it does not decide the policy again: the
+    sub-resources that use it (CORS, bucket tags, lifecycle) are judged before the
+    handler (:mod:`tierd.s3.access`), and a grant of that judgement rides on the
+    request's identity."""
+    b = await bucket_record(ctx)
+    if not is_manager(ctx, b) and ctx.ident.grant is None:
+        raise AccessDenied(errno.EACCES, refusal or f"only the owner of bucket "
+                           f"{ctx.bucket!r} may call {action}")
+
+
 async def get_policy(ctx: Ctx) -> web.Response:
     b = await bucket_record(ctx)
     policy = may_manage(ctx, b, "s3:GetBucketPolicy")

@@ -20,21 +20,19 @@ The rules are stored, validated, as JSON under the bucket configuration name ``c
 
 from __future__ import annotations
 
-import errno
 import json
 from dataclasses import asdict, dataclass
 from xml.etree.ElementTree import Element
 
 from aiohttp import web
 
-from tierd.acl import AccessDenied
 from tierd.errors import FsError
-from tierd.s3 import xmlio
+from tierd.s3 import bucketdoc, xmlio
 from tierd.s3.body import Body
-from tierd.s3.bucket_policy import is_manager
+from tierd.s3.bucket_policy import owner_or_granted
 from tierd.s3.buckets import xml_response
 from tierd.s3.common import Ctx
-from tierd.s3.errors import S3Error, from_fs_error
+from tierd.s3.errors import S3Error
 from tierd.s3.xmlio import document, el
 
 #: the bucket configuration document's name (tierd.namespace.bucketconf)
@@ -167,27 +165,8 @@ def rules_of(ctx: Ctx) -> list[Rule]:
 
 # -- Put/Get/DeleteBucketCors ------------------------------------------------------------
 
-async def _owner_or_granted(ctx: Ctx, action: str) -> None:
-    """The bucket exists (NoSuchBucket) and the caller manages it, or the bucket policy
-    allowed ``action`` (the request's identity then carries the grant)."""
-    try:
-        b = await ctx.ns.get_bucket(ctx.bucket)
-    except FsError as e:
-        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
-    if not is_manager(ctx, b) and ctx.ident.grant is None:
-        raise AccessDenied(errno.EACCES, f"only the owner of bucket {ctx.bucket!r} may call "
-                           f"{action}")
-
-
-async def _store(ctx: Ctx, text: str | None) -> None:
-    try:
-        await ctx.ns.bucket_config.put(ctx.bucket, CONFIG_NAME, text)
-    except FsError as e:
-        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
-
-
 async def get_bucket_cors(ctx: Ctx) -> web.Response:
-    await _owner_or_granted(ctx, "s3:GetBucketCORS")
+    await owner_or_granted(ctx, "s3:GetBucketCORS")
     rules = rules_of(ctx)
     if not rules:
         raise S3Error("NoSuchCORSConfiguration", BucketName=ctx.bucket)
@@ -195,16 +174,17 @@ async def get_bucket_cors(ctx: Ctx) -> web.Response:
 
 
 async def put_bucket_cors(ctx: Ctx) -> web.Response:
-    await _owner_or_granted(ctx, "s3:PutBucketCORS")
+    await owner_or_granted(ctx, "s3:PutBucketCORS")
     rules = parse_config(await Body(ctx.request, ctx.verified).read_all(MAX_BODY))
-    await _store(ctx, json.dumps([asdict(r) for r in rules], separators=(",", ":")))
+    await bucketdoc.store(ctx, CONFIG_NAME,
+                          json.dumps([asdict(r) for r in rules], separators=(",", ":")))
     return web.Response(status=200, headers=ctx.response_headers)
 
 
 async def delete_bucket_cors(ctx: Ctx) -> web.Response:
     # AWS names the permission of DeleteBucketCors s3:PutBucketCORS
-    await _owner_or_granted(ctx, "s3:PutBucketCORS")
-    await _store(ctx, None)
+    await owner_or_granted(ctx, "s3:PutBucketCORS")
+    await bucketdoc.store(ctx, CONFIG_NAME, None)
     return web.Response(status=204, headers=ctx.response_headers)
 
 

@@ -17,21 +17,18 @@ tierd's placement policies decide which tier holds data, not storage classes.
 from __future__ import annotations
 
 import datetime
-import errno
 import uuid
 from xml.etree.ElementTree import Element
 
 from aiohttp import web
 
-from tierd.acl import AccessDenied
-from tierd.errors import FsError
 from tierd.namespace.lifecycle import CONFIG_NAME, Filter, Rule, decode, encode
-from tierd.s3 import xmlio
+from tierd.s3 import bucketdoc, xmlio
 from tierd.s3.body import Body
-from tierd.s3.bucket_policy import is_manager
+from tierd.s3.bucket_policy import owner_or_granted
 from tierd.s3.buckets import xml_response
 from tierd.s3.common import Ctx
-from tierd.s3.errors import S3Error, from_fs_error
+from tierd.s3.errors import S3Error
 from tierd.s3.xmlio import document, el
 
 MAX_RULES = 1000
@@ -265,31 +262,13 @@ def rule_xml(r: Rule) -> str:
 # -- the handlers ------------------------------------------------------------------------
 
 async def _owner_or_granted(ctx: Ctx, action: str) -> None:
-    """NoSuchBucket, or AccessDenied unless the caller manages the bucket or its policy
-    allowed ``action`` (the request's identity then carries the grant)."""
-    try:
-        managed = is_manager(ctx, await ctx.ns.get_bucket(ctx.bucket))
-    except FsError as e:
-        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
-    if not managed and ctx.ident.grant is None:
-        raise AccessDenied(errno.EACCES, f"{action} is for the owner of bucket {ctx.bucket!r}")
-
-
-async def _store(ctx: Ctx, text: str | None) -> None:
-    try:
-        await ctx.ns.bucket_config.put(ctx.bucket, CONFIG_NAME, text)
-    except FsError as e:
-        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
+    """:func:`~tierd.s3.bucket_policy.owner_or_granted`, refusing in lifecycle's words."""
+    await owner_or_granted(ctx, action, f"{action} is for the owner of bucket {ctx.bucket!r}")
 
 
 async def get_bucket_lifecycle(ctx: Ctx) -> web.Response:
     await _owner_or_granted(ctx, "s3:GetLifecycleConfiguration")
-    try:
-        text = ctx.ns.bucket_config.get(ctx.bucket, CONFIG_NAME)
-    except FsError as e:
-        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
-    if not text:
-        raise S3Error("NoSuchLifecycleConfiguration", BucketName=ctx.bucket)
+    text = bucketdoc.require(ctx, CONFIG_NAME, "NoSuchLifecycleConfiguration")
     body = "".join(rule_xml(r) for r in decode(text))
     return xml_response(ctx, document("LifecycleConfiguration", body))
 
@@ -297,12 +276,12 @@ async def get_bucket_lifecycle(ctx: Ctx) -> web.Response:
 async def put_bucket_lifecycle(ctx: Ctx) -> web.Response:
     await _owner_or_granted(ctx, "s3:PutLifecycleConfiguration")
     rules = parse_config(await Body(ctx.request, ctx.verified).read_all(MAX_BODY))
-    await _store(ctx, encode(rules))
+    await bucketdoc.store(ctx, CONFIG_NAME, encode(rules))
     return web.Response(status=200, headers=ctx.response_headers)
 
 
 async def delete_bucket_lifecycle(ctx: Ctx) -> web.Response:
     # AWS names the permission of DeleteBucketLifecycle s3:PutLifecycleConfiguration
     await _owner_or_granted(ctx, "s3:PutLifecycleConfiguration")
-    await _store(ctx, None)
+    await bucketdoc.store(ctx, CONFIG_NAME, None)
     return web.Response(status=204, headers=ctx.response_headers)

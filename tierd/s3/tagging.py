@@ -20,21 +20,18 @@ the tags of the version the request names (:mod:`tierd.s3.access`).
 
 from __future__ import annotations
 
-import errno
-
 from aiohttp import web
 
-from tierd.acl import AccessDenied
 from tierd.acl.policy import REQUEST_OBJECT_TAG
 from tierd.errors import FsError
 from tierd.meta import Inode
 from tierd.namespace.tags import decode_tags, encode_tags, tags_of
-from tierd.s3 import access, tagset, versioning, xmlio
+from tierd.s3 import access, bucketdoc, tagset, versioning, xmlio
 from tierd.s3.body import Body
-from tierd.s3.bucket_policy import bucket_record, is_manager
+from tierd.s3.bucket_policy import owner_or_granted
 from tierd.s3.buckets import xml_response
 from tierd.s3.common import Ctx
-from tierd.s3.errors import S3Error, from_fs_error
+from tierd.s3.errors import S3Error
 from tierd.s3.objects import fs_error
 
 #: the bucket configuration document of bucket tags (tierd.namespace.bucketconf)
@@ -108,42 +105,21 @@ async def delete_object_tagging(ctx: Ctx) -> web.Response:
 
 # -- buckets -------------------------------------------------------------------------------
 
-async def _bucket_owner_or_granted(ctx: Ctx, action: str) -> None:
-    """The bucket exists (NoSuchBucket) and the caller manages it, or the bucket policy
-    allowed ``action`` (the request's identity carries its grant)."""
-    b = await bucket_record(ctx)
-    if not is_manager(ctx, b) and ctx.ident.grant is None:
-        raise AccessDenied(errno.EACCES, f"only the owner of bucket {ctx.bucket!r} may call "
-                           f"{action}")
-
-
-async def _store(ctx: Ctx, text: str | None) -> None:
-    try:
-        await ctx.ns.bucket_config.put(ctx.bucket, BUCKET_CONFIG, text)
-    except FsError as e:
-        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
-
-
 async def get_bucket_tagging(ctx: Ctx) -> web.Response:
-    await _bucket_owner_or_granted(ctx, "s3:GetBucketTagging")
-    try:
-        text = ctx.ns.bucket_config.get(ctx.bucket, BUCKET_CONFIG)
-    except FsError as e:
-        raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
-    if not text:
-        raise S3Error("NoSuchTagSet", BucketName=ctx.bucket)
+    await owner_or_granted(ctx, "s3:GetBucketTagging")
+    text = bucketdoc.require(ctx, BUCKET_CONFIG, "NoSuchTagSet")
     return xml_response(ctx, tagset.tagging_document(decode_tags(text)))
 
 
 async def put_bucket_tagging(ctx: Ctx) -> web.Response:
-    await _bucket_owner_or_granted(ctx, "s3:PutBucketTagging")
+    await owner_or_granted(ctx, "s3:PutBucketTagging")
     tags = tagset.parse_document(await _read_body(ctx), tagset.MAX_BUCKET_TAGS, "Bucket")
-    await _store(ctx, encode_tags(tags) if tags else None)
+    await bucketdoc.store(ctx, BUCKET_CONFIG, encode_tags(tags) if tags else None)
     return web.Response(status=204, headers=ctx.response_headers)
 
 
 async def delete_bucket_tagging(ctx: Ctx) -> web.Response:
     # AWS names the permission of DeleteBucketTagging s3:PutBucketTagging
-    await _bucket_owner_or_granted(ctx, "s3:PutBucketTagging")
-    await _store(ctx, None)
+    await owner_or_granted(ctx, "s3:PutBucketTagging")
+    await bucketdoc.store(ctx, BUCKET_CONFIG, None)
     return web.Response(status=204, headers=ctx.response_headers)
