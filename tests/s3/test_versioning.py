@@ -270,3 +270,20 @@ def test_policy_judges_version_actions(s3: Any, vb: str) -> None:
     finally:
         s3.delete_bucket_policy(Bucket=vb)
     assert body(s3, vb, "k", VersionId=v1) == b"one"
+
+
+def test_object_acls_by_version(s3: Any, vb: str) -> None:
+    v1 = s3.put_object(Bucket=vb, Key="k", Body=b"one")["VersionId"]
+    v2 = s3.put_object(Bucket=vb, Key="k", Body=b"two")["VersionId"]
+    for vid in (v1, v2):
+        assert s3.get_object_acl(Bucket=vb, Key="k", VersionId=vid)["Owner"]["ID"]
+    s3.put_object_acl(Bucket=vb, Key="k", VersionId=v2, ACL="private")
+    assert_error("NotImplemented", 501, s3.put_object_acl, Bucket=vb, Key="k", VersionId=v1,
+                 ACL="private")
+    assert_error("InvalidArgument", 400, s3.get_object_acl, Bucket=vb, Key="k",
+                 VersionId="nope")
+    assert_error("NoSuchVersion", 404, s3.get_object_acl, Bucket=vb, Key="k",
+                 VersionId="0" * 16)
+    marker = s3.delete_object(Bucket=vb, Key="k")["VersionId"]
+    assert_error("MethodNotAllowed", 405, s3.get_object_acl, Bucket=vb, Key="k",
+                 VersionId=marker)

@@ -142,6 +142,12 @@ class VersionOps(MultipartOps):
                 return None
             raise
 
+    def current_version(self, ident: Identity, bucket: str, key: str) -> Inode | None:
+        """The current (plain) inode of ``key``, None when there is none."""
+        with self.meta.snapshot() as tx:
+            versions.require_bucket(tx, bucket)
+            return self._current(tx, ident, bucket, key)
+
     async def head_version(self, ident: Identity, bucket: str, key: str, vid: str) -> Inode:
         """Version ``vid`` of ``key``: NoSuchVersion when it does not exist, a
         :class:`DeleteMarkerHit` (MethodNotAllowed) when it is a delete marker."""

@@ -23,10 +23,10 @@ from tierd.acl.modes import anonymous_bits
 from tierd.acl.policy import ANONYMOUS, Decision, Request
 from tierd.errors import FsError
 from tierd.meta import Inode
-from tierd.s3 import bucket_controls, xmlio
+from tierd.s3 import bucket_controls, versioning, xmlio
 from tierd.s3.body import Body
 from tierd.s3.buckets import xml_response
-from tierd.s3.common import Ctx, check_version_id
+from tierd.s3.common import Ctx
 from tierd.s3.errors import S3Error, from_fs_error
 from tierd.s3.objects import fs_error
 from tierd.s3.xmlio import document, el
@@ -79,8 +79,7 @@ async def _stat(ctx: Ctx, key: str) -> Inode:
 
 
 async def get_object_acl(ctx: Ctx) -> web.Response:
-    check_version_id(ctx)
-    inode = await _stat(ctx, ctx.key)
+    inode = await versioning.acl_version(ctx) or await _stat(ctx, ctx.key)
     return _policy_document(ctx, inode, _anonymous_read(ctx, ctx.key))
 
 
@@ -167,7 +166,7 @@ async def _put(ctx: Ctx, key: str) -> web.Response:
 
 
 async def put_object_acl(ctx: Ctx) -> web.Response:
-    check_version_id(ctx)
+    await versioning.acl_version(ctx, write=True)  # the current version's, by id too
     return await _put(ctx, ctx.key)
 
 

@@ -399,18 +399,6 @@ def parse_copy_source(value: str) -> tuple[str, str]:
     return bucket, key
 
 
-def check_version_id(ctx: Ctx) -> bool:
-    """Accept ``versionId=null`` (unversioned objects); True when it was given."""
-    vid = ctx.query.get("versionId")
-    if vid is None:
-        return False
-    if vid != "null":
-        raise S3Error("InvalidArgument", "Invalid version id specified: buckets are "
-                      "unversioned; only versionId=null exists", ArgumentName="versionId",
-                      ArgumentValue=vid)
-    return True
-
-
 def int_param(ctx: Ctx, name: str, low: int, high: int, default: int) -> int:
     """The integer query parameter ``name``: :func:`int_value` of it."""
     return int_value(ctx.query.get(name), name, low, high, default)

@@ -229,3 +229,34 @@ async def delete_objects(ctx: Ctx, asked: list[tuple[str, str | None]],
                 head += el("DeleteMarker", "true") + el("DeleteMarkerVersionId", res.vid)
             out.append(f"<Deleted>{head}</Deleted>")
     return xml_response(ctx, document("DeleteResult", "".join(out)))
+
+
+# -- object ACLs by version --------------------------------------------------------------
+
+async def acl_version(ctx: Ctx, write: bool = False) -> Inode | None:
+    """GetObjectAcl / PutObjectAcl with ``versionId``: the version's inode (None without a
+    version id: the handler reads the current one).  An ACL is written on the current
+    version only (``NotImplemented`` for an older one, whose inode no name reaches)."""
+    vid = version_param(ctx)
+    if vid is None:
+        return None
+    try:
+        inode = await ctx.ns.head_version(ctx.ident, ctx.bucket, ctx.key, vid)
+        if write and not (inode.is_reg and vid == _current_vid(ctx)):
+            raise S3Error("NotImplemented", "tierd changes the ACL of the current version "
+                          "only; this version is noncurrent")
+    except DeleteMarkerHit as e:
+        raise marker_error(ctx, e) from None
+    except FsError as e:
+        from tierd.s3.objects import fs_error
+
+        raise await fs_error(ctx, e) from None
+    return inode
+
+
+def _current_vid(ctx: Ctx) -> str | None:
+    try:
+        cur = ctx.ns.current_version(ctx.ident, ctx.bucket, ctx.key)
+    except FsError:
+        return None
+    return versions.current_vid(cur) if cur is not None and cur.is_reg else None
