@@ -64,3 +64,17 @@ def test_expire_noncurrent_pages_through_many_keys(nsenv: NsEnv, monkeypatch: An
             nsenv.put(ROOT, "bkt", f"k{i}", body)
     assert nsenv.run(nsenv.ns.expire_noncurrent("bkt", "", time.time_ns())) == 5
     assert [r.current for r in nsenv.ns.iter_versions("bkt")] == [True] * 5
+
+
+def test_plain_deletes_leave_markers_in_a_versioned_bucket(nsenv: NsEnv) -> None:
+    """Callers of the unversioned delete calls (jobs, a door that checked the state before
+    versioning was enabled) never lose a version."""
+    enabled(nsenv)
+    nsenv.put(ROOT, "bkt", "a", b"1")
+    nsenv.put(ROOT, "bkt", "b", b"2")
+    assert nsenv.run(nsenv.ns.delete_object(ROOT, "bkt", "a"))
+    assert nsenv.run(nsenv.ns.delete_objects(ROOT, "bkt", ["b", "c"])) == [
+        ("b", True), ("c", True)]
+    rows = [(r.key, r.marker, r.is_latest) for r in nsenv.ns.iter_versions("bkt")]
+    assert rows == [("a", True, True), ("a", False, False), ("b", True, True),
+                    ("b", False, False), ("c", True, True)]

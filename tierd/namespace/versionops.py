@@ -184,6 +184,23 @@ class VersionOps(MultipartOps):
         return await self._reader(inode, ensure)
 
     # -- deletes ------------------------------------------------------------------------
+    async def delete_object(self, ident: Identity, bucket: str, key: str) -> bool:
+        """The plain delete (every door and job that deletes a key): in a versioned bucket
+        a delete marker, never the loss of the version (see :meth:`delete_version`)."""
+        if not self.versioning(bucket):
+            return await super().delete_object(ident, bucket, key)
+        await self.delete_version(ident, bucket, key, None)
+        return True
+
+    async def delete_objects(self, ident: Identity, bucket: str, keys: list[str]
+                             ) -> list[tuple[str, bool | FsError]]:
+        """Many plain deletes (as :meth:`delete_object`), one metadata sync."""
+        if not self.versioning(bucket):
+            return await super().delete_objects(ident, bucket, keys)
+        done = await self.delete_versions(ident, bucket, [(k, None) for k in keys])
+        return [(k, r if isinstance(r, FsError) else True)
+                for k, r in zip(keys, done, strict=True)]
+
     async def delete_version(self, ident: Identity, bucket: str, key: str,
                              vid: str | None) -> Deleted:
         """DELETE on a versioned bucket (or with a version id): without ``vid`` a delete
