@@ -286,14 +286,21 @@ async def test_page_shows_the_daemon_and_changes_nothing(busy: Admin, tmp_path: 
         assert await page.js("fetch('/v1/users').then((r) => r.status)") == 403
         assert busy.call("GET", "/v1/jobs")[1]["jobs"][0]["kind"] == "warmup"
 
-        png = await page.screenshot()
+        # the page redraws itself every few seconds: a screenshot counts only when the boxes
+        # measured before and after it agree (no redraw moved them in between)
+        sels = ("#cold-state", '#tiers tr[data-tier="hot"] .bar')
+        for _ in range(5):
+            boxes = [await page.js(BOX.format(sel=sel)) for sel in sels]
+            png = await page.screenshot()
+            if boxes == [await page.js(BOX.format(sel=sel)) for sel in sels]:
+                break
         (tmp_path / "status-page.png").write_bytes(png)
         width, height, rows, _ = png_pixels(png)
         assert (width, height) == (1280, 1100)
         assert len(set(rows)) > 100, "the screenshot is (nearly) blank"
-        green = colours_in(png, await page.js(BOX.format(sel="#cold-state")))
+        green = colours_in(png, boxes[0])
         assert near(green, GREEN) and not near(green, RED)
-        bar = colours_in(png, await page.js(BOX.format(sel='#tiers tr[data-tier="hot"] .bar')))
+        bar = colours_in(png, boxes[1])
         assert near(bar, BLUE)
         header = colours_in(png, {"left": 0, "top": 0, "right": 1280, "bottom": 4})
         assert header == {(0x1D, 0x23, 0x30)}
