@@ -6,11 +6,15 @@ Ownership is the POSIX owner (docs/permissions.md), read back as GetObjectAcl's 
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import requests
+
+from s3.test_clients import aws  # noqa: F401  (the fixture)
 
 from .conftest import Daemon, assert_error, new_user
 
@@ -152,3 +156,19 @@ def test_enforced_covers_browser_form_uploads(alice: Any, frank: Any,
                                       Conditions=[{"acl": "public-read"}], ExpiresIn=60)
     r = requests.post(p["url"], data=p["fields"], files={"file": ("f", b"x")}, timeout=30)
     assert r.status_code == 400 and "AccessControlListNotSupported" in r.text, r.text
+
+
+def test_aws_cli_put_get_delete(aws: Callable[..., str], s3: Any,  # noqa: F811
+                                bucket: str) -> None:
+    """The second client: ``aws s3api`` sets, reads and deletes the rule, and the rule it
+    set is enforced (BucketOwnerEnforced refuses ACLs)."""
+    aws("s3api", "put-bucket-ownership-controls", "--bucket", bucket,
+        "--ownership-controls", json.dumps({"Rules": [{"ObjectOwnership":
+                                                       "BucketOwnerEnforced"}]}))
+    got = json.loads(aws("s3api", "get-bucket-ownership-controls", "--bucket", bucket))
+    assert got["OwnershipControls"]["Rules"] == [{"ObjectOwnership": "BucketOwnerEnforced"}]
+    assert_error("AccessControlListNotSupported", 400, s3.put_bucket_acl, Bucket=bucket,
+                 ACL="public-read")
+    aws("s3api", "delete-bucket-ownership-controls", "--bucket", bucket)
+    assert_error("OwnershipControlsNotFoundError", 404, s3.get_bucket_ownership_controls,
+                 Bucket=bucket)

@@ -7,12 +7,14 @@ requests are sent unsigned (``requests``, boto3 without credentials)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import requests
 from botocore import UNSIGNED
 
+from s3.test_clients import aws  # noqa: F401  (the fixture)
 from tierd.acl.s3map import ALL_USERS
 from tierd.acl.s3map import AUTHENTICATED_USERS as AUTH_USERS
 
@@ -218,3 +220,17 @@ def test_admin_api_policy_of_a_blocked_bucket_without_a_policy(daemon: Daemon, a
                      headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 404, r.text
     alice.delete_public_access_block(Bucket=alice_bucket)
+
+
+def test_aws_cli_put_get_delete(aws: Callable[..., str], s3: Any,  # noqa: F811
+                                bucket: str) -> None:
+    """The second client: ``aws s3api`` sets, reads and deletes the block, and the block it
+    set is enforced (a public canned ACL is refused)."""
+    aws("s3api", "put-public-access-block", "--bucket", bucket,
+        "--public-access-block-configuration", json.dumps(block(BlockPublicAcls=True)))
+    got = json.loads(aws("s3api", "get-public-access-block", "--bucket", bucket))
+    assert got["PublicAccessBlockConfiguration"] == block(BlockPublicAcls=True)
+    assert_error("AccessDenied", 403, s3.put_bucket_acl, Bucket=bucket, ACL="public-read")
+    aws("s3api", "delete-public-access-block", "--bucket", bucket)
+    assert_error("NoSuchPublicAccessBlockConfiguration", 404, s3.get_public_access_block,
+                 Bucket=bucket)
