@@ -90,6 +90,7 @@ __version__ = re.search(r'__version__ = "([^"]+)"',
                         (REPO / "tierd" / "__init__.py").read_text()).group(1)  # type: ignore[union-attr]
 BUCKET = "torture"
 COLD_BUCKET = "tierd-cold"
+VERSIONS_DIR = ".tierd-versions/"  # a versioned bucket's noncurrent objects in cold
 
 
 def same_as_listed(key: str, cycle: int, views: dict[str, Seen],
@@ -167,6 +168,11 @@ class Torture:
         root = self.tierd.mnt / BUCKET
         root.mkdir()
         fsync_dir(self.tierd.mnt)
+        if self.args.versioned:
+            # every overwrite and delete then keeps the old version (H records instead of
+            # G keys, noncurrent objects under .tierd-versions/ in the cold store)
+            self.s3.put_bucket_versioning(Bucket=BUCKET,
+                                          VersioningConfiguration={"Status": "Enabled"})
         a = self.args
         for i in range(a.s3_writers):
             self.writer_keys[f"s3-{i}"] = [f"s3/w{i}/k{j}" for j in range(a.keys)]
@@ -423,9 +429,13 @@ class Torture:
                 self.repair(doors, key, cycle)
 
     def read_cold(self) -> dict[str, Seen]:
+        """The cold store's current objects of the bucket (noncurrent versions, kept under
+        ``.tierd-versions/`` in a versioned bucket, are not live keys)."""
         if self.moto is None:
-            return cold_file(self.work / "cold", BUCKET)
-        return cold_s3(self.moto.client(), COLD_BUCKET, self.cold_prefix, BUCKET)
+            seen = cold_file(self.work / "cold", BUCKET)
+        else:
+            seen = cold_s3(self.moto.client(), COLD_BUCKET, self.cold_prefix, BUCKET)
+        return {k: v for k, v in seen.items() if not k.startswith(VERSIONS_DIR)}
 
     def evict_and_reread(self, cycle: int, prev_log: Path,
                          keys: list[str] | None = None) -> None:
@@ -503,7 +513,7 @@ class Torture:
         kinds = Counter(v.kind for v in self.violations)
         return {
             "command": [sys.executable, *sys.argv],
-            "cold": self.args.cold, "seed": self.args.seed,
+            "cold": self.args.cold, "seed": self.args.seed, "versioned": self.args.versioned,
             "cycles": self.cycles_done, "kills": dict(self.kills),
             "ops_acknowledged": dict(sorted(self.journal.acked_ops.items())),
             "ops_acknowledged_total": sum(self.journal.acked_ops.values()),
@@ -534,6 +544,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cold", choices=("file", "s3"), default="file",
                    help="cold store: a file:// directory or a moto server (s3://)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--versioned", action="store_true",
+                   help="enable versioning on the bucket (every overwrite keeps a version)")
     p.add_argument("--out", type=Path, default=None, help="result JSON (default: stdout)")
     p.add_argument("--work-dir", default=None, help="data, mount, logs, journal "
                    "(default: a new temporary directory, removed after a clean run)")
