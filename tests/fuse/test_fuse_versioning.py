@@ -5,6 +5,7 @@ Real programs (cp, mv, rm, cat, ls) on one side, boto3 on the other."""
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,17 +73,19 @@ def test_mount_writes_make_versions(s3: Any, vbucket: tuple[str, Path],
     v2 = hist[0][0]
     assert s3.get_object(Bucket=bucket, Key="f.txt", VersionId=v1)["Body"].read() == b"first"
     assert run(["cat", str(root / "f.txt")]).stdout == "second"
-    # a change in place gives the current version a new id
+    # a change in place gives the current version a new id and keeps the old one
     _in_place(root / "f.txt")
     v3 = s3.head_object(Bucket=bucket, Key="f.txt")["VersionId"]
     assert v3 not in (v1, v2, "null")
     assert s3.get_object(Bucket=bucket, Key="f.txt")["Body"].read() == b"SECOND"
+    assert [h[0] for h in history(s3, bucket, "f.txt")] == [v3, v2, v1]
+    assert s3.get_object(Bucket=bucket, Key="f.txt", VersionId=v2)["Body"].read() == b"second"
     # the editor's temporary name has no history: no marker was left there
     assert history(s3, bucket, ".f.txt.tmp") == []
     # moving the file away: its old key keeps its history under a delete marker
     run(["mv", str(root / "f.txt"), str(root / "g.txt")])
     hist = history(s3, bucket, "f.txt")
-    assert hist[0][1:] == (True, True) and [h[0] for h in hist[1:]] == [v1]
+    assert hist[0][1:] == (True, True) and [h[0] for h in hist[1:]] == [v2, v1]
     assert s3.head_object(Bucket=bucket, Key="g.txt")["VersionId"] == v3
 
 
@@ -147,3 +150,69 @@ def test_suspended_bucket_through_the_mount(s3: Any, vbucket: tuple[str, Path],
     assert s3.get_object(Bucket=bucket, Key="s", VersionId="null")["Body"].read() == b"null-2"
     run(["rm", str(root / "s")])
     assert history(s3, bucket, "s") == [(v1, False, False), ("null", True, True)]
+
+
+def _etag(data: bytes) -> str:
+    return '"' + hashlib.md5(data).hexdigest() + '"'
+
+
+#: in-place overwrites through the mount, each by a real program: (argv, expected bytes)
+#: with ``{f}`` the file (holding OLD) and ``{src}`` a local file holding NEW
+OLD, NEW = b"0123456789" * 1000, b"new bytes"
+IN_PLACE = {
+    "cp": (["cp", "{src}", "{f}"], NEW),  # open(O_TRUNC) over the existing file
+    "shell": (["sh", "-c", 'cat "$1" > "$2"', "sh", "{src}", "{f}"], NEW),
+    "truncate": (["truncate", "-s", "5", "{f}"], OLD[:5]),
+    "pwrite": (["dd", "if={src}", "of={f}", "bs=1", "seek=100", "conv=notrunc",
+                "status=none"], OLD[:100] + NEW + OLD[100 + len(NEW):]),
+}
+
+
+@pytest.mark.parametrize("how", sorted(IN_PLACE))
+def test_in_place_overwrite_keeps_the_previous_version(s3: Any, vbucket: tuple[str, Path],
+                                                       tmp_path: Path, how: str) -> None:
+    """cp, a shell's ``>``, truncate and a write in the middle change the file the mount
+    caches in place: the committed version's bytes are kept as a noncurrent version."""
+    bucket, root = vbucket
+    v1 = s3.put_object(Bucket=bucket, Key="d/f.bin", Body=OLD)["VersionId"]
+    assert (root / "d" / "f.bin").read_bytes() == OLD  # the kernel caches this inode
+    src = tmp_path / "src"
+    src.write_bytes(NEW)
+    argv, want = IN_PLACE[how]
+    run([a.format(f=root / "d" / "f.bin", src=src) for a in argv])
+    hist = history(s3, bucket, "d/f.bin")
+    assert [h[0] for h in hist][1:] == [v1] and hist[0][2] is True, hist
+    old = s3.get_object(Bucket=bucket, Key="d/f.bin", VersionId=v1)
+    assert old["Body"].read() == OLD and old["ETag"] == _etag(OLD)
+    cur = s3.get_object(Bucket=bucket, Key="d/f.bin")
+    assert cur["VersionId"] == hist[0][0] != v1
+    assert cur["Body"].read() == want and cur["ETag"] == _etag(want)
+    assert (root / "d" / "f.bin").read_bytes() == want
+    # a second rewrite keeps the first rewrite too
+    run(["truncate", "-s", "1", str(root / "d" / "f.bin")])
+    hist2 = history(s3, bucket, "d/f.bin")
+    assert [h[0] for h in hist2][1:] == [hist[0][0], v1]
+    assert s3.get_object(Bucket=bucket, Key="d/f.bin",
+                         VersionId=hist[0][0])["Body"].read() == want
+
+
+def test_in_place_overwrite_of_a_null_version_and_while_suspended(
+        s3: Any, vbucket: tuple[str, Path], tmp_path: Path) -> None:
+    """The null version (written while suspended) is kept when an enabled bucket's file
+    is rewritten in place; while suspended an in-place rewrite replaces the null version
+    (as S3) and keeps nothing."""
+    bucket, root = vbucket
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Suspended"})
+    s3.put_object(Bucket=bucket, Key="n", Body=OLD)
+    src = tmp_path / "src"
+    src.write_bytes(NEW)
+    run(["cp", str(src), str(root / "n")])
+    assert history(s3, bucket, "n") == [("null", False, True)]
+    assert s3.get_object(Bucket=bucket, Key="n")["Body"].read() == NEW
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    run(["sh", "-c", 'printf x > "$1"', "sh", str(root / "n")])
+    hist = history(s3, bucket, "n")
+    assert [h[0] for h in hist][1:] == ["null"] and hist[0][0] != "null"
+    null = s3.get_object(Bucket=bucket, Key="n", VersionId="null")
+    assert null["Body"].read() == NEW and null["ETag"] == _etag(NEW)
+    assert s3.get_object(Bucket=bucket, Key="n")["Body"].read() == b"x"

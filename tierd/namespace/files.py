@@ -21,6 +21,7 @@ from tierd.namespace.base import OpenFile, drop_privs, has_privs, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.entries import EntryOps
+from tierd.namespace.keepversion import keep_committed
 from tierd.namespace.resize import _EMPTY_MD5
 from tierd.namespace.staging import retry_full
 from tierd.placement.paths import file_keys
@@ -201,6 +202,7 @@ class FileOps(EntryOps):
 
     async def _write_intent(self, of: OpenFile) -> None:
         try:
+            await keep_committed(self, of.ino)  # a versioned bucket keeps the old bytes
             with self.meta.write() as tx:
                 tx.add_intent(of.ino)
             crashpoint("write.intent")

@@ -20,6 +20,7 @@ from tierd.meta import STATE_DIRTY
 from tierd.namespace.base import NamespaceBase, drop_privs, has_privs, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.crashpoint import crashpoint
+from tierd.namespace.keepversion import keep_committed
 
 _EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
 
@@ -64,6 +65,8 @@ class ResizeOps(NamespaceBase):
     async def _resize(self, ino: int, size: int) -> None:
         with self.meta.snapshot() as tx:
             cut = size < self._get(tx, ino).size  # committed bytes go: durable first
+        if cut:
+            await self._keep_before_cut(ino)
         of = self._open.get(ino)
         if of is not None:
             if size > of.size:
@@ -101,6 +104,16 @@ class ResizeOps(NamespaceBase):
             crashpoint("truncate.durable")
             await asyncio.to_thread(self._cut_file, ino, size)
             crashpoint("truncate.cut")
+
+    async def _keep_before_cut(self, ino: int) -> None:
+        """In a versioned bucket the committed version is kept before a cut destroys its
+        bytes (:mod:`tierd.namespace.keepversion`), unless an in-place change since the
+        last durable point already kept it (its intention is durable)."""
+        of = self._open.get(ino)
+        if of is not None and of.intending is not None:
+            await asyncio.shield(of.intending)
+        if of is None or not of.intent:
+            await keep_committed(self, ino)
 
     def _cut_file(self, ino: int, size: int) -> None:
         """The deferred cut of a shrink, once durable (blocking: a thread).  A descriptor
