@@ -43,6 +43,7 @@ from tierd.meta import STATE_DIRTY
 from tierd.namespace import versions
 from tierd.namespace.base import NamespaceBase
 from tierd.namespace.crashpoint import crashpoint
+from tierd.namespace.staging import retry_full
 from tierd.namespace.versions import ENABLED, FLAG, Version
 from tierd.tiers.hotdir import HotDir
 from tierd.tiers.local_tier import copy_range
@@ -72,7 +73,9 @@ async def keep_committed(ns: NamespaceBase, ino: int) -> bool:
             if cur.size:
                 await ns.placement.ensure(ino, 0, cur.size, touch=False)
             await ns.placement.quiesce(ino)
-        await asyncio.to_thread(_clone, ns.hot, ino, clone_ino, cur.size)
+        # a full hot tier evicts clean data (never this file: held) and the copy is retried
+        await retry_full(ns.placement, cur.size, lambda: asyncio.to_thread(
+            _clone, ns.hot, ino, clone_ino, cur.size), "keeping the previous version")
     crashpoint("keep.cloned")
     with ns.meta.write() as tx:
         now = tx.get_inode(ino)
