@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.s3.conftest import Daemon, assert_error, client_error
-from tests.s3.test_clients import aws  # noqa: F401  (the AWS CLI fixture)
+from s3.test_clients import aws  # noqa: F401  (the AWS CLI fixture)
+
+from .conftest import Daemon, assert_error, client_error
 
 
 def wipe(s3: Any, name: str) -> None:
@@ -253,7 +254,7 @@ def test_put_bucket_versioning_back_to_unversioned_is_refused(s3: Any, vb: str) 
 def test_policy_judges_version_actions(s3: Any, vb: str) -> None:
     """A request naming a version is s3:GetObjectVersion / s3:DeleteObjectVersion (as AWS):
     a Deny of those leaves the current version readable and every old one out of reach."""
-    from tests.s3.test_policy import arn, doc, stmt
+    from s3.test_policy import arn, doc, stmt
 
     v1 = s3.put_object(Bucket=vb, Key="k", Body=b"one")["VersionId"]
     s3.put_object(Bucket=vb, Key="k", Body=b"two")

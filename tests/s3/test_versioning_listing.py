@@ -10,8 +10,9 @@ from typing import Any
 import minio
 import pytest
 
-from tests.s3.conftest import ROOT_KEY, ROOT_SECRET, Daemon, assert_error
-from tests.s3.test_versioning import wipe
+from s3.test_versioning import wipe
+
+from .conftest import ROOT_KEY, ROOT_SECRET, Daemon, assert_error
 
 
 @pytest.fixture(scope="module")
