@@ -60,7 +60,8 @@ def keyed(rows: list[list[str]]) -> dict[str, list[str]]:
 
 def put_stuck_file(a: Admin, cold: Path) -> None:
     """A file the persister can never upload (an object in cold where its parent directory
-    must go): it stays dirty and queued, and a persist job on it waits forever."""
+    must go): it stays dirty and queued, and a persist job on it waits through the
+    persister's retries (about 15 s) before it fails, naming the file."""
     s3 = a.d.client()
     s3.create_bucket(Bucket="stk")
     s3.put_object(Bucket="stk", Key="x/y", Body=b"z" * 1000)

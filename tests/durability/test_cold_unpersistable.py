@@ -70,6 +70,17 @@ def test_a_key_the_store_refuses_is_unpersistable_not_an_outage(tmp_path: Path) 
         doc = t.persist_wait(BUCKET + "/", timeout=30)  # answers at once, naming it
         assert doc["persisted"] is False
         assert [f["key"] for f in doc["unpersistable"]] == [f"{BUCKET}/{key}"]
+        # a persist job on it fails naming the file, and the daemon answers meanwhile (the
+        # job's loop used to spin on the drain's immediate answer, holding the event loop)
+        job = t.admin("POST", "/v1/jobs", {"kind": "persist", "prefix": BUCKET + "/"},
+                      timeout=10)
+        deadline = time.monotonic() + 30
+        while job["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline, job
+            time.sleep(0.05)
+            job = t.admin("GET", f"/v1/jobs/{job['id']}", timeout=5)
+        assert job["state"] == "failed", job
+        assert "cannot be persisted" in job["error"] and f"{BUCKET}/{key}" in job["error"], job
         shown = subprocess.run(  # tierctl status names it, with the error
             [sys.executable, "-m", "tierd_client.tierctl", "--data-dir", str(t.data_dir),
              "status"], capture_output=True, text=True, timeout=60, check=True,

@@ -217,13 +217,23 @@ async def _persist(job: Job, ops: PlacementOps) -> None:
     deadline = None if job.timeout is None else loop.time() + job.timeout
     while True:
         left = 1.0 if deadline is None else min(1.0, deadline - loop.time())
-        ok = left > 0 and bool((await ops.persist_wait(job.prefix, left))["persisted"])
+        doc: dict[str, Any] = (await ops.persist_wait(job.prefix, left) if left > 0
+                               else {"persisted": False})
+        ok = bool(doc["persisted"])
         n, nbytes = _pending(ops, job.prefix)
         job.total = max(job.total or 0, job.done + nbytes)  # more may have been written
         job.done = max(job.done, min(job.total, total - nbytes))
         job.files_done = max(job.files_done, files - n)
         if ok or n == 0:
             break
+        bad: list[dict[str, Any]] = doc.get("unpersistable") or []
+        if bad and n <= len(bad):
+            # all that is left are files the store refuses: the drain answers at once, so
+            # looping on would spin the event loop (and wait for ever)
+            first = bad[0]
+            raise JobFailed(f"{len(bad)} file(s) under {job.prefix!r} cannot be persisted "
+                            f"(the cold store refuses them; tierctl status names them), "
+                            f"first {first['key']!r}: {first['error']}")
         if deadline is not None and loop.time() >= deadline:
             raise JobFailed(f"{n} file(s) under {job.prefix!r} not persisted within "
                             f"{job.timeout:g} s (is the cold store reachable?)")
