@@ -4,6 +4,7 @@ non-zero exit and no traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -58,15 +59,16 @@ def keyed(rows: list[list[str]]) -> dict[str, list[str]]:
     return {r[0]: r for r in rows}
 
 
-def put_stuck_file(a: Admin, cold: Path) -> None:
-    """A file the persister can never upload (an object in cold where its parent directory
-    must go): it stays dirty and queued, and a persist job on it waits through the
-    persister's retries (about 15 s) before it fails, naming the file."""
+def put_stuck_file(a: Admin, cold: Path, name: str = "x") -> None:
+    """A file the persister can never upload (``stk/NAME/y``: an object in cold where its
+    parent directory must go): it stays dirty and queued, and a persist job on it waits
+    through the persister's retries (about 15 s) before it fails, naming the file."""
     s3 = a.d.client()
-    s3.create_bucket(Bucket="stk")
-    s3.put_object(Bucket="stk", Key="x/y", Body=b"z" * 1000)
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket="stk")
+    s3.put_object(Bucket="stk", Key=f"{name}/y", Body=b"z" * 1000)
     (cold / "stk").mkdir(exist_ok=True)
-    (cold / "stk" / "x").write_bytes(b"in the way")
+    (cold / "stk" / name).write_bytes(b"in the way")
 
 
 def test_status_shows_tiers_queue_cold_requests_and_pool(ctl: tuple[Admin, Path]) -> None:
@@ -171,10 +173,12 @@ def test_placement_commands_and_jobs(ctl: tuple[Admin, Path]) -> None:
 
 def test_ctrl_c_cancels_the_job_being_waited_for(ctl: tuple[Admin, Path]) -> None:
     a, cold = ctl
-    if not (cold / "stk" / "x").exists():
-        put_stuck_file(a, cold)
+    # a file of its own: one an earlier test left may already be past its retries, and a
+    # job on that fails at once instead of waiting
+    name = f"c{uuid.uuid4().hex[:8]}"
+    put_stuck_file(a, cold, name)
     proc = subprocess.Popen([sys.executable, "-m", "tierd_client.tierctl", "--data-dir",
-                             str(a.data), "persist", "stk/"], stdout=subprocess.PIPE,
+                             str(a.data), "persist", f"stk/{name}/"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -184,7 +188,7 @@ def test_ctrl_c_cancels_the_job_being_waited_for(ctl: tuple[Admin, Path]) -> Non
             time.sleep(0.1)
             # running for a while: tierctl is past starting it, in its wait loop
             running = [j for j in api(a, "/v1/jobs?state=running")["jobs"]
-                       if j["kind"] == "persist" and j["prefix"] == "stk/"
+                       if j["kind"] == "persist" and j["prefix"] == f"stk/{name}/"
                        and j["elapsed_s"] >= 0.5]
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
