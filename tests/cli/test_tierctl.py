@@ -171,6 +171,12 @@ def test_placement_commands_and_jobs(ctl: tuple[Admin, Path]) -> None:
     assert ok(a, "job", "cancel", jid) == f"job {jid}: done\n"  # finished: stays done
 
 
+def _default_sigint() -> None:
+    """Ctrl-C as on a terminal: a suite started in the background (``cmd &`` in a
+    non-interactive shell) passes SIGINT ignored to its children, and Python keeps it so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_cancels_the_job_being_waited_for(ctl: tuple[Admin, Path]) -> None:
     a, cold = ctl
     # a file of its own: one an earlier test left may already be past its retries, and a
@@ -179,7 +185,7 @@ def test_ctrl_c_cancels_the_job_being_waited_for(ctl: tuple[Admin, Path]) -> Non
     put_stuck_file(a, cold, name)
     proc = subprocess.Popen([sys.executable, "-m", "tierd_client.tierctl", "--data-dir",
                              str(a.data), "persist", f"stk/{name}/"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 30
         running: list[dict[str, Any]] = []
