@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from public_dir import public_tempdir
@@ -146,6 +147,26 @@ def daemon(public_tmp: Path) -> Iterator[Daemon]:
         code = stop_daemon(d)
         if code not in (0, None):
             print(f"tierd exited with {code}; log:\n{d.log}", file=sys.stderr)
+
+
+def s3_client(daemon: Daemon, **config: Any) -> Any:
+    """A boto3 client of the daemon's S3 door (root's key, path style, no retries);
+    ``config`` adds botocore ``Config`` options."""
+    import boto3
+    from botocore.config import Config
+
+    ep = daemon.endpoints()["s3"]
+    assert isinstance(ep, dict)
+    return boto3.client(
+        "s3", endpoint_url=ep["url"], aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, **config))
+
+
+@pytest.fixture(scope="module")
+def s3(daemon: Daemon) -> Any:
+    """The S3 door of the shared daemon, for tests that cross the two doors."""
+    return s3_client(daemon)
 
 
 _counter = itertools.count()

@@ -20,24 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ACCESS_KEY, BUCKET, SECRET_KEY, Daemon, run
+from conftest import ACCESS_KEY, BUCKET, SECRET_KEY, Daemon, run, s3_client
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
 def s3(daemon: Daemon) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    ep = daemon.endpoints()["s3"]
-    assert isinstance(ep, dict)
-    return boto3.client(
-        "s3", endpoint_url=ep["url"], aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
-        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1},
-                      request_checksum_calculation="when_supported",
-                      response_checksum_validation="when_supported"))
+    """Checksums on every request that can carry one, checked on every answer."""
+    return s3_client(daemon, request_checksum_calculation="when_supported",
+                     response_checksum_validation="when_supported")
 
 
 def _crc32(data: bytes) -> str:

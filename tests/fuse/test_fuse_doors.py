@@ -14,22 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ACCESS_KEY, BUCKET, SECRET_KEY, Daemon
+from conftest import BUCKET, Daemon
 
 pytestmark = pytest.mark.timeout(120)
 
-
-@pytest.fixture(scope="module")
-def s3(daemon: Daemon) -> Any:
-    boto3 = pytest.importorskip("boto3")
-    from botocore.config import Config
-
-    ep = daemon.endpoints()["s3"]
-    assert isinstance(ep, dict)
-    return boto3.client(
-        "s3", endpoint_url=ep["url"], aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
-        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
 
 
 def key_of(daemon: Daemon, path: Path) -> str:
