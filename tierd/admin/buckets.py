@@ -53,7 +53,7 @@ from tierd.admin.app import json_error as _err
 from tierd.admin.auth import identity
 from tierd.errors import FsError
 from tierd.logs import get_logger, kv
-from tierd.meta import Bucket, MetaStore
+from tierd.meta import Bucket, Inode, MetaStore
 
 if TYPE_CHECKING:
     from tierd.namespace import Namespace
@@ -75,15 +75,14 @@ def _fs_refused(e: FsError) -> web.Response:
     return _err(409 if e.errno == errno.EBUSY else 503, "refused", e.message)
 
 
-def bucket_doc(b: Bucket, store: PolicyStore, owners: dict[int, str]) -> dict[str, Any]:
-    """A bucket as the API shows it.  ``acl`` is the access its directory really gives now
-    -- the canned ACL its mode bits, ACL and anonymous grant amount to, or ``custom`` --
-    however it was set (CreateBucket, PutBucketAcl, chmod or setfacl on the mount), never a
-    label kept from creation; ``public``: anonymous requests get something, through the
-    policy or the anonymous grant."""
+def bucket_doc(b: Bucket, inode: Inode | None, store: PolicyStore,
+               owners: dict[int, str]) -> dict[str, Any]:
+    """A bucket as the API shows it.  ``acl`` is the access its directory ``inode`` (None:
+    removed meanwhile) really gives now -- the canned ACL its mode bits, ACL and anonymous
+    grant amount to, or ``custom`` -- however it was set (CreateBucket, PutBucketAcl, chmod
+    or setfacl on the mount), never a label kept from creation; ``public``: anonymous
+    requests get something, through the policy or the anonymous grant."""
     policy = store.lookup(b.name, guarded=False)[1] if b.policy else None
-    with store.meta.snapshot() as tx:
-        inode = tx.get_inode(b.ino)
     access = canned.describe(inode, b.owner_uid) if inode is not None else "custom"
     anonymous = inode is not None and bool(anonymous_bits(inode))
     return {
@@ -124,24 +123,38 @@ def add_bucket_routes(app: web.Application, get_directory: GetDirectory,
             names.setdefault(user.uid, user.name)
         return names
 
-    def get_bucket(s: PolicyStore, name: str) -> Bucket | None:
-        with s.meta.snapshot() as tx:
-            return tx.get_bucket(name)
+    async def get_bucket(name: str) -> Bucket | None:
+        """The bucket's record, read through the namespace (None: no such bucket)."""
+        try:
+            return await namespace().get_bucket(name)
+        except FsError as e:
+            if e.errno == errno.ENOENT:
+                return None
+            raise
+
+    async def described(b: Bucket, s: PolicyStore, names: dict[int, str]) -> dict[str, Any]:
+        """:func:`bucket_doc` of ``b`` with its directory's inode read through the namespace."""
+        try:
+            inode: Inode | None = await namespace().getattr(Identity.ROOT, b.ino)
+        except FsError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            inode = None
+        return bucket_doc(b, inode, s, names)
 
     async def listing(request: web.Request) -> web.Response:
         s = store()
-        with s.meta.snapshot() as tx:
-            buckets = list(tx.list_buckets())
+        buckets = await namespace().list_buckets(Identity.ROOT)
         names = owners()
-        return web.json_response({"buckets": [bucket_doc(b, s, names)
+        return web.json_response({"buckets": [await described(b, s, names)
                                               for b in sorted(buckets, key=lambda b: b.name)]})
 
     async def one(request: web.Request) -> web.Response:
         s, name = store(), request.match_info["name"]
-        b = get_bucket(s, name)
+        b = await get_bucket(name)
         if b is None:
             return _no_bucket(name)
-        return web.json_response(bucket_doc(b, s, owners()))
+        return web.json_response(await described(b, s, owners()))
 
     async def create(request: web.Request) -> web.Response:
         try:
@@ -173,10 +186,10 @@ def add_bucket_routes(app: web.Application, get_directory: GetDirectory,
         log.info("bucket created", extra=kv(identity=identity(request), bucket=name,
                                             owner_uid=ident.uid))
         s = store()
-        b = get_bucket(s, name)
+        b = await get_bucket(name)
         if b is None:  # removed again in between
             return _no_bucket(name)
-        return web.json_response(bucket_doc(b, s, owners()), status=201,
+        return web.json_response(await described(b, s, owners()), status=201,
                                  headers={"Location": f"/v1/buckets/{name}"})
 
     async def delete(request: web.Request) -> web.Response:
@@ -202,14 +215,14 @@ def add_bucket_routes(app: web.Application, get_directory: GetDirectory,
 
     async def policy_get(request: web.Request) -> web.Response:
         s, name = store(), request.match_info["name"]
-        if get_bucket(s, name) is None:
+        if await get_bucket(name) is None:
             return _no_bucket(name)
         return policy_answer(name, s)
 
     async def policy_put(request: web.Request) -> web.Response:
         s, name = store(), request.match_info["name"]
         raw = await request.read()
-        if get_bucket(s, name) is None:
+        if await get_bucket(name) is None:
             return _no_bucket(name)
         try:
             policy = parse_policy(raw, name)

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from tierd.acl import Identity
 from tierd.acl.users import MAX_ID
-from tierd.admin.prefix import NoSuchBucket, check_prefix, prefix_error
+from tierd.admin.prefix import NoSuchBucket, prefix_error
 from tierd.errors import FsError
 from tierd.mempool.pool import PoolError
 from tierd.namespace.names import check_bucket_name
@@ -74,19 +74,21 @@ def add_pool_routes(app: web.Application, get_door: Callable[[], MemoryDoor | No
         except PoolError as e:
             return _err(e)
 
-    def missing_bucket(d: MemoryDoor, bucket: str | None) -> web.Response | None:
+    async def missing_bucket(d: MemoryDoor, bucket: str | None) -> web.Response | None:
         """The answer when ``bucket`` is named and does not exist: ``404 no_such_bucket``
-        by the placement endpoints' rule (:func:`check_prefix`), before a delete would
-        register an empty run that every later listing shows."""
+        as the placement endpoints answer (:func:`tierd.admin.prefix.check_prefix`), before
+        a delete would register an empty run that every later listing shows.  The bucket
+        is looked up through the namespace, as every door does."""
         if bucket is None:
             return None
         try:
             check_bucket_name(bucket)
-            check_prefix(d.ckpt.ns.meta, bucket + "/")
+            await d.ckpt.ns.get_bucket(bucket)
         except FsError as e:
+            if e.errno == errno.ENOENT:
+                return prefix_error(NoSuchBucket(f"no such bucket {bucket!r} (tierctl "
+                                                 "bucket list shows the buckets)"))
             return _err(e)
-        except NoSuchBucket as e:
-            return prefix_error(e)
         return None
 
     async def ckpt_list(request: web.Request) -> web.Response:
@@ -97,7 +99,7 @@ def add_pool_routes(app: web.Application, get_door: Callable[[], MemoryDoor | No
             if run_name:
                 return web.json_response(await d.ckpt.listing(
                     Identity.ROOT, {"bucket": bucket, "run": run_name}))
-            if (refused := missing_bucket(d, bucket)) is not None:
+            if (refused := await missing_bucket(d, bucket)) is not None:
                 return refused
             if bucket is not None:
                 pairs = {(bucket, name) for name in await d.ckpt.run_names(bucket)}
@@ -118,7 +120,7 @@ def add_pool_routes(app: web.Application, get_door: Callable[[], MemoryDoor | No
             return web.json_response({"error": "bad_request", "message": "step must be a "
                                       "number (and run= names the run)"}, status=400)
         d = door()
-        if (refused := missing_bucket(d, q.get("bucket") or None)) is not None:
+        if (refused := await missing_bucket(d, q.get("bucket") or None)) is not None:
             return refused
         try:
             n = await d.ckpt.delete(Identity.ROOT, {"bucket": q.get("bucket"),
