@@ -19,6 +19,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pyfuse3
 
@@ -48,6 +49,9 @@ class Invalidator:
         self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._on_inode = on_inode
+        #: who writes the notifications: pyfuse3's session, or the kernel backend's
+        #: (tierd_fuse.kdev.KernelSession): both have invalidate_entry/invalidate_inode
+        self.notifier: Any = pyfuse3
         self.sent = 0
 
     def start(self) -> None:
@@ -84,9 +88,9 @@ class Invalidator:
                 return
             try:
                 if isinstance(job, _Entry):
-                    pyfuse3.invalidate_entry(job.parent, job.name)
+                    self.notifier.invalidate_entry(job.parent, job.name)
                 else:
-                    pyfuse3.invalidate_inode(job.ino)
+                    self.notifier.invalidate_inode(job.ino)
                 self.sent += 1
             except OSError as e:
                 if e.errno not in (errno.ENOENT, errno.ENOTCONN, errno.EBADF):

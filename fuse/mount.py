@@ -21,6 +21,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyfuse3
 import pyfuse3.asyncio
@@ -30,6 +31,9 @@ from tierd.metrics import Metrics
 from tierd.namespace import Namespace
 
 from .ops import TierdOps
+
+if TYPE_CHECKING:
+    from .kmount import KernelBackend
 
 log = get_logger("fuse")
 
@@ -250,6 +254,8 @@ class FuseDoor:
         on_unmounted: Callable[[], None] | None = None,
         max_tasks: int = 64,
         metrics: Metrics | None = None,
+        backend: str = "pyfuse3",
+        passthrough: bool = False,
     ) -> None:
         self.ns = ns
         self.mountpoint = Path(os.path.abspath(mountpoint))
@@ -259,29 +265,41 @@ class FuseDoor:
         self.on_unmounted = on_unmounted
         self.max_tasks = max_tasks
         self._task: asyncio.Task[None] | None = None
+        #: "kernel": the door speaks the FUSE protocol itself (tierd_fuse.kdev), else pyfuse3
+        self.backend = backend
+        self.passthrough = passthrough
+        self._kernel: KernelBackend | None = None
         self._session = False
         self._stopping = False
 
     async def start(self) -> None:
         self.mountpoint = await prepare_mountpoint(self.mountpoint)
-        pyfuse3.asyncio.enable()
         opts = mount_options()
         mountpoint = self.mountpoint
         # after the INIT reply: the kernel clamps the read-ahead while it processes it
         self.ops.after_init = lambda: set_read_ahead(mountpoint)
         try:
-            await asyncio.to_thread(self._init, opts)
+            if self.backend == "kernel":
+                from .kmount import KernelBackend
+
+                kb = KernelBackend(self.ops, self.mountpoint, passthrough=self.passthrough,
+                                   max_tasks=self.max_tasks)
+                await asyncio.to_thread(kb.mount, opts)
+                self._kernel = kb
+                self.invalidator.notifier = kb.session
+            else:
+                pyfuse3.asyncio.enable()
+                await asyncio.to_thread(self._init, opts)
         except RuntimeError as e:
             raise MountError(f"cannot mount {self.mountpoint}: {e} (is /dev/fuse usable "
                              "and fusermount3 installed?)") from None
         self._session = True
         info = find_mount(self.mountpoint)
         self.ops.mount_dev = info.dev if info is not None else ""
-        # TODO(namespace): subscribe() has no unsubscribe; on_change is a no-op once stopped
         self.ns.subscribe(self.invalidator.on_change)
         self.invalidator.start()
         self._task = asyncio.create_task(self._serve(), name="tierd-fuse")
-        log.info("mounted", extra=kv(mountpoint=str(self.mountpoint),
+        log.info("mounted", extra=kv(mountpoint=str(self.mountpoint), backend=self.backend,
                                         options=",".join(sorted(opts))))
 
     def _init(self, opts: set[str]) -> None:
@@ -302,7 +320,10 @@ class FuseDoor:
 
     async def _serve(self) -> None:
         try:
-            await pyfuse3.main(min_tasks=2, max_tasks=self.max_tasks)
+            if self._kernel is not None:
+                await self._kernel.serve()
+            else:
+                await pyfuse3.main(min_tasks=2, max_tasks=self.max_tasks)
         except Exception:
             log.exception("FUSE session failed")
         if not self._stopping:
@@ -330,7 +351,10 @@ class FuseDoor:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(task), STOP_TIMEOUT)
         if task is not None and not task.done():
-            pyfuse3.terminate()
+            if self._kernel is not None:
+                self._kernel.terminate()
+            else:
+                pyfuse3.terminate()
             try:
                 await asyncio.wait_for(asyncio.shield(task), STOP_TIMEOUT)
             except TimeoutError:
@@ -346,7 +370,11 @@ class FuseDoor:
         if not self._session:
             return
         self._session = False
+        self.ns.unsubscribe(self.invalidator.on_change)  # a later mount subscribes its own
         await asyncio.to_thread(self.invalidator.stop)
+        if self._kernel is not None:
+            await asyncio.to_thread(self._kernel.close, unmount)
+            return
         await asyncio.to_thread(pyfuse3.close, unmount)
         if unmount and find_mount(self.mountpoint) is not None:
             # still there (busy): detach it

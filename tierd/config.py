@@ -131,6 +131,25 @@ class Config:
             metavar="DIR",
         ),
     )
+    fuse_backend: str = field(
+        default="pyfuse3",
+        metadata=setting(
+            parse=parse_choice("pyfuse3", "kernel"),
+            help="How the mount talks to the kernel: pyfuse3 (libfuse) or kernel (the "
+            "daemon speaks the FUSE protocol on /dev/fuse itself; docs/fuse.md).",
+            metavar="pyfuse3|kernel",
+        ),
+    )
+    fuse_passthrough: bool = field(
+        default=False,
+        metadata=setting(
+            parse=parse_bool,
+            help="With fuse_backend = kernel: read-only opens of files wholly on the hot "
+            "tier are served by the kernel from the hot file (FUSE passthrough); a writer "
+            "then waits for such readers to close (docs/fuse.md).",
+            metavar="BOOL",
+        ),
+    )
     log_level: str = field(
         default="info",
         metadata=setting(

@@ -368,7 +368,8 @@ class Daemon:
             raise MountError(f"this tierd already serves a mount at {self.fuse.mountpoint} "
                              "(one per daemon): remove it first (tierctl mount rm)")
         door = FuseDoor(self.namespace, mountpoint, on_unmounted=self._on_unmounted,
-                        metrics=self.metrics)
+                        metrics=self.metrics, backend=self.config.fuse_backend,
+                        passthrough=self.config.fuse_passthrough)
         await door.start()
         self.fuse = door
         if self.bound:  # serving already: tools read the mount from endpoints.json

@@ -1,0 +1,190 @@
+"""FUSE passthrough for read-only opens of files wholly on the hot tier.
+
+With ``FUSE_PASSTHROUGH`` negotiated at INIT, an OPEN reply may name a *backing file*
+registered with ``FUSE_DEV_IOC_BACKING_OPEN``: the kernel then serves ``read``, ``mmap``
+and ``splice`` of that open file from the hot-tier file itself, and no READ request reaches
+the daemon.  What decides when it is safe (docs/fuse.md, "Passthrough"):
+
+* **Read-only opens only.**  A passthrough write would change the hot file without the
+  namespace seeing it: no in-place intention (``V``) before committed bytes change, no
+  size, version, ETag or persist-queue update (docs/durability.md).  Writers keep the
+  normal WRITE path.
+* **The kernel's I/O modes.**  While an inode has a passthrough open, every other open of
+  it must be passthrough with the same backing file, and while it has a cached
+  (non-passthrough) open no passthrough open is allowed (``fs/fuse/iomode.c``; a mistake
+  is EIO for the opener).  So a read-only open is passthrough only when no writer has the
+  inode open, and a writable open of an inode held by passthrough readers waits up to
+  :data:`WRITER_WAIT` seconds for them to close (their RELEASE comes asynchronously after
+  ``close(2)``), then fails with ``ETXTBSY`` ("text file busy", as for a running program).
+* **The bytes must all be there.**  Only files whose every block is on hot
+  (``Placement.hot_complete``) and whose hot file is exactly the namespace's size (a crash
+  can leave bytes past the committed size, which reads must not see); the inode is held
+  against eviction (``Placement.acquire``) while a passthrough open lasts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyfuse3
+
+from tierd.acl import Identity
+
+from . import kproto as K
+
+if TYPE_CHECKING:
+    from .ops import TierdOps
+
+log = logging.getLogger("tierd.fuse")
+
+#: seconds a writable open waits for passthrough readers of the inode to be released
+WRITER_WAIT = 2.0
+
+
+@dataclass(slots=True)
+class _Backing:
+    backing_id: int
+    handles: set[int] = field(default_factory=set)
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def _writable(flags: int) -> bool:
+    return flags & os.O_ACCMODE != os.O_RDONLY or bool(flags & os.O_TRUNC)
+
+
+class Passthrough:
+    """Per-inode I/O mode bookkeeping and the backing-file ioctls of one session."""
+
+    def __init__(self, ops: TierdOps, devfd: int) -> None:
+        self.ops = ops
+        self.devfd = devfd
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self.backings: dict[int, _Backing] = {}  # ino -> its registered hot file
+        self.cached: Counter[int] = Counter()  # ino -> opens (and pending opens) without
+        self._cached_fh: dict[int, int] = {}  # fh -> ino of a cached open
+        self._pt_fh: dict[int, int] = {}  # fh -> ino of a passthrough open
+        self.opened_count = 0  # passthrough opens so far (tests, metrics)
+        self._broken = False
+
+    # -- open ----------------------------------------------------------------------------------
+    async def may_open(self, ino: int, flags: int) -> None:
+        """Before the namespace opens: a writer reserves the cached mode of the inode
+        (waiting for passthrough readers to go, else ETXTBSY)."""
+        if not _writable(flags):
+            return
+        b = self.backings.get(ino)
+        if b is not None:
+            try:
+                await asyncio.wait_for(b.gone.wait(), WRITER_WAIT)
+            except TimeoutError:
+                raise pyfuse3.FUSEError(errno.ETXTBSY) from None
+        self.cached[ino] += 1
+
+    def open_failed(self, ino: int, flags: int) -> None:
+        if _writable(flags):
+            self._uncache(ino)
+
+    async def opened(self, ino: int, fh: int, flags: int) -> int:
+        """After the namespace opened ``fh``: the backing id to reply with, or 0 for the
+        normal (cached) mode."""
+        if _writable(flags):
+            self._cached_fh[fh] = ino  # counted by may_open
+            return 0
+        backing = 0 if self.cached[ino] else await self._backing(ino, fh)
+        if backing:
+            self._pt_fh[fh] = ino
+            self.opened_count += 1
+        else:
+            self.cached[ino] += 1
+            self._cached_fh[fh] = ino
+        return backing
+
+    async def _backing(self, ino: int, fh: int) -> int:
+        b = self.backings.get(ino)
+        if b is not None:
+            b.handles.add(fh)
+            return b.backing_id
+        if self._broken:
+            return 0
+        ns: Any = self.ops.ns
+        placement = getattr(ns, "placement", None)
+        if placement is None or not placement.hot_complete(ino):
+            return 0
+        fd = _hot_fd(ns, fh)
+        if fd is None:
+            return 0
+        inode = await ns.getattr(Identity.ROOT, ino)
+        if ino in self.backings or self.cached[ino]:  # changed while this open waited
+            b = self.backings.get(ino)
+            if b is None:
+                return 0
+            b.handles.add(fh)
+            return b.backing_id
+        try:
+            if os.fstat(fd).st_size != inode.size:
+                return 0  # bytes past the committed size (a crash's) must stay unseen
+        except OSError:
+            return 0
+        arg = ctypes.create_string_buffer(K.BACKING_MAP.pack(fd, 0, 0), K.BACKING_MAP.size)
+        rc = self._libc.ioctl(self.devfd, ctypes.c_ulong(K.DEV_IOC_BACKING_OPEN), arg)
+        if rc <= 0:
+            err = ctypes.get_errno()
+            log.warning("FUSE passthrough is off for this mount: FUSE_DEV_IOC_BACKING_OPEN "
+                        "failed (%s)", os.strerror(err))
+            self._broken = True
+            return 0
+        placement.acquire(ino)  # no eviction under the kernel's reads
+        self.backings[ino] = _Backing(rc, {fh})
+        return int(rc)
+
+    # -- release -------------------------------------------------------------------------------
+    def released(self, ino: int, fh: int) -> None:
+        if self._cached_fh.pop(fh, None) is not None:
+            self._uncache(ino)
+            return
+        if self._pt_fh.pop(fh, None) is None:
+            return
+        b = self.backings.get(ino)
+        if b is None:
+            return
+        b.handles.discard(fh)
+        if not b.handles:
+            self._close(ino, b)
+
+    def _uncache(self, ino: int) -> None:
+        self.cached[ino] -= 1
+        if self.cached[ino] <= 0:
+            del self.cached[ino]
+
+    def _close(self, ino: int, b: _Backing) -> None:
+        del self.backings[ino]
+        b.gone.set()
+        rc = self._libc.ioctl(self.devfd, ctypes.c_ulong(K.DEV_IOC_BACKING_CLOSE),
+                              ctypes.byref(ctypes.c_uint32(b.backing_id)))
+        if rc < 0:
+            log.warning("FUSE_DEV_IOC_BACKING_CLOSE %d failed: %s", b.backing_id,
+                        os.strerror(ctypes.get_errno()))
+        placement = getattr(self.ops.ns, "placement", None)
+        if placement is not None:
+            placement.release(ino)
+
+    def close_all(self) -> None:
+        """The session ends: the kernel drops its backing files with the connection; the
+        eviction holds go."""
+        for ino, b in list(self.backings.items()):
+            self._close(ino, b)
+
+
+def _hot_fd(ns: Any, fh: int) -> int | None:
+    """The namespace's descriptor of the hot file behind handle ``fh``."""
+    # TODO(namespace): a public "descriptor of an open handle's hot file" call
+    h = getattr(ns, "_handles", {}).get(fh)
+    fd = getattr(getattr(h, "ofile", None), "fd", None)
+    return fd if isinstance(fd, int) else None
