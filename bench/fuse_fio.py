@@ -22,6 +22,11 @@ it): a VM guest's memory is backed lazily by the host, and the first use of fres
 would otherwise slow whichever run needs new memory (writes at ~350 MB/s instead of GB/s on
 this machine kind).  Results go to ``bench/results/fuse_fio.json``.
 
+``--backend pyfuse3 kernel`` measures both FUSE backends (``fuse_backend``, docs/fuse.md) in
+the same run: one daemon per backend, each with its own mount, and every round runs raw,
+then each mount (raw A B, raw A B, ...); ``--passthrough`` turns on the kernel backend's
+read-only passthrough.  The raw baseline is the first daemon's hot-tier directory.
+
 Usage (root, for drop_caches): python bench/fuse_fio.py [--size-gib 2] [--pairs 3]
 """
 
@@ -69,8 +74,8 @@ print(json.dumps(out))
 """
 
 
-#: the running daemon's data directory (its admin token is there)
-DATA_DIR: list[Path] = []
+#: each running daemon's data directory (its admin token is there), by admin URL
+DATA_DIR: dict[str, Path] = {}
 
 def prefault(leave_gib: float = 2.0) -> float:
     """Touch the machine's available memory once and free it again.  A VM guest's memory is
@@ -98,7 +103,7 @@ def quiesce(admin: str | None, timeout: float = 300.0) -> float:
     the seconds waited (reported as ``settle_s``)."""
     t = time.monotonic()
     if admin:
-        admin_call(admin, DATA_DIR[0], "POST", "/v1/placement/persist",
+        admin_call(admin, DATA_DIR[admin], "POST", "/v1/placement/persist",
                    {"prefix": "", "timeout": timeout}, timeout=timeout + 10)
     os.sync()
     return time.monotonic() - t
@@ -107,7 +112,7 @@ def quiesce(admin: str | None, timeout: float = 300.0) -> float:
 def set_policy(admin: str | None, prefix: str, mode: str) -> None:
     if admin is None:
         raise RuntimeError("the daemon has no admin endpoint: cannot set a policy")
-    admin_call(admin, DATA_DIR[0], "PUT", "/v1/placement/policy",
+    admin_call(admin, DATA_DIR[admin], "PUT", "/v1/placement/policy",
                {"prefix": prefix, "mode": mode}, timeout=30)
 
 
@@ -129,14 +134,20 @@ def fio(name: str, path: Path, args: list[str]) -> dict[str, Any]:
 
 class Runner:
     def __init__(self, daemon_pid: int, size: int, rand_seconds: int,
-                 admin: str | None = None) -> None:
+                 admins: list[str | None] | None = None) -> None:
         self.pid = daemon_pid
-        self.admin = admin
+        self.admins = admins or [None]
         self.size = size
         self.rand_seconds = rand_seconds
         self.cold_ok = os.geteuid() == 0
 
-    def run(self, exp: str, target: Path) -> dict[str, Any]:
+    def settle(self) -> float:
+        """Every daemon's persistence idle (the other backend's upload must not land in
+        this run either)."""
+        return sum(quiesce(a) for a in self.admins)
+
+    def run(self, exp: str, target: Path, pid: int | None = None) -> dict[str, Any]:
+        pid = self.pid if pid is None else pid
         f = target / "fio.bin"
         gib = self.size / (1 << 30)
         base = [f"--size={self.size}", "--bs=1M"]
@@ -156,12 +167,12 @@ class Runner:
             gib = 0.0
         else:
             raise ValueError(exp)
-        settle = quiesce(self.admin)
+        settle = self.settle()
         if exp == "seq_read_cold":
             drop_caches()
-        cpu0 = proc_cpu(self.pid)
+        cpu0 = proc_cpu(pid)
         job = fio(exp, f, args)
-        daemon_cpu = proc_cpu(self.pid) - cpu0
+        daemon_cpu = proc_cpu(pid) - cpu0
         side = job["write"] if exp == "seq_write" else job["read"]
         runtime = job["job_runtime"] / 1000.0
         fio_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * runtime
@@ -178,7 +189,7 @@ class Runner:
         return out
 
     def meta(self, target: Path, n: int) -> dict[str, float]:
-        quiesce(self.admin)
+        self.settle()
         r = subprocess.run([sys.executable, "-c", META_SCRIPT, str(target / "meta"), str(n)],
                            capture_output=True, text=True, timeout=TIMEOUT, check=True)
         res: dict[str, float] = json.loads(r.stdout)
@@ -202,7 +213,6 @@ def pairs_of(raw: list[float], mnt: list[float]) -> list[tuple[float, float]]:
 def start_daemon(base: Path, extra: list[str]
                  ) -> tuple[subprocess.Popen[bytes], Path, Path, str | None]:
     data, mnt = base / "data", base / "mnt"
-    DATA_DIR[:] = [data]
     log = open(base / "tierd.log", "wb")  # noqa: SIM115 - the daemon writes until it exits
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
     proc = subprocess.Popen(
@@ -215,7 +225,10 @@ def start_daemon(base: Path, extra: list[str]
         try:
             doc = json.loads((data / "endpoints.json").read_text())
             if doc.get("pid") == proc.pid and doc.get("mount"):
-                return proc, data / "hot", mnt, doc.get("admin", {}).get("url")
+                url = doc.get("admin", {}).get("url")
+                if url:
+                    DATA_DIR[url] = data
+                return proc, data / "hot", mnt, url
         except (OSError, ValueError):
             pass
         if proc.poll() is not None:
@@ -245,6 +258,11 @@ def main() -> None:
                     default=None, help="placement policy of the mount's bench bucket "
                     "(cache-only: nothing is persisted to the cold tier, which takes the "
                     "persister's work out of the measurement)")
+    ap.add_argument("--backend", nargs="+", choices=("pyfuse3", "kernel"),
+                    default=["pyfuse3"], help="FUSE backends to measure, one daemon each "
+                    "(fuse_backend); several: all in the same run, against the same raw runs")
+    ap.add_argument("--passthrough", action="store_true",
+                    help="fuse_passthrough = true for the kernel backend")
     ap.add_argument("--out", default=str(HERE / "results" / "fuse_fio.json"))
     args = ap.parse_args()
     if shutil.which("fio") is None:
@@ -252,7 +270,14 @@ def main() -> None:
     touched = 0.0 if args.no_prefault else prefault()
     base = Path(args.base or tempfile.mkdtemp(prefix="tierd-bench-fuse-"))
     base.mkdir(parents=True, exist_ok=True)
-    proc, hot, mnt, admin = start_daemon(base, args.serve_arg)
+    daemons: dict[str, tuple[subprocess.Popen[bytes], Path, Path, str | None]] = {}
+    for b in args.backend:
+        extra = [*args.serve_arg, "--fuse-backend", b]
+        if b == "kernel" and args.passthrough:
+            extra += ["--fuse-passthrough", "true"]
+        (base / b).mkdir(parents=True, exist_ok=True)
+        daemons[b] = start_daemon(base / b, extra)
+    proc, hot, _, _ = daemons[args.backend[0]]
     results: dict[str, Any] = {
         "benchmark": "fuse_fio",
         "inputs": vars(args) | {"size_bytes": int(args.size_gib * (1 << 30))},
@@ -263,48 +288,62 @@ def main() -> None:
         "cold_read": "page cache dropped before each cold read" if os.geteuid() == 0
         else "NOT cold: not root, drop_caches unavailable",
         "prefaulted_gib": round(touched, 1),
+        "load_average_start": os.getloadavg(),
         "runs": {}, "summary": {},
     }
     try:
         raw_dir = hot / "bench-raw"
         raw_dir.mkdir(exist_ok=True)
-        mnt_dir = mnt / "bench"
-        mnt_dir.mkdir(exist_ok=True)
-        if args.policy:
-            set_policy(admin, "bench/", args.policy)
-        runner = Runner(proc.pid, int(args.size_gib * (1 << 30)), args.rand_seconds, admin)
+        mnt_dirs = {b: d[2] / "bench" for b, d in daemons.items()}
+        for b, d in mnt_dirs.items():
+            d.mkdir(exist_ok=True)
+            if args.policy:
+                set_policy(daemons[b][3], "bench/", args.policy)
+        runner = Runner(proc.pid, int(args.size_gib * (1 << 30)), args.rand_seconds,
+                        [d[3] for d in daemons.values()])
         exps = args.only or ["seq_write", "seq_read_cold", "seq_read_warm", "rand_read_4k",
                              "meta"]
         for exp in exps:
-            pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+            rounds: list[tuple[dict[str, Any], dict[str, dict[str, Any]]]] = []
             for i in range(args.pairs):
+                mounts: dict[str, dict[str, Any]] = {}
                 if exp == "meta":
-                    pair = (runner.meta(raw_dir, args.files), runner.meta(mnt_dir, args.files))
+                    raw = runner.meta(raw_dir, args.files)
+                    for b, d in mnt_dirs.items():
+                        mounts[b] = runner.meta(d, args.files)
                 else:
                     if exp != "seq_write" and not (raw_dir / "fio.bin").exists():
                         runner.run("seq_write", raw_dir)
-                        runner.run("seq_write", mnt_dir)
-                    pair = (runner.run(exp, raw_dir), runner.run(exp, mnt_dir))
-                pairs.append(pair)
-                print(f"{exp} pair {i}: raw {short(pair[0])} | mount {short(pair[1])}",
-                      flush=True)
-            results["runs"][exp] = [{"raw": r, "mount": m} for r, m in pairs]
-            if exp == "meta":
-                results["summary"][exp] = {k: summarize(pairs, k)
-                                           for k in ("create", "stat", "unlink")}
-            else:
-                key = "iops" if exp == "rand_read_4k" else "MBps"
-                results["summary"][exp] = summarize(pairs, key) | {
-                    "unit": key,
-                    "cpu_s_per_gib_raw": med(pairs, 0, "cpu_s_per_gib"),
-                    "cpu_s_per_gib_mount": med(pairs, 1, "cpu_s_per_gib"),
-                }
+                    raw = runner.run(exp, raw_dir)
+                    for b, d in mnt_dirs.items():
+                        if exp != "seq_write" and not (d / "fio.bin").exists():
+                            runner.run("seq_write", d, daemons[b][0].pid)
+                        mounts[b] = runner.run(exp, d, daemons[b][0].pid)
+                rounds.append((raw, mounts))
+                print(f"{exp} round {i}: raw {short(raw)} | "
+                      + " | ".join(f"{b} {short(m)}" for b, m in mounts.items()), flush=True)
+            results["runs"][exp] = [{"raw": r, **m} for r, m in rounds]
+            for b in mnt_dirs:
+                pairs = [(r, m[b]) for r, m in rounds]
+                if exp == "meta":
+                    summary = {k: summarize(pairs, k) for k in ("create", "stat", "unlink")}
+                else:
+                    key = "iops" if exp == "rand_read_4k" else "MBps"
+                    summary = summarize(pairs, key) | {
+                        "unit": key,
+                        "cpu_s_per_gib_raw": med(pairs, 0, "cpu_s_per_gib"),
+                        "cpu_s_per_gib_mount": med(pairs, 1, "cpu_s_per_gib"),
+                    }
+                results["summary"].setdefault(b, {})[exp] = summary
+        results["load_average_end"] = os.getloadavg()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for p, *_ in daemons.values():
+            p.send_signal(signal.SIGTERM)
+        for p, *_ in daemons.values():
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
         if not args.base:
             shutil.rmtree(base, ignore_errors=True)
     out = Path(args.out)

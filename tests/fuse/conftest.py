@@ -54,8 +54,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+#: settings the suite hands on to its daemons: ``TIERD_FUSE_BACKEND=kernel`` runs the FUSE
+#: tests on the kernel-protocol backend (docs/fuse.md), ``TIERD_FUSE_PASSTHROUGH=true`` with it
+PASSED_ON = frozenset({"TIERD_FUSE_BACKEND", "TIERD_FUSE_PASSTHROUGH"})
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TIERD_") or k in PASSED_ON}
     env.update(extra)
     return env
 

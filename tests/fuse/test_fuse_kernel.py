@@ -1,0 +1,157 @@
+"""The kernel-protocol FUSE backend (``fuse_backend = kernel``, tierd_fuse.kdev) in the normal
+suite: a few core tests of the other modules run again against a daemon that speaks the
+FUSE protocol itself (with passthrough on), plus what only this backend does -- read-only
+passthrough of hot files, the writer rule that comes with it, and invalidations written to
+the device.  The whole FUSE suite runs on it with ``TIERD_FUSE_BACKEND=kernel``
+(tests/fuse/conftest.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import BUCKET, Daemon, start_daemon, stop_daemon
+from test_fuse_acl import local_root, pair, test_setfacl_getfacl_round_trip  # noqa: F401
+from test_fuse_permissions import home, test_read_write_by_owner_group_other  # noqa: F401
+from test_fuse_posix import (  # noqa: F401
+    test_links_symlinks_and_nodes,
+    test_lookup_getattr_and_errnos,
+    test_mount_read_ahead_is_raised,
+    test_open_flags,
+    test_readdir_stable_offsets_under_changes,
+    test_rename_flags,
+    test_setattr_chmod_chown_truncate_utimens,
+    test_xattrs,
+)
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    # mount(2) and FUSE_DEV_IOC_BACKING_OPEN need root, as do the other users' tests
+    pytest.mark.skipif(os.geteuid() != 0, reason="the kernel backend's tests need root"),
+]
+
+
+@pytest.fixture(scope="module")
+def daemon(public_tmp: Path) -> Iterator[Daemon]:
+    """This module's own daemon, on the kernel backend with passthrough (overrides the
+    session's: every fixture built on ``daemon`` here uses it)."""
+    d = start_daemon(public_tmp / "kdata", public_tmp / "kmnt", public_tmp / "ktierd.log",
+                     "--fuse-backend", "kernel", "--fuse-passthrough", "true")
+    try:
+        (d.mnt / BUCKET).mkdir()
+        (d.mnt / BUCKET).chmod(0o777)
+        yield d
+    finally:
+        code = stop_daemon(d)
+        if code not in (0, None):
+            print(f"tierd exited with {code}; log:\n{d.log}", file=sys.stderr)
+
+
+def fuse_reads(d: Daemon) -> int:
+    """READ requests the daemon answered so far (its Prometheus counter)."""
+    ep = d.endpoints()["admin"]
+    assert isinstance(ep, dict)
+    token = (d.data_dir / "read-token").read_text().strip()
+    req = urllib.request.Request(f"{ep['url']}/metrics",
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        text = r.read().decode()
+    m = re.search(r'tierd_requests_total\{door="fuse",operation="read",status="ok"\} (\S+)',
+                  text)
+    return int(float(m.group(1))) if m else 0
+
+
+def test_the_mount_is_served_by_the_kernel_backend(daemon: Daemon) -> None:
+    assert "backend=kernel" in daemon.log
+    st = os.statvfs(daemon.mnt)
+    assert st.f_namemax == 255
+
+
+def test_passthrough_reads_never_reach_the_daemon(daemon: Daemon, work: Path, s3: Any) -> None:
+    """A file put through S3 (no page of it in the mount's cache) read through the mount:
+    passthrough serves it from the hot file, no READ request; the same bytes."""
+    data = os.urandom(3 << 20)
+    key = f"{work.name}/put.bin"
+    s3.put_object(Bucket=BUCKET, Key=key, Body=data)
+    before = fuse_reads(daemon)
+    got = (work / "put.bin").read_bytes()
+    assert hashlib.md5(got).hexdigest() == hashlib.md5(data).hexdigest()
+    assert fuse_reads(daemon) == before
+    assert "FUSE passthrough is off" not in daemon.log
+
+
+def test_a_file_open_for_writing_is_read_through_the_daemon(daemon: Daemon, work: Path,
+                                                            s3: Any) -> None:
+    """While a writer holds the file (cached mode), a reader is not passthrough: its reads
+    are READ requests and see the writer's bytes (the control of the test above)."""
+    key = f"{work.name}/w.bin"
+    s3.put_object(Bucket=BUCKET, Key=key, Body=b"x" * (1 << 20))
+    with open(work / "w.bin", "r+b") as w:
+        w.write(b"y" * 4096)
+        w.flush()
+        before = fuse_reads(daemon)
+        with open(work / "w.bin", "rb", buffering=0) as r:
+            os.posix_fadvise(r.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            head = r.read(8192)
+    assert head == b"y" * 4096 + b"x" * 4096
+    assert fuse_reads(daemon) > before
+
+
+def test_a_writer_waits_for_passthrough_readers_then_gets_etxtbsy(daemon: Daemon,
+                                                                   work: Path) -> None:
+    f = work / "busy"
+    f.write_bytes(b"content")
+    with open(f, "rb") as reader:
+        assert reader.read() == b"content"
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as e:
+            open(f, "r+b").close()
+        assert e.value.errno == 26  # ETXTBSY
+        assert time.monotonic() - t0 >= 1.5  # it waited for the readers first
+    # the reader's RELEASE arrives after close(2): a writer now gets in
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            with open(f, "r+b") as w:
+                w.write(b"C")
+            break
+        except OSError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert f.read_bytes() == b"Content"
+
+
+def test_a_reader_closing_right_before_a_writer_opens(daemon: Daemon, work: Path) -> None:
+    """``cat f; echo >> f``: the reader's RELEASE comes asynchronously after its close, so
+    the writer's OPEN may arrive first; it waits instead of failing."""
+    f = work / "log"
+    f.write_bytes(b"a\n")
+    for i in range(20):
+        r = subprocess.run(["sh", "-c", f'cat "{f}" >/dev/null && echo {i} >> "{f}"'],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+    assert f.read_text().splitlines() == ["a", *map(str, range(20))]
+
+
+def test_s3_overwrite_is_seen_by_the_next_open(daemon: Daemon, work: Path, s3: Any) -> None:
+    """Entry and inode invalidations written to /dev/fuse (FUSE_NOTIFY_INVAL_*): a PUT over a
+    file the kernel has cached is read back new by the next open."""
+    f = work / "over"
+    f.write_bytes(b"old contents")
+    assert f.read_bytes() == b"old contents"
+    s3.put_object(Bucket=BUCKET, Key=f"{work.name}/over", Body=b"new!")
+    deadline = time.monotonic() + 5
+    while f.read_bytes() != b"new!":
+        assert time.monotonic() < deadline, f.read_bytes()
+        time.sleep(0.05)
+    assert f.stat().st_size == 4
