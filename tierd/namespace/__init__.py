@@ -15,6 +15,7 @@ from tierd.meta import ROOT_INO, STATE_DIRTY, Inode, MetaStore, MetaTxn
 from tierd.namespace.base import ROOT_MODE, Change, StatFs, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
+from tierd.namespace.imports import ImportOps
 from tierd.namespace.objects import Listing, ObjectReader
 from tierd.namespace.tags import TagOps
 from tierd.namespace.versionops import VersionOps
@@ -44,7 +45,7 @@ __all__ = [
 COUNTER_SKIP = 1 << 20
 
 
-class Namespace(VersionOps, TagOps, XattrOps):
+class Namespace(VersionOps, TagOps, XattrOps, ImportOps):
     """Assembled namespace; build it with :meth:`load` (``open`` opens files)."""
 
     @classmethod
@@ -53,6 +54,8 @@ class Namespace(VersionOps, TagOps, XattrOps):
         """``placement`` (started by the caller) makes cold the system of record and
         ``hot_dir`` its block cache; without it, data lives only in ``hot_dir``."""
         ns = cls(meta, HotDir(Path(hot_dir)), umask, placement)
+        if placement is not None:
+            placement.importer.attach(ns)  # import changes the tree through ns (imports.py)
         unclean_below = ns._recover()
         await ns._sync_meta()  # what recovery changed, durable before a file goes
         reclaimed = ns.garbage.recover()

@@ -62,7 +62,6 @@ class PlacementSettings:
     retry_delay: float = 1.0  # first back-off after a failed upload (doubles up to 30 s)
     probe_interval: float = 10.0  # an idle cold store is asked whether it answers this often
     persist_delay: float = 0.0  # seconds a queued file waits before upload (daemon: config)
-    umask: int = 0o022
 
 
 class PlacementCore:
@@ -79,7 +78,7 @@ class PlacementCore:
         self.hints: set[int] = set()
         # keys this node deleted while listings ran (import must not bring them back)
         self.recent = RecentDeletes()
-        self.importer = Importer(meta, cold, s.import_ttl, s.umask,
+        self.importer = Importer(meta, cold, s.import_ttl,
                                  busy=lambda ino: self.busy(ino), local=self.whole_locally,
                                  recent=self.recent)
         # cold key -> the inode whose upload or copy to it is in flight (until its record

@@ -36,7 +36,7 @@ async def placement_from_config(cfg: Config, meta: MetaStore) -> Placement:
         hot_low=min(cfg.hot_low_watermark, cfg.hot_high_watermark) / 100,
         warm_high=cfg.warm_high_watermark / 100,
         warm_low=min(cfg.warm_low_watermark, cfg.warm_high_watermark) / 100,
-        umask=cfg.umask, persist_delay=cfg.persist_delay,
+        persist_delay=cfg.persist_delay,
         probe_interval=cfg.cold_probe_interval),
         warm=warm if cfg.warm_enabled else None)
     await p.start()
