@@ -6,11 +6,14 @@ nothing."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from tierd.errors import FsError
 from tierd.meta.group_engine import GroupCommitStore
 from tierd.meta.kv import KVStore, KVTxn
 from tierd.meta.lmdb_engine import LmdbStore
@@ -186,3 +189,52 @@ def test_store_is_a_kvstore() -> None:
     store.close()
     with pytest.raises(RuntimeError):
         store.begin()
+
+
+class GatedStore(LmdbStore):
+    """An lmdb store whose write transactions wait for ``gate``: holds a flush in flight."""
+
+    def __init__(self, path: Path, map_size: int) -> None:
+        super().__init__(path, map_size=map_size)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.writing = threading.Event()
+
+    def begin(self, write: bool = False) -> KVTxn:
+        if write:
+            self.writing.set()
+            assert self.gate.wait(10)
+        return super().begin(write)
+
+
+def test_admission_counts_the_group_being_flushed(tmp_path: Path) -> None:
+    """The room is measured after each flush; a change admitted while the next group is
+    being written must count that group too.  Before, it did not: a second megabyte was
+    admitted into a 2 MiB store behind the first, its flush then failed for lack of pages,
+    and the store stayed full for good (a failed group is kept and retried as it is)."""
+    inner = GatedStore(tmp_path, map_size=2 << 20)
+    store = GroupCommitStore(inner, interval=0)
+    value = b"v" * 64_000
+    try:
+        inner.gate.clear()
+        inner.writing.clear()
+        with store.begin(write=True) as tx:  # about half the store, held in flight
+            for i in range(16):
+                tx.put(b"a%02d" % i, value)
+        assert inner.writing.wait(10)
+        with pytest.raises(FsError) as ei:
+            with store.begin(write=True) as tx:
+                for i in range(16):
+                    tx.put(b"b%02d" % i, value)
+        assert ei.value.errno == errno.ENOSPC
+        with store.begin() as tx:
+            assert tx.get(b"b00") is None  # refused before it was published
+        inner.gate.set()
+        store.sync()  # the group in flight lands: no flush failed
+        with store.begin(write=True) as tx:  # and what still fits is taken
+            tx.put(b"c", value)
+        store.sync()
+        assert sorted(inner_dump(store)) == [b"a%02d" % i for i in range(16)] + [b"c"]
+    finally:
+        inner.gate.set()
+        store.close()

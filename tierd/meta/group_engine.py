@@ -32,7 +32,8 @@ system: 507 / ENOSPC at the doors, not an I/O error).  So that the changes of a 
 never pile up in memory, a commit that *adds* metadata is refused with ENOSPC before it is
 published -- nothing of it is visible -- while the last flush failed for lack of space, or
 when the inner engine's :meth:`~tierd.meta.kv.KVStore.headroom` (measured after every
-flush) is too small for what is queued plus this change.  Commits that free space or keep
+flush) is too small for what is queued or being flushed plus this change (counting a page
+per changed key: a flush copies each page it touches).  Commits that free space or keep
 the size (deletions, bitmap and time updates) always go through: they are how the store
 gets its room back.
 """
@@ -65,6 +66,9 @@ LOG_EVERY = 30.0  # seconds between repeated log lines of one lasting failure
 _PAGE_OVERHEAD = 1.25
 #: commits skip the exact size check while the room exceeds what is queued by this
 _SLACK = 1 << 20
+#: a flush copies every page it touches (copy-on-write), so each changed key may cost a page
+#: beyond its bytes; admission counts one per key queued or in flight
+_KEY_PAGE = 4096
 _SCAN_BATCH = 64
 _MISSING = object()
 
@@ -316,6 +320,9 @@ class GroupCommitStore(KVStore):
         self._logged = 0.0  # monotonic time of the last line about a lasting failure
         self._refused_logged = 0.0
         self._queued_bytes = 0  # keys and values queued since the last flush
+        #: bytes and keys of the group being written: the room was measured before it, so
+        #: admission counts it until the flush that writes it measures the room again
+        self._inflight_bytes = self._inflight_keys = 0
         self._room = inner.headroom()  # the inner engine's, after the last flush
         self._urgent = False
         self._closing = False
@@ -360,19 +367,24 @@ class GroupCommitStore(KVStore):
         """None when ``txn`` may be published, else the ENOSPC to raise (see the module
         doc).  Cheap unless the store is short of room: then the change's size is
         measured and only changes that add metadata are refused."""
-        room, error = self._room, self._error
+        with self._lock:  # the room and what it was measured against change together
+            room, error = self._room, self._error
+            waiting = self._queued_bytes + self._inflight_bytes
+            pages = (len(self._queued) + self._inflight_keys) * _KEY_PAGE
         full = error is not None and no_space(error)
         if not full and (room is None
-                         or room > _PAGE_OVERHEAD * self._queued_bytes + _SLACK):
+                         or room > _PAGE_OVERHEAD * waiting + pages + _SLACK):
             return None
         growth = txn.growth()
         if growth <= 0:
             return None
         if not full:
-            assert room is not None
-            if room >= _PAGE_OVERHEAD * (self._queued_bytes + growth):
+            assert room is not None and txn._local is not None
+            pages += len(txn._local) * _KEY_PAGE
+            if room >= _PAGE_OVERHEAD * (waiting + growth) + pages:
                 return None
-            why = f"{room} bytes of room left, {self._queued_bytes} bytes waiting for it"
+            why = (f"{room} bytes of room left, {waiting} bytes in {pages // _KEY_PAGE} "
+                   f"keys waiting for it")
         else:
             why = error.message if isinstance(error, FsError) else str(error)
         now = time.monotonic()
@@ -429,6 +441,7 @@ class GroupCommitStore(KVStore):
                 batch, seq = self._queued, self._queued_seq
                 nbytes = self._queued_bytes
                 self._queued, self._urgent, self._queued_bytes = {}, False, 0
+                self._inflight_bytes, self._inflight_keys = nbytes, len(batch)
             try:
                 with self.inner.begin(write=True) as tx:
                     for k, v in batch.items():
@@ -442,6 +455,7 @@ class GroupCommitStore(KVStore):
                     batch.update(self._queued)
                     self._queued = batch
                     self._queued_bytes += nbytes
+                    self._inflight_bytes = self._inflight_keys = 0
                     self._error = e
                     self._wake.wait(RETRY_DELAY)
                 self._resolve()
@@ -457,6 +471,7 @@ class GroupCommitStore(KVStore):
             with self._lock:
                 self._error = None
                 self._room = room
+                self._inflight_bytes = self._inflight_keys = 0
                 self._gen += 1
                 self._durable_seq = seq
                 self._flushed.append((self._gen, seq, list(batch)))
