@@ -222,10 +222,9 @@ def test_admission_counts_the_group_being_flushed(tmp_path: Path) -> None:
             for i in range(16):
                 tx.put(b"a%02d" % i, value)
         assert inner.writing.wait(10)
-        with pytest.raises(FsError) as ei:
-            with store.begin(write=True) as tx:
-                for i in range(16):
-                    tx.put(b"b%02d" % i, value)
+        with pytest.raises(FsError) as ei, store.begin(write=True) as tx:
+            for i in range(16):
+                tx.put(b"b%02d" % i, value)
         assert ei.value.errno == errno.ENOSPC
         with store.begin() as tx:
             assert tx.get(b"b00") is None  # refused before it was published
