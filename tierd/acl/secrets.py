@@ -21,6 +21,8 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from tierd.tiers.fileio import fsync_dir, pwrite_all
+
 KEY_FILE = "secrets.key"
 _VERSION = b"\x01"
 _NONCE = 12
@@ -99,9 +101,7 @@ def write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
     try:
         try:
             os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            pwrite_all(fd, data, 0)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -110,11 +110,7 @@ def write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_dir(path.parent)
 
 
 def holds(path: Path, data: bytes, mode: int = 0o600) -> bool:

@@ -45,8 +45,8 @@ from tierd.namespace.base import NamespaceBase
 from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.staging import retry_full
 from tierd.namespace.versions import ENABLED, FLAG, Version
+from tierd.tiers.fileio import copy_range
 from tierd.tiers.hotdir import HotDir
-from tierd.tiers.local_tier import copy_range
 
 
 async def keep_committed(ns: NamespaceBase, ino: int) -> bool:
@@ -114,7 +114,7 @@ def _clone(hot: HotDir, ino: int, clone_ino: int, size: int) -> None:
         tmp, dst = hot.new_temp()
         try:
             try:
-                copy_range(src, dst, 0, size)
+                copy_range(src, dst, size, 0, 0)
                 os.ftruncate(dst, size)
                 os.fdatasync(dst)
             finally:

@@ -43,11 +43,11 @@ from typing import Protocol
 
 from tierd.errors import FsError
 from tierd.meta import UploadPart
+from tierd.tiers.fileio import COPY_CHUNK, copy_range, pwritev_all
 
 DATA = "data"
 BATCH = 1 << 20  # bytes gathered before one thread job writes and hashes them
 MAX_DATA_END = 4 << 40  # slots end below this offset (ext4's file size limit is 16 TiB)
-_COPY_CHUNK = 8 << 20
 
 Buffer = bytes | memoryview
 
@@ -134,19 +134,7 @@ class UploadState:
 def _write_hash(fd: int, bufs: list[Buffer], offset: int, hashers: Sequence[Hasher]) -> None:
     """One thread job: write a batch at ``offset`` and feed it to every digest (hashlib and
     zlib release the GIL, so this runs beside the event loop)."""
-    total = sum(len(b) for b in bufs)
-    done = os.pwritev(fd, bufs, offset)
-    if done < total:  # a short write (rare): finish buffer by buffer
-        skip = done
-        for b in bufs:
-            view = memoryview(b)
-            if skip >= len(view):
-                skip -= len(view)
-                continue
-            view, skip = view[skip:], 0
-            while view.nbytes:
-                n = os.pwrite(fd, view, offset + done)
-                view, done = view[n:], done + n
+    pwritev_all(fd, bufs, offset)
     for b in bufs:  # each buffer stays in cache while every digest reads it
         for h in hashers:
             h.update(b)
@@ -156,14 +144,11 @@ def _copy_hash(src: int, dst: int, first: int, length: int, dst_offset: int,
                hashers: Sequence[Hasher]) -> int:
     """Copy a source range through a buffer (the MD5 must see the bytes); returns bytes
     copied (fewer if the source is shorter)."""
-    done = 0
-    while done < length:
-        data = os.pread(src, min(_COPY_CHUNK, length - done), first + done)
-        if not data:
-            break
-        _write_hash(dst, [data], dst_offset + done, hashers)
-        done += len(data)
-    return done
+    def feed(data: bytes) -> None:
+        for h in hashers:
+            h.update(data)
+
+    return copy_range(src, dst, length, first, dst_offset, digest=feed)
 
 
 class PartTarget:
@@ -249,7 +234,7 @@ class PartTarget:
         Complete between chunks, as a streamed part's do)."""
         done = 0
         while done < length:
-            n = min(_COPY_CHUNK, length - done)
+            n = min(COPY_CHUNK, length - done)
             await self._submit(True, _copy_hash, src, self.fd, first + done, n,
                                self.offset + done, [md5])
             got = await self._drain()

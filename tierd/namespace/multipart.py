@@ -43,37 +43,12 @@ from tierd.namespace.mpu_parts import (
 from tierd.namespace.names import split_key
 from tierd.namespace.objects import ObjectOps, ObjectReader
 from tierd.namespace.staging import full_error, refuse_over_dirty_limit, retry_full
+from tierd.tiers.fileio import copy_range
 
 log = logging.getLogger("tierd.namespace")
 
 MIN_PART_SIZE = 5 << 20  # S3's minimum size of every part but the last
 MAX_PART_NUMBER = 10000
-_COPY_CHUNK = 8 << 20
-
-
-def copy_range(src_fd: int, dst_fd: int, offset: int, length: int, dst_offset: int,
-               md5: hashlib._Hash | None = None) -> int:
-    """Copy ``length`` bytes in the kernel (``copy_file_range``), or through a buffer when
-    ``md5`` must see them.  Blocking: run in a thread."""
-    done = 0
-    while done < length:
-        n = min(_COPY_CHUNK, length - done)
-        if md5 is None:
-            try:
-                got = os.copy_file_range(src_fd, dst_fd, n, offset + done, dst_offset + done)
-            except OSError as e:
-                if e.errno not in (errno.EXDEV, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    raise
-                md5 = hashlib.md5()  # unused digest: fall back to the buffered path
-                continue
-        else:
-            data = os.pread(src_fd, n, offset + done)
-            md5.update(data)
-            got = os.pwrite(dst_fd, data, dst_offset + done) if data else 0
-        if got <= 0:
-            break
-        done += got
-    return done
 
 
 class MultipartOps(ObjectOps):
@@ -112,7 +87,9 @@ class MultipartOps(ObjectOps):
 
             async def copy() -> hashlib._Hash | None:  # repeatable: a fresh digest each time
                 digest = None if reuse else hashlib.md5()
-                await asyncio.to_thread(copy_range, src.fd, fd, 0, size, 0, digest)
+                await asyncio.to_thread(functools.partial(
+                    copy_range, src.fd, fd, size, 0, 0,
+                    digest=None if digest is None else digest.update))
                 return digest
 
             try:
@@ -488,7 +465,7 @@ class MultipartOps(ObjectOps):
             path, offset = self._parts.location(upload_id, p)
             src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                copy_range(src, fd, offset, p.size, pos)
+                copy_range(src, fd, p.size, offset, pos)
             finally:
                 os.close(src)
             pos += p.size
@@ -515,7 +492,7 @@ def _link_data(data: str, path: str, size: int, may_cut: bool,
                 src_path, src_off, length, dst_off = last
                 src = os.open(src_path, os.O_RDONLY | os.O_CLOEXEC)
                 try:
-                    if copy_range(src, fd, src_off, length, dst_off) != length:
+                    if copy_range(src, fd, length, src_off, dst_off) != length:
                         return False
                 finally:
                     os.close(src)

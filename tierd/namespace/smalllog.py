@@ -29,7 +29,7 @@ import logging
 import os
 
 from tierd.meta import MetaStore
-from tierd.tiers.groupsync import write_all
+from tierd.tiers.fileio import pwrite_all
 from tierd.tiers.hotdir import HotDir
 
 log = logging.getLogger("tierd.namespace")
@@ -130,7 +130,7 @@ class SmallLog:
                     continue
                 fd = self.hot.open_new(ino)
                 try:
-                    write_all(fd, [data])
+                    pwrite_all(fd, data, 0)
                     os.fdatasync(fd)
                 finally:
                     os.close(fd)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from tierd.errors import FsError, no_space
 from tierd.namespace.smalllog import SmallLog
-from tierd.tiers.groupsync import write_all
+from tierd.tiers.fileio import pwritev_all
 from tierd.tiers.hotdir import HotDir
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def _hash_batch(md5: hashlib._Hash, chunks: list[bytes]) -> None:
 def _finish(hot: HotDir, fd: int, chunks: list[bytes], offset: int, path: str,
             install_as: int) -> None:
     """The last thread hop of a staged upload: write, sync, and maybe install."""
-    write_all(fd, chunks, offset)
+    pwritev_all(fd, chunks, offset)
     os.fdatasync(fd)
     if install_as:
         hot.install_durable(path, install_as)
@@ -129,7 +129,7 @@ async def stage_body(
         size += pending_len
         pending, pending_len = [], 0
         inflight = asyncio.gather(
-            retry_full(placement, n, lambda: asyncio.to_thread(write_all, fd, chunks, offset),
+            retry_full(placement, n, lambda: asyncio.to_thread(pwritev_all, fd, chunks, offset),
                        "an upload"),
             asyncio.to_thread(_hash_batch, md5, chunks),
         )

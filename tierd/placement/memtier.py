@@ -42,6 +42,7 @@ from typing import Any
 
 from tierd.mempool.extents import align_up
 from tierd.mempool.pool import MemPool, PoolError, Region
+from tierd.tiers.fileio import pwrite_all
 
 log = logging.getLogger("tierd.placement")
 
@@ -117,9 +118,7 @@ class MemTier:
             with mmap.mmap(fd, c.size, prot=mmap.PROT_READ) as m:
                 view = memoryview(m)
                 try:
-                    pos, end = offset, offset + n
-                    while pos < end:
-                        pos += os.pwrite(dst_fd, view[pos:end], pos)
+                    pwrite_all(dst_fd, view[offset:offset + n], offset)
                 finally:
                     view.release()
         finally:

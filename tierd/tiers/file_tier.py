@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tierd.tiers.fileio import COPY_CHUNK, copy_range, fsync_dir, pwrite_all
 from tierd.tiers.local_tier import data_ranges
 from tierd.tiers.object_tier import (
     KEY_ERRNOS,
@@ -68,8 +69,6 @@ from tierd.tiers.object_tier import (
 TMP_DIR = ".tierd-tmp"
 ETAG_XATTR = "user.tierd.etag"
 _STALE_TMP_SECONDS = 3600
-_COPY_CHUNK = 8 << 20
-_NO_COPY_RANGE = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF}
 
 
 def _weak_etag(st: os.stat_result) -> str:
@@ -116,11 +115,8 @@ _DST_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
 def _pwrite_all(fd: int, data: bytes, pos: int) -> None:
-    view = memoryview(data)
     try:
-        while view:
-            w = os.pwrite(fd, view, pos)
-            view, pos = view[w:], pos + w
+        pwrite_all(fd, data, pos)
     except OSError as e:
         raise _SideError("dst", e) from None
 
@@ -136,37 +132,19 @@ Tick = Callable[[], None]
 
 
 def _copy_range(src: int, dst: int, count: int, src_off: int, dst_off: int,
-                stop: threading.Event | None = None, tick: Tick | None = None) -> int:
-    """Copy up to ``count`` bytes between descriptors: ``copy_file_range`` (in-kernel, a
-    reflink on btrfs/XFS) when the file systems allow it, else pread/pwrite.  Raises
-    :class:`_SideError`.  ``tick`` after each chunk (progress: the store answers)."""
-    done = 0
-    use_cfr = True
-    while done < count:
-        if stop is not None and stop.is_set():
-            break
-        if tick is not None:
-            tick()
-        n = min(_COPY_CHUNK, count - done)
-        if use_cfr:
-            try:
-                got = os.copy_file_range(src, dst, n, src_off + done, dst_off + done)
-            except OSError as e:
-                if e.errno in _NO_COPY_RANGE:
-                    use_cfr = False
-                    continue
-                raise _SideError("dst" if e.errno in _DST_ERRNOS else "src", e) from None
-        else:
-            buf = _pread(src, n, src_off + done)
-            got = len(buf)
-            _pwrite_all(dst, buf, dst_off + done)
-        if got == 0:
-            break
-        done += got
-    return done
+                stop: threading.Event | None = None, tick: Tick | None = None,
+                digest: Callable[[bytes], object] | None = None) -> int:
+    """:func:`~tierd.tiers.fileio.copy_range` raising :class:`_SideError`: the buffered
+    path's faults by the call that failed, ``copy_file_range``'s by errno."""
+    try:
+        return copy_range(src, dst, count, src_off, dst_off,
+                          stop=None if stop is None else stop.is_set, tick=tick, digest=digest,
+                          read=_pread, write=_pwrite_all)
+    except OSError as e:
+        raise _SideError("dst" if e.errno in _DST_ERRNOS else "src", e) from None
 
 
-_ZEROS = bytes(_COPY_CHUNK)
+_ZEROS = bytes(COPY_CHUNK)
 
 
 def _extents(src: int, size: int) -> list[tuple[int, int]]:
@@ -194,20 +172,15 @@ def _copy_sparse(src: int, out: int, size: int, stop: threading.Event, tick: Tic
     pos = 0
     for start, end in [*_extents(src, size), (size, size)]:
         while pos < start and not stop.is_set():  # a hole: nothing written
-            n = min(_COPY_CHUNK, start - pos)
+            n = min(COPY_CHUNK, start - pos)
             if md5 is not None:
                 md5.update(_ZEROS[:n])
             pos += n
             tick()
         while pos < end and not stop.is_set():
-            n = min(_COPY_CHUNK, end - pos)
-            if md5 is None:
-                got = _copy_range(src, out, n, pos, pos)
-            else:
-                buf = _pread(src, n, pos)
-                md5.update(buf)
-                _pwrite_all(out, buf, pos)
-                got = len(buf)
+            n = min(COPY_CHUNK, end - pos)
+            got = _copy_range(src, out, n, pos, pos,
+                              digest=None if md5 is None else md5.update)
             if got == 0:
                 return pos
             pos += got
@@ -228,14 +201,6 @@ def _long_enough(src: int, size: int) -> None:
         raise _SideError("src", e) from None
     if have < size:
         raise _SideError("src", OSError(errno.EIO, f"source has {have} bytes, expected {size}"))
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FileObjectTier(ObjectTier):
@@ -455,7 +420,7 @@ class FileObjectTier(ObjectTier):
                 ) from None
             raise self._unavailable(e, "write", key) from None
         with contextlib.suppress(OSError):
-            _fsync_dir(parent)
+            fsync_dir(parent)
 
     async def delete(self, key: str) -> None:
         check_key(key)
@@ -480,7 +445,7 @@ class FileObjectTier(ObjectTier):
                 break
             d = os.path.dirname(d)
         with contextlib.suppress(OSError):
-            _fsync_dir(d)
+            fsync_dir(d)
 
     async def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
         check_key(src_key)

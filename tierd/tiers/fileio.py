@@ -1,4 +1,10 @@
-"""Reads and writes of local tier files without stalling the event loop needlessly.
+"""Reads, writes, copies and syncs of local files: the one home of these helpers.
+
+Every write of a whole buffer (:func:`pwrite_all`, :func:`pwritev_all`), every copy between
+descriptors (:func:`copy_range`) and every directory sync (:func:`fsync_dir`) of the tiers,
+the namespace and the key store goes through here, so a short write, a file system without
+``copy_file_range`` or a forgotten ``O_CLOEXEC`` is handled once.  Those are blocking: call
+them in a thread.  The async :func:`pread` and :func:`pwrite` are for the event loop.
 
 A hop to a thread costs ~50 us (DESIGN.md); most reads of a hot tier hit the page cache.  So
 reads try the syscall inline with RWF_NOWAIT, which fails with EAGAIN instead of blocking,
@@ -14,11 +20,19 @@ import ctypes
 import errno
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 _UNSUPPORTED = (errno.EOPNOTSUPP, errno.EINVAL)
 INLINE_WRITE = 64 << 10
+#: how much one copy step moves: a stop request or a progress tick waits at most this long
+COPY_CHUNK = 8 << 20
+#: errors of ``copy_file_range`` that mean "not between these files": copy through a buffer
+NO_COPY_RANGE = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP,
+                           errno.EBADF})
+#: buffers one ``pwritev`` may take (Linux's IOV_MAX; EINVAL beyond)
+_IOV_MAX = 1024
+Buffer = bytes | bytearray | memoryview
 
 
 class _Support:
@@ -114,18 +128,97 @@ async def pwrite(fd: int, data: bytes | memoryview, offset: int) -> int:
                 raise
             _Support.write = False
     elif view.nbytes <= INLINE_WRITE:
-        _pwrite_all(fd, view, offset)
+        pwrite_all(fd, view, offset)
         return view.nbytes
     if done < view.nbytes:
-        await asyncio.to_thread(_pwrite_all, fd, view[done:], offset + done)
+        await asyncio.to_thread(pwrite_all, fd, view[done:], offset + done)
     return view.nbytes
 
 
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+def pwrite_all(fd: int, data: Buffer, offset: int) -> None:
+    """All of ``data`` at ``offset``, whatever short writes happen (blocking)."""
+    view = memoryview(data)
     while view.nbytes:
         n = os.pwrite(fd, view, offset)
         view = view[n:]
         offset += n
+
+
+def pwritev_all(fd: int, bufs: Sequence[Buffer], offset: int) -> None:
+    """All of ``bufs``, one after the other, from ``offset`` on (blocking).  One
+    ``pwritev`` per :data:`_IOV_MAX` buffers (a system call, not one a buffer); a short
+    write (rare) is finished buffer by buffer."""
+    total = 0
+    for first in range(0, len(bufs), _IOV_MAX):
+        group = bufs[first:first + _IOV_MAX]
+        size = sum(memoryview(b).nbytes for b in group)
+        done = os.pwritev(fd, group, offset + total) if size else 0
+        pos = 0
+        for b in group:
+            view = memoryview(b)
+            end = pos + view.nbytes
+            if end > done:  # this buffer's tail (or all of it) was not written
+                skip = max(0, done - pos)
+                pwrite_all(fd, view[skip:], offset + total + pos + skip)
+            pos = end
+        total += size
+
+
+def copy_range(src: int, dst: int, count: int, src_offset: int, dst_offset: int, *,
+               digest: Callable[[bytes], object] | None = None,
+               stop: Callable[[], bool] | None = None,
+               tick: Callable[[], None] | None = None,
+               read: Callable[[int, int, int], bytes] = os.pread,
+               write: Callable[[int, bytes, int], None] = pwrite_all) -> int:
+    """Copy up to ``count`` bytes from ``src`` at ``src_offset`` to ``dst`` at
+    ``dst_offset`` (blocking); returns the bytes copied, fewer when ``src`` ends first or
+    ``stop()`` turns true.  In the kernel (``copy_file_range``: no copy through user space,
+    a reflink on btrfs/XFS) unless ``digest`` must see the bytes or the file systems refuse
+    (:data:`NO_COPY_RANGE`); then through a buffer with ``read`` and ``write``, which a
+    caller replaces to tell a source's faults from a destination's (``copy_file_range``'s
+    own errors pass through as they are).  ``tick()`` after each :data:`COPY_CHUNK`."""
+    done = 0
+    in_kernel = digest is None
+    while done < count:
+        if stop is not None and stop():
+            break
+        if tick is not None:
+            tick()
+        n = min(COPY_CHUNK, count - done)
+        if in_kernel:
+            try:
+                got = os.copy_file_range(src, dst, n, src_offset + done, dst_offset + done)
+            except OSError as e:
+                if e.errno not in NO_COPY_RANGE:
+                    raise
+                in_kernel = False
+                continue
+        else:
+            data = read(src, n, src_offset + done)
+            if digest is not None:
+                digest(data)
+            if data:
+                write(dst, data, dst_offset + done)
+            got = len(data)
+        if got <= 0:
+            break
+        done += got
+    return done
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make the entries of directory ``path`` durable (a created, renamed or removed name
+    survives a crash only once its directory is synced; blocking)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_parent(path: str) -> None:
+    """:func:`fsync_dir` of the directory holding ``path`` (its name made durable)."""
+    fsync_dir(os.path.dirname(path))
 
 
 def _sync_file_range() -> Callable[[int, int, int, int], int] | None:

@@ -29,6 +29,8 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 
+from tierd.tiers.fileio import pwritev_all
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
@@ -120,7 +122,7 @@ class GroupWriter:
         for job in group:
             try:
                 job.fd = self._open_new(job.path)
-                write_all(job.fd, job.chunks)
+                pwritev_all(job.fd, job.chunks, 0)
             except BaseException as e:
                 _fail(job, e)
                 continue
@@ -144,16 +146,6 @@ class GroupWriter:
             job.done.set_result(None)
         self.groups += 1
         self.files += len(group)
-
-
-def write_all(fd: int, chunks: Sequence[bytes | memoryview], offset: int = 0) -> None:
-    """``chunks`` written at ``offset`` onwards, whatever short writes happen."""
-    for c in chunks:
-        view = memoryview(c)
-        while view.nbytes:
-            n = os.pwrite(fd, view, offset)
-            view = view[n:]
-            offset += n
 
 
 def _fail(job: _Job, e: BaseException) -> None:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from tierd.tiers.fileio import fsync_parent
 from tierd.tiers.groupsync import GroupWriter, syncfs
 
 
@@ -22,7 +23,7 @@ class HotDir:
         self.tmp = self.root / "tmp"
         self.root.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(exist_ok=True)
-        self.small = GroupWriter(self._open_new_path, _fsync_parent)
+        self.small = GroupWriter(self._open_new_path, fsync_parent)
 
     def path(self, ino: int) -> str:
         h = f"{ino:016x}"
@@ -108,7 +109,7 @@ class HotDir:
         return inventory(self.root)
 
     def fsync_dir(self, ino: int) -> None:
-        _fsync_parent(self.path(ino))
+        fsync_parent(self.path(ino))
 
     def statvfs(self) -> os.statvfs_result:
         return os.statvfs(self.root)
@@ -131,11 +132,3 @@ def inventory(root: str | os.PathLike[str]) -> set[int]:
                 with contextlib.suppress(ValueError):
                     out.add(int(f.name, 16))
     return out
-
-
-def _fsync_parent(path: str) -> None:
-    fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -241,7 +241,7 @@ class LocalTier:
         thread (no copy through Python; a reflink where the file system can), else
         ``pread``/``pwrite``.  Returns the bytes copied (short at the source's end)."""
         async with src.fd(ino) as sfd, self.fd(ino, create=True) as dfd:
-            return await asyncio.to_thread(copy_range, sfd, dfd, offset, length)
+            return await asyncio.to_thread(fileio.copy_range, sfd, dfd, length, offset, offset)
 
     async def truncate(self, ino: int, size: int) -> None:
         """Set the file's size (creating it): extending adds a hole, no blocks."""
@@ -268,7 +268,7 @@ class LocalTier:
             await asyncio.to_thread(os.fdatasync, fd)
         if ino in self._new:
             self._new.discard(ino)
-            await asyncio.to_thread(_fsync_dir, os.path.dirname(self.path(ino)))
+            await asyncio.to_thread(fileio.fsync_parent, self.path(ino))
 
     async def remove(self, ino: int) -> None:
         """Delete the inode's file (missing is fine)."""
@@ -335,36 +335,6 @@ class LocalTier:
             self._drop(ino)
 
 
-def copy_range(src: int, dst: int, offset: int, length: int) -> int:
-    """Copy a range between two descriptors at the same offset (blocking)."""
-    done = 0
-    while done < length:
-        pos = offset + done
-        try:
-            n = os.copy_file_range(src, dst, length - done, pos, pos)
-        except OSError as e:
-            if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                raise
-            return done + _copy_plain(src, dst, pos, length - done)
-        if n == 0:
-            break
-        done += n
-    return done
-
-
-def _copy_plain(src: int, dst: int, offset: int, length: int) -> int:
-    done = 0
-    while done < length:
-        data = os.pread(src, min(length - done, 1 << 20), offset + done)
-        if not data:
-            break
-        view = memoryview(data)
-        while view:
-            w = os.pwrite(dst, view, offset + done)
-            view, done = view[w:], done + w
-    return done
-
-
 def _runs(sorted_blocks: list[int]) -> list[tuple[int, int]]:
     runs: list[tuple[int, int]] = []
     for b in sorted_blocks:
@@ -373,14 +343,6 @@ def _runs(sorted_blocks: list[int]) -> list[tuple[int, int]]:
         else:
             runs.append((b, 1))
     return runs
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _tree_allocated(root: str) -> int:

@@ -57,6 +57,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
+from tierd.tiers.fileio import pwrite_all
 from tierd.tiers.health import Health
 
 T = TypeVar("T")
@@ -254,11 +255,8 @@ class DestinationError(Exception):
 
 def write_dest(dst: int, data: bytes, pos: int) -> None:
     """Write all of ``data`` at ``pos`` of the caller's descriptor (blocking)."""
-    view = memoryview(data)
     try:
-        while view:
-            w = os.pwrite(dst, view, pos)
-            view, pos = view[w:], pos + w
+        pwrite_all(dst, data, pos)
     except OSError as e:
         raise DestinationError(e) from None
 
