@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pyfuse3
 
-from tierd.meta import Inode
-from tierd.namespace import StatFs
+from tierd.namespace.api import Inode, StatFs
 
 #: seconds the kernel may trust a name -> inode mapping without asking again
 ENTRY_TIMEOUT = 300.0

@@ -21,9 +21,8 @@ import pyfuse3
 from tierd.acl import Identity
 from tierd.errors import FsError
 from tierd.logs import LogBudget, kv
-from tierd.meta import Inode
 from tierd.metrics import Metrics, errno_status
-from tierd.namespace import Namespace
+from tierd.namespace.api import Inode, NamespaceAPI
 
 from .attrs import entry_attributes
 from .handles import DirHandle, FileState, KernelCache
@@ -130,7 +129,7 @@ class OpsBase(pyfuse3.Operations):
 
     def __init__(
         self,
-        ns: Namespace,
+        ns: NamespaceAPI,
         *,
         entry_timeout: float = 300.0,
         attr_timeout: float = 300.0,

@@ -13,14 +13,12 @@ is the kernel's side of caching:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 
 import pyfuse3
 
 from tierd.acl import X_OK, Identity
-from tierd.meta import Inode
+from tierd.namespace.api import Inode
 
 from .base import OpsBase, fs_errors
 from .handles import FileState
@@ -29,16 +27,6 @@ from .handles import FileState
 FMODE_EXEC = 0o40
 #: how far ahead of a sequential reader the tier file is asked to read
 READ_AHEAD = 16 << 20
-
-
-def _willneed(fd: int, offset: int, length: int) -> None:
-    with contextlib.suppress(OSError):  # the handle was closed meanwhile: nothing to do
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
-
-
-def _ignore_result(fut: asyncio.Future[None]) -> None:
-    if not fut.cancelled():
-        fut.exception()
 
 
 def _writable(flags: int) -> bool:
@@ -99,23 +87,9 @@ class FileOps(OpsBase):
         st.last_end = off + size
         if not sequential or off + size + READ_AHEAD // 2 < st.advised:
             return
-        fd = self._backing_fd(fh)
-        if fd is None:
-            return
         start = max(off, st.advised)
         st.advised = off + size + READ_AHEAD
-        # fire and forget: posix_fadvise starts the I/O but may block while submitting it
-        task = asyncio.get_running_loop().run_in_executor(
-            None, _willneed, fd, start, st.advised - start)
-        task.add_done_callback(_ignore_result)
-
-    def _backing_fd(self, fh: int) -> int | None:
-        # TODO(namespace): a public "advise read-ahead" call (or the tier fd) would avoid
-        # reaching into the namespace's handle table
-        h = getattr(self.ns, "_handles", {}).get(fh)
-        of = getattr(h, "ofile", None)
-        fd = getattr(of, "fd", None)
-        return fd if isinstance(fd, int) else None
+        self.ns.advise_read(fh, start, st.advised - start)  # fire and forget
 
     @fs_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:

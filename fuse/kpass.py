@@ -31,7 +31,7 @@ import logging
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyfuse3
 
@@ -113,11 +113,8 @@ class Passthrough:
             return b.backing_id
         if self._broken:
             return 0
-        ns: Any = self.ops.ns
-        placement = getattr(ns, "placement", None)
-        if placement is None or not placement.hot_complete(ino):
-            return 0
-        fd = _hot_fd(ns, fh)
+        ns = self.ops.ns
+        fd = ns.hot_fd(fh)  # None unless the file is whole on hot
         if fd is None:
             return 0
         inode = await ns.getattr(Identity.ROOT, ino)
@@ -140,7 +137,7 @@ class Passthrough:
                         "failed (%s)", os.strerror(err))
             self._broken = True
             return 0
-        placement.acquire(ino)  # no eviction under the kernel's reads
+        ns.hold(ino)  # no eviction under the kernel's reads
         self.backings[ino] = _Backing(rc, {fh})
         return int(rc)
 
@@ -171,9 +168,7 @@ class Passthrough:
         if rc < 0:
             log.warning("FUSE_DEV_IOC_BACKING_CLOSE %d failed: %s", b.backing_id,
                         os.strerror(ctypes.get_errno()))
-        placement = getattr(self.ops.ns, "placement", None)
-        if placement is not None:
-            placement.release(ino)
+        self.ops.ns.release_held(ino)
 
     def close_all(self) -> None:
         """The session ends: the kernel drops its backing files with the connection; the
@@ -181,10 +176,3 @@ class Passthrough:
         for ino, b in list(self.backings.items()):
             self._close(ino, b)
 
-
-def _hot_fd(ns: Any, fh: int) -> int | None:
-    """The namespace's descriptor of the hot file behind handle ``fh``."""
-    # TODO(namespace): a public "descriptor of an open handle's hot file" call
-    h = getattr(ns, "_handles", {}).get(fh)
-    fd = getattr(getattr(h, "ofile", None), "fd", None)
-    return fd if isinstance(fd, int) else None

@@ -296,7 +296,6 @@ class FuseDoor:
         self._session = True
         info = find_mount(self.mountpoint)
         self.ops.mount_dev = info.dev if info is not None else ""
-        # TODO(namespace): subscribe() has no unsubscribe; on_change is a no-op once stopped
         self.ns.subscribe(self.invalidator.on_change)
         self.invalidator.start()
         self._task = asyncio.create_task(self._serve(), name="tierd-fuse")
@@ -371,6 +370,7 @@ class FuseDoor:
         if not self._session:
             return
         self._session = False
+        self.ns.unsubscribe(self.invalidator.on_change)  # a later mount subscribes its own
         await asyncio.to_thread(self.invalidator.stop)
         if self._kernel is not None:
             await asyncio.to_thread(self._kernel.close, unmount)

@@ -19,8 +19,7 @@ import pyfuse3
 
 from tierd.acl import R_OK, W_OK, Identity, may_access
 from tierd.errors import FsError
-from tierd.meta import ROOT_INO
-from tierd.namespace import UTIME_NOW
+from tierd.namespace.api import ROOT_INO, UTIME_NOW
 
 from .attrs import entry_attributes, negative_entry, statvfs
 from .base import fs_errors
@@ -229,8 +228,7 @@ class TierdOps(FileOps):
     @fs_errors
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         # metadata changes reach the OS at commit; an fsync on a directory makes them durable
-        # TODO(namespace): a public sync() instead of the private helper
-        await self.ns._sync_meta()
+        await self.ns.sync()
 
     # -- file system -----------------------------------------------------------------------------
     @fs_errors

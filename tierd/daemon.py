@@ -41,10 +41,10 @@ from tierd.acl.users import Directory
 from tierd.admin import AdminAuth, bootstrap_admin_token, make_admin_app
 from tierd.admin.auth import TokenError
 from tierd.admin.metrics import instrument_admin
+from tierd.checkpoint.door import MemoryDoor
 from tierd.config import Config, HostPort
 from tierd.errors import no_space
 from tierd.logs import AccessLogger, get_logger, kv
-from tierd.mempool.door import MemoryDoor
 from tierd.meta.store import MetaStore
 from tierd.metrics import Metrics
 from tierd.namespace import Namespace

@@ -56,12 +56,12 @@ from tierd.logs import get_logger, kv
 from tierd.meta import Bucket, Inode, MetaStore
 
 if TYPE_CHECKING:
-    from tierd.namespace import Namespace
+    from tierd.namespace.api import NamespaceAPI
 
 log = get_logger("admin")
 
 GetDirectory = Callable[[], Directory | None]
-GetNamespace = Callable[[], "Namespace | None"]
+GetNamespace = Callable[[], "NamespaceAPI | None"]
 
 
 def _no_bucket(name: str) -> web.Response:
@@ -105,7 +105,7 @@ def add_bucket_routes(app: web.Application, get_directory: GetDirectory,
             raise web.HTTPServiceUnavailable(reason="the metadata store is not ready")
         return d
 
-    def namespace() -> Namespace:
+    def namespace() -> NamespaceAPI:
         ns = get_namespace()
         if ns is None:
             raise web.HTTPServiceUnavailable(reason="the namespace is not ready")

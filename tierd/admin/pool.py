@@ -29,7 +29,7 @@ from tierd.mempool.pool import PoolError
 from tierd.namespace.names import check_bucket_name
 
 if TYPE_CHECKING:
-    from tierd.mempool.door import MemoryDoor
+    from tierd.checkpoint.door import MemoryDoor
 
 _STATUS = {"ENOENT": 404, "EBUSY": 409, "EINVAL": 400}
 #: the bucket of checkpoints when none is named (the SDK's default too)

@@ -110,10 +110,8 @@ class Parts:
             s = Step(n, peer.ident, STAGING, parts=parts, save=save)
             run.steps[n] = s
             s.hold = contextlib.ExitStack()
-            p = self.svc.ns.placement
-            if p is not None:
-                s.hold.enter_context(p.publishing(
-                    f"{run.bucket}/{run.name}/{tmp_dir(n, save)}/"))
+            s.hold.enter_context(self.svc.ns.publishing(
+                f"{run.bucket}/{run.name}/{tmp_dir(n, save)}/"))
         elif part in s.members or s.save != save or s.state != STAGING:
             raise FsError(errno.EEXIST, f"part {part} of step {n} is already being saved")
         for other in run.steps.values():

@@ -21,18 +21,14 @@ import hashlib
 import json
 import os
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tierd.acl import Identity
 from tierd.checkpoint.manifest import DATA, MANIFEST, part_name, step_dir, tmp_dir
 from tierd.errors import FsError
 from tierd.mempool.pool import FarMemory, Region
-from tierd.namespace.entries import RENAME_NOREPLACE
+from tierd.namespace.api import RENAME_NOREPLACE, Inode, NamespaceAPI
 from tierd.tiers import fileio
-
-if TYPE_CHECKING:
-    from tierd.meta import Inode
-    from tierd.namespace import Namespace
 
 BATCH = 64 << 20
 
@@ -50,8 +46,8 @@ def _sendfile_all(out_fd: int, in_fd: int, offset: int, count: int) -> None:
     fileio.start_writeback(out_fd, start, total)
 
 
-async def _write_temp(ns: Namespace, fill: Callable[[int], Awaitable[None]]) -> str:
-    path, fd = ns.hot.new_temp()
+async def _write_temp(ns: NamespaceAPI, fill: Callable[[int], Awaitable[None]]) -> str:
+    path, fd = ns.staging_file()
     try:
         await fill(fd)
         await asyncio.to_thread(os.fdatasync, fd)
@@ -64,19 +60,18 @@ async def _write_temp(ns: Namespace, fill: Callable[[int], Awaitable[None]]) -> 
     return path
 
 
-async def publish(ns: Namespace, far: FarMemory, ident: Identity, bucket: str, run: str,
+async def publish(ns: NamespaceAPI, far: FarMemory, ident: Identity, bucket: str, run: str,
                   step: int, region: Region, manifest: dict[str, Any]) -> list[int]:
     """Write the step durably to the hot tier and rename it into place; its inodes."""
     size = int(manifest["size"])
     tmp = f"{run}/{tmp_dir(step)}"
-    p = ns.placement
     # the persister waits for the rename: one upload under the final key, not an upload
     # of the temporary name and a server-side copy
-    with p.publishing(f"{bucket}/{tmp}/") if p is not None else contextlib.nullcontext():
+    with ns.publishing(f"{bucket}/{tmp}/"):
         return await _publish(ns, far, ident, bucket, run, step, region, manifest, tmp, size)
 
 
-async def _publish(ns: Namespace, far: FarMemory, ident: Identity, bucket: str, run: str,
+async def _publish(ns: NamespaceAPI, far: FarMemory, ident: Identity, bucket: str, run: str,
                    step: int, region: Region, manifest: dict[str, Any], tmp: str,
                    size: int) -> list[int]:
 
@@ -90,7 +85,7 @@ async def _publish(ns: Namespace, far: FarMemory, ident: Identity, bucket: str, 
     return [data.ino, man.ino]
 
 
-async def write_part(ns: Namespace, far: FarMemory, ident: Identity, bucket: str, run: str,
+async def write_part(ns: NamespaceAPI, far: FarMemory, ident: Identity, bucket: str, run: str,
                      tmp: str, part: int, region: Region, size: int) -> int:
     """Part ``part`` of a multi-part step from its region into the step's temporary
     directory on hot: durable, not yet published.  Its inode."""
@@ -103,7 +98,7 @@ async def write_part(ns: Namespace, far: FarMemory, ident: Identity, bucket: str
     return node.ino
 
 
-async def publish_parts(ns: Namespace, ident: Identity, bucket: str, run: str, step: int,
+async def publish_parts(ns: NamespaceAPI, ident: Identity, bucket: str, run: str, step: int,
                         tmp: str, manifest: dict[str, Any]) -> list[int]:
     """The step's manifest into its temporary directory (which holds the parts written
     here), then the directory renamed to ``step-N``: the step appears whole or not at all.
@@ -113,7 +108,7 @@ async def publish_parts(ns: Namespace, ident: Identity, bucket: str, run: str, s
     return [man.ino]
 
 
-async def _put_manifest(ns: Namespace, ident: Identity, bucket: str, tmp: str,
+async def _put_manifest(ns: NamespaceAPI, ident: Identity, bucket: str, tmp: str,
                         manifest: dict[str, Any]) -> Inode:
     body = json.dumps(manifest, indent=1, sort_keys=True).encode()
 
@@ -126,7 +121,7 @@ async def _put_manifest(ns: Namespace, ident: Identity, bucket: str, tmp: str,
                              {"content-type": "application/json"})
 
 
-async def _rename_step(ns: Namespace, ident: Identity, bucket: str, run: str,
+async def _rename_step(ns: NamespaceAPI, ident: Identity, bucket: str, run: str,
                        step: int, tmp: str = "") -> None:
     """``.tierd-tmp-step-N`` → ``step-N`` in one metadata transaction.  When ``step-N``
     is there already -- the cold store's copy, written by another node that holds parts
@@ -152,7 +147,7 @@ async def _rename_step(ns: Namespace, ident: Identity, bucket: str, run: str,
     await ns.sync()
 
 
-async def remove_step_dir(ns: Namespace, ident: Identity, bucket: str, run: str,
+async def remove_step_dir(ns: NamespaceAPI, ident: Identity, bucket: str, run: str,
                           name: str) -> None:
     """Delete one step directory (or a crash's temporary one) and what it holds: the data
     file or the parts held here, and the manifest."""
@@ -167,7 +162,7 @@ async def remove_step_dir(ns: Namespace, ident: Identity, bucket: str, run: str,
             raise
 
 
-async def read_manifest(ns: Namespace, ident: Identity, bucket: str, run: str,
+async def read_manifest(ns: NamespaceAPI, ident: Identity, bucket: str, run: str,
                         step: int) -> dict[str, Any]:
     reader = await ns.get_object(ident, bucket, f"{run}/{step_dir(step)}/{MANIFEST}")
     try:
@@ -180,55 +175,35 @@ async def read_manifest(ns: Namespace, ident: Identity, bucket: str, run: str,
     return doc
 
 
-async def open_data(ns: Namespace, ident: Identity, bucket: str, run: str,
+async def open_data(ns: NamespaceAPI, ident: Identity, bucket: str, run: str,
                     step: int, leaf: str = DATA) -> tuple[int, int, str]:
     """(read-only fd of the whole file ``leaf`` of the step on hot, inode, where it was:
-    hot or cold).  The caller owns one placement hold on the inode (release it when the
-    reader is done)."""
+    hot or cold).  The caller owns one hold on the inode (release it with
+    ``ns.release_held`` when the reader is done)."""
     inode = await ns.resolve(ident, f"{bucket}/{run}/{step_dir(step)}/{leaf}")
     await ns.access(ident, inode.ino, os.R_OK)
-    p = ns.placement
-    where = "hot"
-    if p is not None:
-        p.acquire(inode.ino)
-        try:
-            if not p.hot_complete(inode.ino):
-                where = "cold"
-                await p.ensure(inode.ino, 0, inode.size, touch=False)
-        except BaseException:
-            p.release(inode.ino)
-            raise
-    try:
-        fd = os.open(ns.hot.path(inode.ino), os.O_RDONLY | os.O_CLOEXEC)
-    except BaseException:
-        if p is not None:
-            p.release(inode.ino)
-        raise
+    fd, where = await ns.open_held(inode.ino)
     return fd, inode.ino, where
 
 
-async def import_remote(ns: Namespace, ident: Identity, bucket: str, run: str, step: int,
+async def import_remote(ns: NamespaceAPI, ident: Identity, bucket: str, run: str, step: int,
                         leaf: str, size: int, timeout: float) -> None:
     """Make ``step-N/leaf``, written by another node, a name here: it reaches this node
     through the shared cold store (its writer's daemon persists it), so look it up there
     until it is in cold with the size the manifest gives, for up to ``timeout`` s."""
     key = f"{run}/{step_dir(step)}/{leaf}"
-    p = ns.placement
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         with contextlib.suppress(FsError):
             if (await ns.resolve(ident, f"{bucket}/{key}")).size == size:
                 return
-        if p is not None:
-            info = await p.cold.head(f"{bucket}/{key}")
-            if info is not None and info.size == size:
-                # (the step's directory only: a listing of a few files, metadata only)
-                await p.importer.import_prefix(f"{bucket}/{run}/{step_dir(step)}/")
-                await p.forget_dropped()
-                with contextlib.suppress(FsError):
-                    if (await ns.resolve(ident, f"{bucket}/{key}")).size == size:
-                        return
+        if await ns.cold_size(f"{bucket}/{key}") == size:
+            # (the step's directory only: a listing of a few files, metadata only)
+            await ns.import_prefix(f"{bucket}/{run}/{step_dir(step)}/")
+            with contextlib.suppress(FsError):
+                if (await ns.resolve(ident, f"{bucket}/{key}")).size == size:
+                    return
         if loop.time() >= deadline:
             raise FsError(errno.ETIMEDOUT, f"{bucket}/{key} ({size} bytes) was written by "
                           "another node and is not in the cold store yet: wait for that "
@@ -236,26 +211,20 @@ async def import_remote(ns: Namespace, ident: Identity, bucket: str, run: str, s
         await asyncio.sleep(0.2)
 
 
-async def in_cold(ns: Namespace, bucket: str, run: str, step: int, leaf: str,
+async def in_cold(ns: NamespaceAPI, bucket: str, run: str, step: int, leaf: str,
                   size: int | None = None) -> bool:
     """Whether the cold store has ``step-N/leaf`` (of ``size`` bytes when given)."""
-    p = ns.placement
-    if p is None:
-        return False
-    info = await p.cold.head(f"{bucket}/{run}/{step_dir(step)}/{leaf}")
-    return info is not None and (size is None or info.size == size)
+    found = await ns.cold_size(f"{bucket}/{run}/{step_dir(step)}/{leaf}")
+    return found is not None and (size is None or found == size)
 
 
-async def cold_manifest(ns: Namespace, bucket: str, run: str,
+async def cold_manifest(ns: NamespaceAPI, bucket: str, run: str,
                         step: int) -> dict[str, Any] | None:
     """The step's manifest as the cold store has it (written by the node of the job's
     coordinator), or None."""
-    p = ns.placement
-    if p is None:
-        return None
     key = f"{bucket}/{run}/{step_dir(step)}/{MANIFEST}"
-    info = await p.cold.head(key)
-    if info is None:
+    size = await ns.cold_size(key)
+    if size is None:
         return None
-    doc = json.loads(await p.cold.get_range(key, 0, info.size))
+    doc = json.loads(await ns.cold_read(key, 0, size))
     return doc if isinstance(doc, dict) else None

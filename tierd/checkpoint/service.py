@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tierd.acl import Identity
 from tierd.checkpoint import publish
@@ -58,10 +58,7 @@ from tierd.errors import FsError
 from tierd.logs import get_logger, kv
 from tierd.mempool.pool import MemPool, PoolError, Region
 from tierd.mempool.server import Peer, PoolServer, Reply
-from tierd.namespace.names import check_bucket_name
-
-if TYPE_CHECKING:
-    from tierd.namespace import Namespace
+from tierd.namespace.api import NamespaceAPI, check_bucket_name
 
 log = get_logger("checkpoint")
 
@@ -73,7 +70,7 @@ __all__ = ["COMMITTED", "FAILED", "LOCAL", "PERSISTED", "STAGING", "CheckpointSe
 
 
 class CheckpointService:
-    def __init__(self, ns: Namespace, pool: MemPool, *, keep_local: int = 2,
+    def __init__(self, ns: NamespaceAPI, pool: MemPool, *, keep_local: int = 2,
                  keep_cold: int = 0) -> None:
         self.ns = ns
         self.pool = pool
@@ -224,8 +221,7 @@ class CheckpointService:
             s.persisted.set()
 
     def _all_clean(self, inos: list[int]) -> bool:
-        with self.ns.meta.snapshot() as tx:
-            return bool(inos) and all(tx.queued(i) is None for i in inos)
+        return self.ns.all_persisted(inos)
 
     # -- saving ------------------------------------------------------------------------
     async def _hello(self, peer: Peer, msg: dict[str, Any]) -> Reply:
@@ -347,10 +343,8 @@ class CheckpointService:
             for r in [r for r in run.regions if r.id not in self.pool.regions]:
                 self.drop_region(run, r)  # (freed with the connection already)
             run.signal()
-        p = self.ns.placement
         for ino in self._holds.pop(peer.conn, []):
-            if p is not None:
-                p.release(ino)
+            self.ns.release_held(ino)
 
     async def _persist(self, run: Run, s: Step) -> None:
         assert s.region is not None and s.manifest is not None
@@ -381,10 +375,8 @@ class CheckpointService:
             self.observe("local", time.monotonic() - s.committed_at)
         run.signal()
         await self.retain(run)
-        p = self.ns.placement
-        if p is not None:
-            for ino in s.inos:
-                await p.wait_persisted(ino)
+        for ino in s.inos:
+            await self.ns.wait_persisted(ino)
         if elsewhere is not None:
             await elsewhere()
         if s.state == LOCAL:
@@ -400,12 +392,11 @@ class CheckpointService:
             if not done:
                 return
             newest = done[-1]
-            p = self.ns.placement
             for n in done[:-run.keep_local] if run.keep_local else done[:-1]:
                 s = run.steps.get(n)  # a delete may have taken it meanwhile
-                if s is not None and s.state == PERSISTED and p is not None:
+                if s is not None and s.state == PERSISTED:
                     for ino in s.inos:
-                        await p.evict_file(ino, "hot", demote=False)
+                        await self.ns.evict_hot(ino)
             if run.keep_cold:
                 for n in done[:-run.keep_cold]:
                     s = run.steps.get(n)

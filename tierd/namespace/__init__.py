@@ -1,7 +1,9 @@
 """The one namespace every door calls: POSIX operations and S3 objects on the same inodes.
 
 Doors translate their protocol into these calls and map :class:`FsError` back; every rule
-about names, permissions and semantics lives here or in :mod:`tierd.acl`.
+about names, permissions and semantics lives here or in :mod:`tierd.acl`.  What a door may
+call is declared in :mod:`tierd.namespace.api` (:class:`NamespaceAPI`, with the value types
+doors use); :class:`Namespace` is its implementation.
 """
 
 from __future__ import annotations
@@ -9,15 +11,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, STATE_DIRTY, Inode, MetaStore, MetaTxn
+from tierd.namespace.api import NamespaceAPI
 from tierd.namespace.base import ROOT_MODE, Change, StatFs, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
 from tierd.namespace.imports import ImportOps
 from tierd.namespace.objects import Listing, ObjectReader
 from tierd.namespace.tags import TagOps
+from tierd.namespace.tiering import TieringOps
 from tierd.namespace.versionops import VersionOps
 from tierd.namespace.xattrs import XATTR_CREATE, XATTR_REPLACE, XattrOps
 from tierd.placement import Placement
@@ -36,6 +41,7 @@ __all__ = [
     "FsError",
     "Listing",
     "Namespace",
+    "NamespaceAPI",
     "ObjectReader",
     "StatFs",
 ]
@@ -45,7 +51,7 @@ __all__ = [
 COUNTER_SKIP = 1 << 20
 
 
-class Namespace(VersionOps, TagOps, XattrOps, ImportOps):
+class Namespace(VersionOps, TagOps, XattrOps, ImportOps, TieringOps):
     """Assembled namespace; build it with :meth:`load` (``open`` opens files)."""
 
     @classmethod
@@ -158,3 +164,10 @@ class Namespace(VersionOps, TagOps, XattrOps, ImportOps):
             buckets = sum(1 for _ in tx.list_buckets())
         return {"inodes": inodes, "bytes": nbytes, "buckets": buckets,
                 "open_files": len(self._open)}
+
+
+if TYPE_CHECKING:
+    def _implements_api(ns: Namespace) -> NamespaceAPI:
+        """Never called: mypy proves here that :class:`Namespace` satisfies the declared
+        API (a missing call or a changed signature fails the type check)."""
+        return ns

@@ -9,6 +9,7 @@ transaction held across an ``await`` would stall the whole daemon.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -172,6 +173,9 @@ class NamespaceBase:
         self._next_fh = 1
         self._closed = False
         self._subscribers: list[Callable[[Change], None]] = []
+        # entries of directories an object call created (implicit prefixes, markers),
+        # reported with the call's own changes by the next _notify
+        self._created: list[Change] = []
 
     def subscribe(self, callback: Callable[[Change], None]) -> None:
         """Call ``callback`` (synchronously, on the loop; it must not block) after every
@@ -179,7 +183,22 @@ class NamespaceBase:
         caches (FUSE) can invalidate what it cached."""
         self._subscribers.append(callback)
 
+    def unsubscribe(self, callback: Callable[[Change], None]) -> None:
+        """Stop calling ``callback`` (a door that closes: a mount that is unmounted)."""
+        with contextlib.suppress(ValueError):
+            self._subscribers.remove(callback)
+
+    def _dir_created(self, parent: int, name: bytes) -> None:
+        """Inside the transaction that linked a new directory for an object call: report
+        its entry with the call's changes, so a door that caches missing names (a FUSE
+        negative entry) learns that the name now exists."""
+        if self._subscribers:
+            self._created.append(Change(parent=parent, name=name))
+
     def _notify(self, *changes: Change) -> None:
+        if self._created:  # (a transaction that failed after creating them: harmless)
+            changes = (*self._created, *changes)
+            self._created = []
         for cb in self._subscribers:
             for ch in changes:
                 try:

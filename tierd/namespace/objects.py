@@ -119,8 +119,10 @@ class ObjectOps(FileOps):
     async def create_bucket(self, ident: Identity, name: str) -> Inode:
         check_bucket_name(name)
         # private unless a canned ACL follows (tierd.acl.canned.S3_UMASK)
-        return await self.mkdir(ident, ROOT_INO, name.encode(),
-                                0o777 & ~(self.umask | canned.S3_UMASK))
+        d = await self.mkdir(ident, ROOT_INO, name.encode(),
+                             0o777 & ~(self.umask | canned.S3_UMASK))
+        self._notify(Change(parent=ROOT_INO, name=name.encode()))
+        return d
 
     async def delete_bucket(self, ident: Identity, name: str) -> None:
         await self._bucket(name)
@@ -166,6 +168,7 @@ class ObjectOps(FileOps):
                 )
                 canned.new_prefix(child, cur)  # an S3 prefix: its parent's permissions
                 self._link_new(tx, cur, seg, child)
+                self._dir_created(cur.ino, seg)
             elif child.is_lnk:
                 child = self._resolve(tx, ident, self._path_of(bucket, segments[: i + 1]), True)
             if not child.is_dir:
@@ -300,6 +303,7 @@ class ObjectOps(FileOps):
                 d = self._parent_dirs(tx, ident, bucket, segments, create=True, implicit=False)
                 if d.objmeta.pop(IMPLICIT, None):
                     tx.put_inode(d)
+            self._notify()  # the directories it created
             await self._sync_meta()
             return d
         ino = self._alloc_ino()

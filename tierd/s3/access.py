@@ -22,7 +22,7 @@ from tierd.acl import AccessDenied, Identity
 from tierd.acl.authorize import authorize
 from tierd.acl.keys import canonical_user_id
 from tierd.acl.policy import ANONYMOUS, EXISTING_OBJECT_TAG, REQUEST_OBJECT_TAG, Policy, Requester
-from tierd.namespace.tags import Tags
+from tierd.namespace.api import Tags
 from tierd.s3 import tagset
 from tierd.s3.common import Ctx, parse_copy_source
 from tierd.s3.errors import S3Error

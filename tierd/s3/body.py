@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from tierd.namespace.mpu_parts import Payload
+from tierd.namespace.api import Payload
 from tierd.s3 import checksums
 from tierd.s3.auth import (
     EMPTY_SHA256,

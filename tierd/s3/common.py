@@ -18,8 +18,7 @@ from tierd.acl import Identity, canned
 from tierd.acl.authorize import PolicyStore
 from tierd.acl.keys import KeyStore, Owner
 from tierd.meta import Inode
-from tierd.namespace import Namespace
-from tierd.namespace.versions import valid_vid
+from tierd.namespace.api import NamespaceAPI, valid_vid
 from tierd.s3 import checksums, tagset
 from tierd.s3.errors import S3Error
 from tierd.s3.xmlio import el
@@ -47,7 +46,7 @@ STORAGE_CLASSES = ("STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA"
 class S3State:
     """Everything the handlers need, shared by all requests."""
 
-    ns: Namespace
+    ns: NamespaceAPI
     keys: KeyStore
     auth: Authenticator
     policies: PolicyStore
@@ -79,7 +78,7 @@ class Ctx:
         return self.stream is not None
 
     @property
-    def ns(self) -> Namespace:
+    def ns(self) -> NamespaceAPI:
         return self.state.ns
 
     @property

@@ -22,7 +22,11 @@ from xml.etree.ElementTree import Element
 
 from aiohttp import web
 
-from tierd.namespace.lifecycle import CONFIG_NAME, Filter, Rule, decode, encode
+from tierd.namespace.api import LIFECYCLE_CONFIG as CONFIG_NAME
+from tierd.namespace.api import LifecycleFilter as Filter
+from tierd.namespace.api import LifecycleRule as Rule
+from tierd.namespace.api import decode_lifecycle as decode
+from tierd.namespace.api import encode_lifecycle as encode
 from tierd.s3 import bucketdoc, xmlio
 from tierd.s3.body import Body
 from tierd.s3.bucket_policy import owner_or_granted

@@ -12,7 +12,8 @@ from aiohttp import web
 from tierd.acl import canned
 from tierd.errors import FsError
 from tierd.meta import Inode
-from tierd.namespace import ObjectReader, versions
+from tierd.namespace import ObjectReader
+from tierd.namespace.api import current_vid
 from tierd.s3 import access, checksums, tagset, versioning, xmlio
 from tierd.s3.body import Body
 from tierd.s3.buckets import xml_response
@@ -336,7 +337,7 @@ async def head_source(ctx: Ctx) -> tuple[str, str, Inode]:
     if vid is not None:
         ctx.response_headers["x-amz-copy-source-version-id"] = vid
     elif src.is_reg and versioning.versioned(ctx, src_bucket):
-        ctx.response_headers["x-amz-copy-source-version-id"] = versions.current_vid(src)
+        ctx.response_headers["x-amz-copy-source-version-id"] = current_vid(src)
     return src_bucket, src_key, src
 
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from urllib.parse import unquote_to_bytes
 
-from tierd.namespace.tags import TAGS_META, Tags, decode_tags, encode_tags
+from tierd.namespace.api import TAGS_META, Tags, decode_tags, encode_tags
 from tierd.s3 import xmlio
 from tierd.s3.errors import S3Error
 from tierd.s3.xmlio import document, el

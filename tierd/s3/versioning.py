@@ -12,8 +12,15 @@ from aiohttp import web
 from tierd.acl import Identity
 from tierd.errors import FsError
 from tierd.meta import Inode
-from tierd.namespace import versions
-from tierd.namespace.versionops import Deleted, DeleteMarkerHit, VersionListing
+from tierd.namespace.api import (
+    ENABLED,
+    SUSPENDED,
+    Deleted,
+    DeleteMarkerHit,
+    VersionListing,
+    current_vid,
+    valid_vid,
+)
 from tierd.s3 import xmlio
 from tierd.s3.body import Body
 from tierd.s3.buckets import bucket_or_404, xml_response
@@ -35,7 +42,7 @@ def invalid_vid(value: str, name: str = "versionId") -> S3Error:
 def version_param(ctx: Ctx) -> str | None:
     """The request's ``versionId`` (None when absent); InvalidArgument when malformed."""
     vid = ctx.query.get("versionId")
-    if vid is not None and not versions.valid_vid(vid):
+    if vid is not None and not valid_vid(vid):
         raise invalid_vid(vid)
     return vid
 
@@ -47,7 +54,7 @@ def copy_source_version(value: str) -> str | None:
         return None
     name, _, vid = query.partition("=")
     vid = unquote(vid)
-    if name != "versionId" or not versions.valid_vid(vid):
+    if name != "versionId" or not valid_vid(vid):
         raise invalid_vid(vid, "x-amz-copy-source")
     return vid
 
@@ -63,7 +70,7 @@ def versioned(ctx: Ctx, bucket: str | None = None) -> bool:
 def set_version_header(ctx: Ctx, inode: Inode, bucket: str | None = None) -> None:
     """``x-amz-version-id`` of a current object, in a bucket that is or was versioned."""
     if inode.is_reg and versioned(ctx, bucket):
-        ctx.response_headers["x-amz-version-id"] = versions.current_vid(inode)
+        ctx.response_headers["x-amz-version-id"] = current_vid(inode)
 
 
 def marker_error(ctx: Ctx, e: DeleteMarkerHit) -> S3Error:
@@ -112,7 +119,7 @@ async def put_versioning(ctx: Ctx) -> web.Response:
                       "devices to check a token against")
     if status == "":
         return web.Response(status=200, headers=ctx.response_headers)  # nothing to change
-    if status not in (versions.ENABLED, versions.SUSPENDED):
+    if status not in (ENABLED, SUSPENDED):
         raise S3Error("MalformedXML", f"Status must be Enabled or Suspended, not {status!r}")
     try:
         await ctx.ns.set_versioning(ctx.bucket, status)
@@ -132,7 +139,7 @@ async def list_object_versions(ctx: Ctx) -> web.Response:
         raise S3Error("InvalidArgument", "A version-id marker cannot be specified without a "
                       "key marker.", ArgumentName="version-id-marker",
                       ArgumentValue=vid_marker)
-    if vid_marker and not versions.valid_vid(vid_marker):
+    if vid_marker and not valid_vid(vid_marker):
         raise invalid_vid(vid_marker, "version-id-marker")
     limit = max_keys(ctx)
     try:
@@ -184,7 +191,7 @@ async def delete_objects(ctx: Ctx, asked: list[tuple[str, str | None]],
     from tierd.s3 import access
 
     bad = {i for i, (_, vid) in enumerate(asked) if vid is not None
-           and not versions.valid_vid(vid)}
+           and not valid_vid(vid)}
     # the bucket policy judges every key: s3:DeleteObjectVersion where a version is named
     refused: dict[tuple[str, bool], FsError] = {}
     ident_of: dict[tuple[str, bool], Identity] = {}
@@ -259,4 +266,4 @@ def _current_vid(ctx: Ctx) -> str | None:
         cur = ctx.ns.current_version(ctx.ident, ctx.bucket, ctx.key)
     except FsError:
         return None
-    return versions.current_vid(cur) if cur is not None and cur.is_reg else None
+    return current_vid(cur) if cur is not None and cur.is_reg else None

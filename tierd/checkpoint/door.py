@@ -1,8 +1,12 @@
 """The memory door: the pool, its socket and the checkpoint service, started as one.
 
 The daemon owns one :class:`MemoryDoor`; the admin API asks it for status, quotas and
-forced frees.  Quotas are kept in the metadata store (``U<uid>`` records) so they survive
-restarts; regions do not (they are memory).
+forced frees.  Quotas are kept in the metadata store (``U<uid>`` records, through
+:meth:`tierd.namespace.Namespace.set_pool_quota`) so they survive restarts; regions do not
+(they are memory).
+
+It lives here, above both :mod:`tierd.mempool` and the checkpoint service, because it starts
+the two together: the pool below knows nothing of checkpoints.
 """
 
 from __future__ import annotations
@@ -19,19 +23,18 @@ from tierd.mempool.server import PoolServer
 
 if TYPE_CHECKING:
     from tierd.config import Config
-    from tierd.namespace import Namespace
+    from tierd.namespace.api import NamespaceAPI
 
 log = get_logger("mempool")
 
 
 class MemoryDoor:
-    def __init__(self, ns: Namespace, *, capacity: int, socket_path: Path,
+    def __init__(self, ns: NamespaceAPI, *, capacity: int, socket_path: Path,
                  default_quota: int = 0, far: FarMemory | None = None, keep_local: int = 2,
                  keep_cold: int = 0) -> None:
         self.ns = ns
         self.pool = MemPool(capacity, default_quota, far)
-        with ns.meta.snapshot() as tx:
-            self.pool.quotas = tx.list_pool_quotas()
+        self.pool.quotas = ns.pool_quotas()
         if default_quota > self.pool.capacity:
             log.warning("pool_default_quota is larger than the pool: it limits nothing",
                         extra=kv(default_quota=default_quota, capacity=self.pool.capacity))
@@ -46,7 +49,7 @@ class MemoryDoor:
         self.ckpt.register(self.server)
 
     @classmethod
-    def from_config(cls, ns: Namespace, cfg: Config) -> MemoryDoor:
+    def from_config(cls, ns: NamespaceAPI, cfg: Config) -> MemoryDoor:
         return cls(ns, capacity=cfg.pool_capacity, socket_path=cfg.pool_socket,
                    default_quota=cfg.pool_default_quota,
                    far=FarMemory(cfg.pool_latency_us, cfg.pool_bandwidth),
@@ -85,11 +88,7 @@ class MemoryDoor:
             raise ValueError(f"a quota of {nbytes} bytes is larger than the pool "
                              f"({self.pool.capacity} bytes, pool_capacity): use at most that, "
                              "or 0 for the whole pool")
-        with self.ns.meta.write() as tx:
-            if nbytes == 0:
-                tx.delete_pool_quota(tenant)
-            else:
-                tx.put_pool_quota(tenant, nbytes)
+        self.ns.set_pool_quota(tenant, nbytes)
         if nbytes == 0:
             self.pool.quotas.pop(tenant, None)
         else:

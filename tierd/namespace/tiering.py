@@ -1,0 +1,151 @@
+"""The namespace's calls for doors that care where bytes live: read advice, staging files,
+whole-file reads held against eviction, persistence waits, the cold store's copy, and the
+memory pool's quota records.
+
+The FUSE door's read-ahead, the checkpoint service and the memory door used to reach for
+the namespace's handle table, its hot directory, its placement engine and its metadata store
+themselves.  They call these instead, so that the data files, the placement engine and the
+store stay behind :class:`tierd.namespace.api.NamespaceAPI` and can change without the
+doors noticing (``tests/test_layering.py`` keeps it so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from tierd.namespace.base import NamespaceBase
+
+if TYPE_CHECKING:
+    from tierd.placement import Placement
+
+
+def _willneed(fd: int, offset: int, length: int) -> None:
+    with contextlib.suppress(OSError):  # the handle was closed meanwhile: nothing to do
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+
+
+def _ignore_result(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+class TieringOps(NamespaceBase):
+    def _engine(self) -> Placement:
+        """The placement engine (the daemon always gives the namespace one)."""
+        p = self.placement
+        assert p is not None, "these calls need the namespace's placement engine"
+        return p
+
+    # -- open files ------------------------------------------------------------------------
+    def advise_read(self, fh: int, offset: int, length: int) -> None:
+        """Ask the hot data file of open file ``fh`` to read ``[offset, offset+length)``
+        ahead (``POSIX_FADV_WILLNEED``, in a thread: it may block while submitting the
+        I/O); fire and forget, nothing when ``fh`` is not open."""
+        h = self._handles.get(fh)
+        if h is None:
+            return
+        fd = h.ofile.fd
+        task = asyncio.get_running_loop().run_in_executor(None, _willneed, fd, offset, length)
+        task.add_done_callback(_ignore_result)
+
+    def hot_fd(self, fh: int) -> int | None:
+        """The descriptor of open file ``fh``'s hot data file when the whole file is on hot
+        (the kernel's read passthrough can serve it), else None.  It stays the namespace's:
+        valid until the handle's release, never to be closed by the caller."""
+        h = self._handles.get(fh)
+        if h is None or not self._engine().hot_complete(h.ino):
+            return None
+        return h.ofile.fd
+
+    # -- files written outside the namespace, then published ----------------------------
+    def staging_file(self) -> tuple[str, int]:
+        """A new empty file in the hot tier's staging area, (path, O_RDWR descriptor): the
+        caller fills and fsyncs it, then publishes it with ``put_file`` (or unlinks it)."""
+        return self.hot.new_temp()
+
+    @contextlib.contextmanager
+    def publishing(self, prefix: str) -> Iterator[None]:
+        """Files under ``prefix`` (``bucket/key-prefix/``) are written only to be renamed:
+        the persister leaves them alone until the block ends (one upload, under the final
+        key)."""
+        with self._engine().publishing(prefix):
+            yield
+
+    # -- whole files held on hot ---------------------------------------------------------
+    async def open_held(self, ino: int) -> tuple[int, str]:
+        """A read-only descriptor of regular file ``ino``, whole on hot, and where its bytes
+        were (``hot``, or ``cold`` when they were read back first).  The file is held
+        against eviction until :meth:`release_held`; the caller closes the descriptor."""
+        with self.meta.snapshot() as tx:
+            size = self._live(self._get(tx, ino)).size
+        p = self._engine()
+        where = "hot"
+        p.acquire(ino)
+        try:
+            if not p.hot_complete(ino):
+                where = "cold"
+                await p.ensure(ino, 0, size, touch=False)
+            fd = os.open(self.hot.path(ino), os.O_RDONLY | os.O_CLOEXEC)
+        except BaseException:
+            p.release(ino)
+            raise
+        return fd, where
+
+    def hold(self, ino: int) -> None:
+        """Keep the file's bytes on hot (no eviction) until :meth:`release_held`."""
+        self._engine().acquire(ino)
+
+    def release_held(self, ino: int) -> None:
+        """Let go of one hold that :meth:`open_held` or :meth:`hold` took."""
+        self._engine().release(ino)
+
+    async def evict_hot(self, ino: int) -> None:
+        """Drop the file's bytes from hot when cold has them (a retention pass: no demotion
+        to warm)."""
+        await self._engine().evict_file(ino, "hot", demote=False)
+
+    # -- persistence -----------------------------------------------------------------------
+    async def wait_persisted(self, ino: int) -> None:
+        """Return once the file's current content is in cold."""
+        await self._engine().wait_persisted(ino)
+
+    def all_persisted(self, inos: list[int]) -> bool:
+        """Whether ``inos`` is not empty and none of them waits for the persister (read from
+        the store's queue: true after a restart too)."""
+        with self.meta.snapshot() as tx:
+            return bool(inos) and all(tx.queued(i) is None for i in inos)
+
+    # -- the cold store's copy -------------------------------------------------------------
+    async def cold_size(self, key: str) -> int | None:
+        """The size of ``bucket/key`` in the cold store (written there by any node), or None
+        when it has no such object."""
+        info = await self._engine().cold.head(key)
+        return None if info is None else info.size
+
+    async def cold_read(self, key: str, offset: int, length: int) -> bytes:
+        """Bytes of ``bucket/key`` as the cold store has them (a small object: a manifest)."""
+        return await self._engine().cold.get_range(key, offset, length)
+
+    async def import_prefix(self, prefix: str) -> None:
+        """Make what the cold store holds under ``bucket/prefix`` (another node's files)
+        names here now, rather than at the next TTL-limited listing."""
+        await self._engine().importer.import_prefix(prefix)
+        await self._engine().forget_dropped()
+
+    # -- memory pool quotas ----------------------------------------------------------------
+    def pool_quotas(self) -> dict[int, int]:
+        """The memory pool's per-tenant (uid) quotas, in bytes, as stored."""
+        with self.meta.snapshot() as tx:
+            return tx.list_pool_quotas()
+
+    def set_pool_quota(self, tenant: int, nbytes: int) -> None:
+        """Store tenant ``tenant``'s pool quota (``0``: remove it, the default applies)."""
+        with self.meta.write() as tx:
+            if nbytes == 0:
+                tx.delete_pool_quota(tenant)
+            else:
+                tx.put_pool_quota(tenant, nbytes)
