@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tierd.namespace import smalllog, staging
+from tierd.namespace import smalllog
+from tierd.tiers.fileio import INLINE_BYTES
 from tierd.tiers.groupsync import GroupWriter
 from tierd.tiers.hotdir import HotDir
 
@@ -62,7 +63,7 @@ def test_trim_runs_by_itself(nsenv: NsEnv) -> None:
 
 def test_large_bodies_and_a_full_log_sync_their_own_file(nsenv: NsEnv) -> None:
     nsenv.bucket("bkt")
-    big = os.urandom(staging.INLINE + 1)
+    big = os.urandom(INLINE_BYTES + 1)
     nsenv.put(ROOT, "bkt", "big", big)
     assert logged(nsenv) == {}
     nsenv.ns.smalllog.bytes = smalllog.LOG_BUDGET  # as if trims could not keep up

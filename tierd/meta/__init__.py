@@ -5,6 +5,7 @@ Nothing outside this package imports an engine library (lmdb today, a shared eng
 
 from tierd.meta.kv import KVStore, KVTxn
 from tierd.meta.records import (
+    EMPTY_MD5,
     STATE_CLEAN,
     STATE_DIRTY,
     STATE_NONE,
@@ -22,6 +23,7 @@ from tierd.meta.records import (
 from tierd.meta.store import ROOT_INO, SCHEMA_VERSION, MetaStore, MetaTxn, SchemaError
 
 __all__ = [
+    "EMPTY_MD5",
     "ROOT_INO",
     "SCHEMA_VERSION",
     "STATE_CLEAN",

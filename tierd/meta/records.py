@@ -18,6 +18,8 @@ STATE_NONE = 0  # directories, symlinks, empty files: nothing to persist
 STATE_DIRTY = 1  # content only on local tiers
 STATE_PERSISTING = 2  # an upload of this version is in flight
 STATE_CLEAN = 3  # the cold tier has this version
+#: the MD5 of nothing: the ETag of every empty file and object (kept, never computed)
+EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}

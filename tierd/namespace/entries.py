@@ -11,7 +11,7 @@ from tierd.acl import R_OK, W_OK, X_OK, Identity, check_access, is_owner, may_ac
 from tierd.acl import posix_acl as pacl
 from tierd.acl.modes import AccessDenied
 from tierd.errors import FsError
-from tierd.meta import ROOT_INO, Bucket, Dirent, Inode, MetaTxn
+from tierd.meta import EMPTY_MD5, ROOT_INO, Bucket, Dirent, Inode, MetaTxn
 from tierd.namespace import versions
 from tierd.namespace.base import (
     MAX_SYMLINK_HOPS,
@@ -21,7 +21,7 @@ from tierd.namespace.base import (
     now_ns,
 )
 from tierd.namespace.names import SYMLINK_MAX, check_bucket_name, check_name
-from tierd.namespace.resize import _EMPTY_MD5, ResizeOps
+from tierd.namespace.resize import ResizeOps
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -269,7 +269,7 @@ class EntryOps(ResizeOps):
             if kind in (stat.S_IFCHR, stat.S_IFBLK) and not ident.is_root:
                 raise FsError(errno.EPERM, "only root may create device nodes")
             inode = self._new_inode(tx, ident, d, kind | (mode & 0o7777), rdev=rdev,
-                                    etag=_EMPTY_MD5 if kind == stat.S_IFREG else "")
+                                    etag=EMPTY_MD5 if kind == stat.S_IFREG else "")
             self._inherit_acl(inode, d, umask)
             self._link_new(tx, d, name, inode)
             self._queue(tx, inode)

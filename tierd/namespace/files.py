@@ -15,19 +15,17 @@ import stat
 
 from tierd.acl import R_OK, W_OK, Identity, check_access
 from tierd.errors import FsError
-from tierd.meta import ROOT_INO, STATE_DIRTY, Dirent, Inode
+from tierd.meta import EMPTY_MD5, ROOT_INO, STATE_DIRTY, Dirent, Inode
 from tierd.namespace import versions
 from tierd.namespace.base import OpenFile, drop_privs, has_privs, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.entries import EntryOps
 from tierd.namespace.keepversion import keep_committed
-from tierd.namespace.resize import _EMPTY_MD5
 from tierd.namespace.staging import retry_full
 from tierd.placement.paths import file_keys
 from tierd.tiers import fileio
 
-_INLINE_HASH = 64 << 10  # hash smaller chunks inline; larger ones in a thread (GIL released)
 HASH_BACKLOG = 64 << 20  # writers wait when hashing falls this far behind
 
 
@@ -59,7 +57,7 @@ class FileOps(EntryOps):
             if parent == ROOT_INO:
                 raise FsError(errno.EPERM, "the namespace root holds only buckets (directories)")
             inode = self._new_inode(tx, ident, d, stat.S_IFREG | (mode & 0o7777),
-                                    etag=_EMPTY_MD5)
+                                    etag=EMPTY_MD5)
             self._inherit_acl(inode, d, umask)
             drops = versions.supersede(self, tx, d, name, None, inode, stamp=True)
             tx.put_inode(inode)
@@ -264,7 +262,7 @@ class FileOps(EntryOps):
                 if prev is not None:
                     await prev
                 if of.md5 is h and h is not None:
-                    if len(data) <= _INLINE_HASH:
+                    if len(data) <= fileio.INLINE_BYTES:
                         h.update(data)
                     else:
                         await asyncio.to_thread(h.update, data)

@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 from tierd.acl import Identity, canned
 from tierd.acl.s3map import allowed, enforce
 from tierd.errors import FsError
-from tierd.meta import ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
+from tierd.meta import EMPTY_MD5, ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
 from tierd.namespace import versions
 from tierd.namespace.base import IMPLICIT, Change, has_privs, now_ns
 from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.files import FileOps
 from tierd.namespace.names import check_bucket_name, split_key
-from tierd.namespace.resize import _EMPTY_MD5
 from tierd.namespace.staging import refuse_over_dirty_limit, stage_body
 from tierd.tiers import fileio
 
@@ -238,7 +237,7 @@ class ObjectOps(FileOps):
         if inode.is_reg and not inode.etag:
             inode.etag = await self.etag(inode.ino)
         if inode.is_dir:
-            inode.etag, inode.size = _EMPTY_MD5, 0
+            inode.etag, inode.size = EMPTY_MD5, 0
         return inode
 
     async def get_object(
@@ -560,7 +559,7 @@ class ObjectOps(FileOps):
                 out.next_marker = k
         for i, (k, inode) in enumerate(out.contents):
             if inode.is_dir:
-                inode.etag, inode.size = _EMPTY_MD5, 0
+                inode.etag, inode.size = EMPTY_MD5, 0
             elif not inode.etag:
                 inode.etag = await self.etag(inode.ino)
             out.contents[i] = (k, inode)

@@ -16,13 +16,11 @@ import os
 
 from tierd.acl import W_OK, Identity, check_access
 from tierd.errors import FsError
-from tierd.meta import STATE_DIRTY
+from tierd.meta import EMPTY_MD5, STATE_DIRTY
 from tierd.namespace.base import NamespaceBase, drop_privs, has_privs, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.keepversion import keep_committed
-
-_EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
 
 
 class ResizeOps(NamespaceBase):
@@ -92,7 +90,7 @@ class ResizeOps(NamespaceBase):
                     inode.mtime_ns = inode.ctime_ns = now_ns()
                     inode.version = tx.next_version()
                     forget_content_meta(inode)
-                    inode.etag = _EMPTY_MD5 if size == 0 else ""
+                    inode.etag = EMPTY_MD5 if size == 0 else ""
                     inode.state = STATE_DIRTY
                     tx.put_inode(inode)
                     self._queue(tx, inode)

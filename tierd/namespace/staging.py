@@ -24,14 +24,13 @@ from typing import TYPE_CHECKING, TypeVar
 
 from tierd.errors import FsError, no_space
 from tierd.namespace.smalllog import SmallLog
-from tierd.tiers.fileio import pwritev_all
+from tierd.tiers.fileio import INLINE_BYTES, pwritev_all
 from tierd.tiers.hotdir import HotDir
 
 if TYPE_CHECKING:
     from tierd.placement import Placement
 
 BATCH = 1 << 20
-INLINE = 64 << 10  # a whole body this small is hashed on the loop (~100 µs at most)
 
 T = TypeVar("T")
 
@@ -142,7 +141,7 @@ async def stage_body(
             pending_len += len(chunk)
             if pending_len >= BATCH:
                 await flush_batch()
-        if fd < 0 and pending_len <= INLINE:
+        if fd < 0 and pending_len <= INLINE_BYTES:
             # a small object (most of them): hashed here, one thread hop for the rest
             _hash_batch(md5, pending)
             size = pending_len

@@ -18,14 +18,13 @@ from dataclasses import dataclass, field
 from tierd.acl import Identity
 from tierd.acl.s3map import enforce
 from tierd.errors import FsError
-from tierd.meta import Dirent, Inode, MetaTxn
+from tierd.meta import EMPTY_MD5, Dirent, Inode, MetaTxn
 from tierd.namespace import versions
 from tierd.namespace.base import Change
 from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.multipart import MultipartOps
 from tierd.namespace.names import split_key
 from tierd.namespace.objects import ObjectReader
-from tierd.namespace.resize import _EMPTY_MD5
 from tierd.namespace.versions import ENABLED, NULL, SUSPENDED, Version
 
 _SKIP = b"\xff\xff\xff\xff"  # after a common prefix: past every key below it
@@ -171,7 +170,7 @@ class VersionOps(MultipartOps):
                 enforce(ident, "GetObject", obj=found, key=key)
                 inode = self._live(found)
         if inode.is_dir:
-            inode.etag, inode.size = _EMPTY_MD5, 0
+            inode.etag, inode.size = EMPTY_MD5, 0
         elif not inode.etag:
             inode.etag = await self.etag(inode.ino)
         return inode
@@ -422,7 +421,7 @@ class VersionOps(MultipartOps):
             if e.inode is not None and e.inode.is_reg and not e.inode.etag:
                 e.inode.etag = await self.etag(e.inode.ino)
             elif e.inode is not None and e.inode.is_dir:
-                e.inode.etag, e.inode.size = _EMPTY_MD5, 0
+                e.inode.etag, e.inode.size = EMPTY_MD5, 0
         return out
 
     # -- lifecycle ----------------------------------------------------------------------

@@ -47,11 +47,11 @@ from tierd.s3.auth import (
 )
 from tierd.s3.checksums import Hasher
 from tierd.s3.errors import S3Error
+from tierd.tiers.fileio import INLINE_BYTES
 
 PIECE = 1 << 20  # largest read handed on at once
 PREFETCH = 16  # pieces (at most one socket read each, <= 256 KiB) received ahead
-INLINE_HASH = 64 << 10  # hash smaller pieces on the loop, larger ones in a thread
-INLINE_CRC = 256 << 10  # a CRC alone (~6 GB/s) is worth a thread hop only past this
+INLINE_CRC = 4 * INLINE_BYTES  # a CRC alone (~6 GB/s) is worth a thread hop only past this
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _MAX_LINE = 4096
 
@@ -71,7 +71,7 @@ async def _hash(hashers: list[Hasher], pieces: list[Buffer], size: int) -> None:
     if not hashers or not size:
         return
     crc_only = len(hashers) == 1 and isinstance(hashers[0], checksums.Crc)
-    if size <= INLINE_HASH or (crc_only and size <= INLINE_CRC):
+    if size <= INLINE_BYTES or (crc_only and size <= INLINE_CRC):
         _update(hashers, pieces)
     else:
         await asyncio.to_thread(_update, hashers, pieces)

@@ -17,7 +17,7 @@ from multidict import CIMultiDictProxy, MultiDictProxy
 from tierd.acl import Identity, canned
 from tierd.acl.authorize import PolicyStore
 from tierd.acl.keys import KeyStore, Owner
-from tierd.meta import Inode
+from tierd.meta import EMPTY_MD5, Inode
 from tierd.namespace.api import NamespaceAPI, valid_vid
 from tierd.s3 import checksums, tagset
 from tierd.s3.errors import S3Error
@@ -26,7 +26,6 @@ from tierd.s3.xmlio import el
 if TYPE_CHECKING:
     from tierd.s3.auth import Auth, Authenticator
 
-EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
 DEFAULT_CONTENT_TYPE = "binary/octet-stream"
 MAX_USER_METADATA = 2048  # bytes of x-amz-meta-* names and values, as AWS
 MAX_PUT_SIZE = 5 << 30  # one PUT or one part

@@ -27,7 +27,7 @@ from aiohttp import web
 from tierd.errors import FsError
 from tierd.meta import Inode, MultipartUpload, UploadPart
 from tierd.s3 import checksums, xmlio
-from tierd.s3.body import INLINE_HASH, Body
+from tierd.s3.body import Body
 from tierd.s3.buckets import bucket_or_404, xml_response
 from tierd.s3.common import (
     MAX_PUT_SIZE,
@@ -45,6 +45,7 @@ from tierd.s3.errors import S3Error, from_fs_error
 from tierd.s3.objects import fs_error, head_source, put_conditions, put_error
 from tierd.s3.versioning import copy_source_version, set_version_header
 from tierd.s3.xmlio import document, el, iso8601
+from tierd.tiers.fileio import INLINE_BYTES
 
 MAX_PARTS = 10000
 _COPY_ATTEMPTS = 3
@@ -160,7 +161,7 @@ async def _range_digests(ctx: Ctx, alg: str, bucket: str, key: str, first: int,
     reader = await ctx.ns.get_object(ctx.src_ident, bucket, key)
     try:
         async for chunk in reader.iter(first, length):
-            if len(chunk) > INLINE_HASH:
+            if len(chunk) > INLINE_BYTES:
                 await asyncio.to_thread(_update_both, h, md5, chunk)
             else:
                 _update_both(h, md5, chunk)

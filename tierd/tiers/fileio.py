@@ -24,7 +24,14 @@ from collections.abc import Callable, Sequence
 
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 _UNSUPPORTED = (errno.EOPNOTSUPP, errno.EINVAL)
-INLINE_WRITE = 64 << 10
+#: Bytes of work cheap enough to do on the event loop; above it, a thread (hashlib, zlib and
+#: the system calls release the GIL).  An MD5 of this many bytes, the slowest thing done
+#: inline (~650 MB/s), takes ~0.1 ms and a page-cache copy ~10 µs: a tenth of the loop's
+#: 1 ms budget at most, while a hop to a thread costs ~50 µs (DESIGN.md), so a smaller
+#: piece would pay more for the hop than for the work.  The one threshold for hashing bodies
+#: and chunks inline (S3 door, namespace staging and writes) and for writing inline where
+#: RWF_NOWAIT is refused.
+INLINE_BYTES = 64 << 10
 #: how much one copy step moves: a stop request or a progress tick waits at most this long
 COPY_CHUNK = 8 << 20
 #: errors of ``copy_file_range`` that mean "not between these files": copy through a buffer
@@ -127,7 +134,7 @@ async def pwrite(fd: int, data: bytes | memoryview, offset: int) -> int:
             if e.errno not in _UNSUPPORTED:
                 raise
             _Support.write = False
-    elif view.nbytes <= INLINE_WRITE:
+    elif view.nbytes <= INLINE_BYTES:
         pwrite_all(fd, view, offset)
         return view.nbytes
     if done < view.nbytes:

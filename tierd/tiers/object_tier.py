@@ -69,10 +69,6 @@ MAX_CHAR = "\U0010ffff"
 #: the largest page :meth:`ObjectTier.list` returns (S3's own limit)
 MAX_LIST = 1000
 
-#: the MD5 of nothing: ETag of an empty object
-EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
-
-
 # --- errors ---------------------------------------------------------------------------------
 
 
