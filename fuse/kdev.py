@@ -487,7 +487,18 @@ class KernelSession:
             if self.pt is not None:
                 self.pt.open_failed(req.nodeid, flags)
             raise
-        return [await self._open_out(req.nodeid, info, flags)]
+        return [await self._opened(req.nodeid, info, flags)]
+
+    async def _opened(self, ino: int, info: pyfuse3.FileInfo, flags: int) -> bytes:
+        """The OPEN reply of a handle the namespace opened; if it cannot be made, the
+        handle is released again (the kernel never learns of it)."""
+        try:
+            return await self._open_out(ino, info, flags)
+        except BaseException:
+            if self.pt is not None:
+                self.pt.released(ino, int(info.fh))
+            await self.ops.release(info.fh)
+            raise
 
     async def _create(self, req: Request) -> Sequence[Buffer]:
         flags, mode, umask, _ = K.CREATE_IN.unpack_from(req.body)
@@ -500,7 +511,7 @@ class KernelSession:
             except pyfuse3.FUSEError:
                 await self.ops.release(info.fh)
                 raise
-        return [entry_out(attrs), await self._open_out(attrs.st_ino, info, flags)]
+        return [entry_out(attrs), await self._opened(attrs.st_ino, info, flags)]
 
     async def _read(self, req: Request) -> Sequence[Buffer]:
         fh, off, size, *_ = K.READ_IN.unpack_from(req.body)
