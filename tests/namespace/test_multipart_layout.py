@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tierd.errors import Reason
 from tierd.namespace import FsError
 from tierd.namespace.mpu_parts import DATA, Payload
 
@@ -178,7 +179,7 @@ def test_complete_pauses_a_part_in_flight(env: NsEnv) -> None:
         return None, inode.ino
 
     err, ino = env.run(race())
-    assert isinstance(err, FsError) and err.reason == "NoSuchUpload"
+    assert isinstance(err, FsError) and err.reason is Reason.NO_SUCH_UPLOAD
     assert env.get(ROOT, "bkt", "k") == p1 + p2
     assert os.stat(env.ns.hot.path(ino)).st_size == 2 * S
 
@@ -290,7 +291,7 @@ def test_concurrent_completes(env: NsEnv) -> None:
             return_exceptions=True)
 
     first, second = env.run(both())
-    assert isinstance(second, FsError) and second.reason == "NoSuchUpload"
+    assert isinstance(second, FsError) and second.reason is Reason.NO_SUCH_UPLOAD
     assert not isinstance(first, BaseException)
     assert env.get(ROOT, "bkt", "k") == p[0] + p[1]
     assert os.stat(env.ns.hot.path(first.ino)).st_size == 2 * S  # type: ignore[attr-defined]

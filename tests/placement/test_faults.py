@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 
-from tierd.errors import FsError
+from tierd.errors import FsError, Reason
 from tierd.meta import MetaStore
 from tierd.namespace import Namespace
 from tierd.placement.ops import PlacementOps
@@ -41,7 +41,7 @@ async def test_cold_outage_keeps_cache_and_writes_then_resumes(tmp_path: Path) -
             assert await read_file(ns, cached.ino) == want  # cached data stays readable
             with pytest.raises(FsError) as ei:
                 await read_file(ns, uncached.ino)
-            assert ei.value.errno == errno.EIO and ei.value.reason == "ServiceUnavailable"
+            assert ei.value.errno == errno.EIO and ei.value.reason is Reason.SERVICE_UNAVAILABLE
             written = {}
             for i in range(3):  # writes continue into the dirty budget
                 data = os.urandom(MiB + i)
@@ -149,7 +149,7 @@ async def test_cold_hangs_mid_persistence_then_every_byte_persisted(
                     assert await read_file(ns, inode.ino) == data
                 with pytest.raises(FsError) as ei:
                     await read_file(ns, uncached.ino)
-                assert ei.value.errno == errno.EIO and ei.value.reason == "ServiceUnavailable"
+                assert ei.value.errno == errno.EIO and ei.value.reason is Reason.SERVICE_UNAVAILABLE
                 await until(lambda: p.cold_down, timeout=30)
                 assert p.dirty_bytes > 0
                 assert "cold store unavailable" in caplog.text
@@ -273,10 +273,10 @@ def test_placement_errors_map_to_s3_status_codes() -> None:
     507, an object deleted from cold 404."""
     from tierd.s3.errors import from_fs_error
 
-    cases = [(FsError(errno.EIO, "cold down", reason="ServiceUnavailable"), 503,
+    cases = [(FsError(errno.EIO, "cold down", reason=Reason.SERVICE_UNAVAILABLE), 503,
               "ServiceUnavailable"),
              (FsError(errno.ENOSPC, "hot tier full"), 507, "InsufficientStorage"),
-             (FsError(errno.ENOENT, "gone", reason="NoSuchKey"), 404, "NoSuchKey")]
+             (FsError(errno.ENOENT, "gone", reason=Reason.NO_SUCH_KEY), 404, "NoSuchKey")]
     for err, status, code in cases:
         s3 = from_fs_error(err)
         assert (s3.code, s3.status) == (code, status)

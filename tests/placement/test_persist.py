@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tierd.errors import FsError
+from tierd.errors import FsError, Reason
 from tierd.meta import STATE_CLEAN
 from tierd.placement import HOT, bitmap
 from tierd.tiers import BLOCK_SIZE
@@ -185,7 +185,7 @@ async def test_dirty_bound_slows_writers(file_env: Env) -> None:
         assert p.dirty_bytes > p.settings.dirty_limit
         with pytest.raises(FsError) as ei:
             await ns.put_object(ROOT, "www", "k", body(b"x"))
-        assert ei.value.errno == errno.EAGAIN and ei.value.reason == "SlowDown"
+        assert ei.value.errno == errno.EAGAIN and ei.value.reason is Reason.SLOW_DOWN
         writer = asyncio.create_task(write_file(ns, b.ino, b"next", b"y" * 1000))
         await asyncio.sleep(0.3)
         assert not writer.done()  # waits, nothing dropped

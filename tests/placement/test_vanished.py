@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from tierd.errors import FsError
+from tierd.errors import FsError, Reason
 from tierd.placement.ops import PlacementOps
 
 from .conftest import ROOT, Env, MiB, read_file, until, write_file
@@ -27,7 +27,7 @@ async def test_read_miss_on_a_vanished_object_is_enoent_and_drops_it(env: Env) -
         fh = await ns.open(ROOT, a.ino, os.O_RDONLY)
         with pytest.raises(FsError) as ei:
             await ns.read(fh, 0, MiB)
-        assert ei.value.errno == errno.ENOENT and ei.value.reason == "NoSuchKey"
+        assert ei.value.errno == errno.ENOENT and ei.value.reason is Reason.NO_SUCH_KEY
         await ns.release(fh)
         with pytest.raises(FsError) as ei:
             await ns.resolve(ROOT, "vnx/a")

@@ -14,12 +14,13 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from tierd.acl.keys import canonical_user_id
+from tierd.errors import FsError, Reason
 from tierd.meta import AccessKey
 from tierd.s3 import checksums, xmlio
 from tierd.s3.auth import Auth, Authenticator, sign, signing_key
 from tierd.s3.body import Body
 from tierd.s3.common import encode_layout, parse_copy_source, parse_range
-from tierd.s3.errors import S3Error
+from tierd.s3.errors import CODES, S3Error, from_fs_error
 
 # The example of "Signature Calculations for the Authorization Header: Transferring Payload
 # in Multiple Chunks (Chunked Upload) (AWS Signature Version 4)" in the S3 API reference.
@@ -215,6 +216,16 @@ def test_xml_parser_refuses_entities_and_junk() -> None:
     doc = xmlio.parse(b'<Delete xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
                       b"<Object><Key>a&amp;b</Key></Object></Delete>", "Delete")
     assert xmlio.child_text(xmlio.children(doc, "Object")[0], "Key") == "a&b"
+
+
+def test_every_reason_is_an_s3_error_code() -> None:
+    """An ``FsError.reason`` is answered with the S3 error code it is named by, whatever the
+    errno says (an ENOENT with NoSuchUpload is not NoSuchKey)."""
+    for reason in Reason:
+        assert reason.value in CODES, reason
+        err = from_fs_error(FsError(2, "x", reason=reason))
+        assert err.code == reason.value and err.status == CODES[reason.value][0]
+    assert from_fs_error(FsError(2, "x")).code == "NoSuchKey"
 
 
 def test_canonical_user_id_is_stable() -> None:

@@ -41,7 +41,7 @@ from collections.abc import AsyncIterable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tierd.errors import FsError
+from tierd.errors import FsError, Reason
 from tierd.meta import UploadPart
 from tierd.tiers.fileio import COPY_CHUNK, copy_range, pwritev_all
 
@@ -71,7 +71,7 @@ class Payload:
 
 
 def no_such_upload(upload_id: str, why: str = "was completed or aborted") -> FsError:
-    return FsError(errno.ENOENT, f"upload {upload_id!r} {why}", reason="NoSuchUpload")
+    return FsError(errno.ENOENT, f"upload {upload_id!r} {why}", reason=Reason.NO_SUCH_UPLOAD)
 
 
 @dataclass
@@ -215,7 +215,7 @@ class PartTarget:
                 continue
             if limit is not None and pos + blen + n > limit:
                 raise FsError(errno.EINVAL, "the body is longer than its announced length",
-                              reason="IncompleteBody")
+                              reason=Reason.INCOMPLETE_BODY)
             batch.append(chunk)
             blen += n
             if blen >= BATCH:

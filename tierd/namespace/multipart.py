@@ -27,7 +27,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable
 
 from tierd.acl import Identity
 from tierd.acl.s3map import enforce
-from tierd.errors import FsError, no_space
+from tierd.errors import FsError, Reason, no_space
 from tierd.meta import Inode, MetaTxn, MultipartUpload, UploadPart
 from tierd.namespace.base import now_ns
 from tierd.namespace.mpu_parts import (
@@ -114,7 +114,7 @@ class MultipartOps(ObjectOps):
         """A copy's source, open; a version of it needs versioning (VersionOps)."""
         if version is not None:
             raise FsError(errno.ENOENT, f"no version {version} of {key!r}",
-                          reason="NoSuchVersion")
+                          reason=Reason.NO_SUCH_VERSION)
         return await self.get_object(ident, bucket, key)
 
     # -- multipart -------------------------------------------------------------------------
@@ -141,7 +141,7 @@ class MultipartOps(ObjectOps):
             b = tx.get_bucket(up.bucket) if up is not None and bucket_owner else None
         if up is None:
             raise FsError(errno.ENOENT, f"upload {upload_id!r} does not exist (completed, "
-                          "aborted or never created)", reason="NoSuchUpload")
+                          "aborted or never created)", reason=Reason.NO_SUCH_UPLOAD)
         owner = b is not None and b.owner_uid == ident.uid and not ident.anonymous
         if not ident.is_root and ident.uid != up.uid and not owner:
             raise FsError(errno.EACCES, f"upload {upload_id!r} belongs to another user")
@@ -195,7 +195,7 @@ class MultipartOps(ObjectOps):
     def _check_part_number(self, number: int) -> None:
         if not 1 <= number <= MAX_PART_NUMBER:
             raise FsError(errno.EINVAL, f"part number must be 1 to {MAX_PART_NUMBER}",
-                          reason="InvalidArgument")
+                          reason=Reason.INVALID_ARGUMENT)
 
     def _stored_parts(self, upload_id: str) -> list[UploadPart]:
         with self.meta.snapshot() as tx:
@@ -229,7 +229,7 @@ class MultipartOps(ObjectOps):
             size = await target.receive(payload, digest)
             if payload.size is not None and size != payload.size:
                 raise FsError(errno.EINVAL, f"received {size} bytes of the {payload.size} "
-                              "announced", reason="IncompleteBody")
+                              "announced", reason=Reason.INCOMPLETE_BODY)
             return size
 
         return await self._write_part(upload_id, number, payload.size, fill, checksums,
@@ -297,7 +297,7 @@ class MultipartOps(ObjectOps):
             first, last = byte_range if byte_range is not None else (0, src.size - 1)
             if byte_range is not None and (first < 0 or last < first or last >= src.size):
                 raise FsError(errno.EINVAL, f"range bytes={first}-{last} is outside the "
-                              f"{src.size}-byte source", reason="InvalidRange")
+                              f"{src.size}-byte source", reason=Reason.INVALID_RANGE)
             length = max(0, last - first + 1)
 
             async def fill(target: PartTarget, digest: Hasher) -> int:
@@ -361,11 +361,11 @@ class MultipartOps(ObjectOps):
         """(the listed parts, every stored part); InvalidPart/InvalidPartOrder/
         EntityTooSmall as S3 answers them."""
         if not parts:
-            raise FsError(errno.EINVAL, "the part list is empty", reason="MalformedXML")
+            raise FsError(errno.EINVAL, "the part list is empty", reason=Reason.MALFORMED_XML)
         numbers = [n for n, _ in parts]
         if any(b <= a for a, b in itertools.pairwise(numbers)):
             raise FsError(errno.EINVAL, "part numbers must be listed in ascending order",
-                          reason="InvalidPartOrder")
+                          reason=Reason.INVALID_PART_ORDER)
         every = self._stored_parts(upload_id)
         stored = {p.number: p for p in every}
         chosen: list[UploadPart] = []
@@ -373,11 +373,11 @@ class MultipartOps(ObjectOps):
             p = stored.get(number)
             if p is None or p.etag != etag.strip('"').lower():
                 raise FsError(errno.EINVAL, f"part {number} was not uploaded or its ETag "
-                              "does not match", reason="InvalidPart")
+                              "does not match", reason=Reason.INVALID_PART)
             if i < len(parts) - 1 and p.size < self.min_part_size:
                 raise FsError(errno.EINVAL, f"part {number} is {p.size} bytes; every part "
                               f"but the last must be at least {self.min_part_size}",
-                              reason="EntityTooSmall")
+                              reason=Reason.ENTITY_TOO_SMALL)
             chosen.append(p)
         return chosen, every
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from tierd.acl import Identity, canned
 from tierd.acl.s3map import allowed, enforce
-from tierd.errors import FsError
+from tierd.errors import FsError, Reason
 from tierd.meta import EMPTY_MD5, ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
 from tierd.namespace import versions
 from tierd.namespace.base import IMPLICIT, Change, has_privs, now_ns
@@ -102,7 +102,7 @@ def _check_conditions(
         and if_none_match.strip('" ') == old.etag)
     ):
         raise FsError(errno.EEXIST, f"key {key!r} exists (If-None-Match)",
-                      reason="PreconditionFailed")
+                      reason=Reason.PRECONDITION_FAILED)
     if if_match is not None:
         if not exists:
             raise FsError(errno.ENOENT, f"no such key {key!r} (If-Match)")
@@ -110,7 +110,7 @@ def _check_conditions(
         wanted = if_match.strip()
         if wanted != "*" and wanted.strip('"') != old.etag:
             raise FsError(errno.EINVAL, f"key {key!r} has another ETag (If-Match)",
-                          reason="PreconditionFailed")
+                          reason=Reason.PRECONDITION_FAILED)
 
 
 class ObjectOps(FileOps):

@@ -22,7 +22,7 @@ import os
 from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from tierd.errors import FsError, no_space
+from tierd.errors import FsError, Reason, no_space
 from tierd.namespace.smalllog import SmallLog
 from tierd.tiers.fileio import INLINE_BYTES, pwritev_all
 from tierd.tiers.hotdir import HotDir
@@ -51,7 +51,7 @@ def refuse_over_dirty_limit(placement: Placement | None) -> None:
     ``Placement.admit``)."""
     if placement is not None and placement.over_dirty_limit():
         raise FsError(errno.EAGAIN, "too much data is waiting to be persisted to the cold "
-                      "store; retry later", reason="SlowDown")
+                      "store; retry later", reason=Reason.SLOW_DOWN)
 
 
 async def retry_full(placement: Placement | None, nbytes: int,

@@ -25,7 +25,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 
 from tierd.acl import Identity
 from tierd.acl.s3map import enforce
-from tierd.errors import FsError
+from tierd.errors import FsError, Reason
 from tierd.meta import Inode, MetaTxn
 from tierd.namespace import versions
 from tierd.namespace.base import Change, now_ns
@@ -95,7 +95,7 @@ class TagOps(ObjectOps):
         if v is None and cur is not None and (versions.current_vid(cur) == vid
                                               or (cur.is_dir and vid == versions.NULL)):
             return cur
-        raise FsError(errno.ENOENT, f"no version {vid} of {key!r}", reason="NoSuchVersion")
+        raise FsError(errno.ENOENT, f"no version {vid} of {key!r}", reason=Reason.NO_SUCH_VERSION)
 
     async def tagged_object(self, ident: Identity, bucket: str, key: str,
                             vid: str | None = None) -> Inode:

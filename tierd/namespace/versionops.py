@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from tierd.acl import Identity
 from tierd.acl.s3map import enforce
-from tierd.errors import FsError
+from tierd.errors import FsError, Reason
 from tierd.meta import EMPTY_MD5, Dirent, Inode, MetaTxn
 from tierd.namespace import versions
 from tierd.namespace.base import Change
@@ -37,7 +37,7 @@ class DeleteMarkerHit(FsError):
     def __init__(self, marker: Version, latest: bool) -> None:
         super().__init__(errno.ENOENT if latest else errno.EPERM,
                          f"version {marker.vid} of {marker.key!r} is a delete marker",
-                         reason="NoSuchKey" if latest else "MethodNotAllowed")
+                         reason=Reason.NO_SUCH_KEY if latest else Reason.METHOD_NOT_ALLOWED)
         self.marker = marker
 
 
@@ -110,7 +110,7 @@ class VersionOps(MultipartOps):
         """Enable or suspend (never back to unversioned, as S3); durable on return."""
         if status not in (ENABLED, SUSPENDED):
             raise FsError(errno.EINVAL, f"versioning status {status!r} is not Enabled or "
-                          "Suspended", reason="MalformedXML")
+                          "Suspended", reason=Reason.MALFORMED_XML)
         with self.meta.write() as tx:
             versions.require_bucket(tx, bucket)
             versions.mark_in_use(tx)
@@ -158,7 +158,7 @@ class VersionOps(MultipartOps):
                 if cur is None or not ((cur.is_reg and versions.current_vid(cur) == vid)
                                        or (cur.is_dir and vid == NULL)):
                     raise FsError(errno.ENOENT, f"no version {vid} of {key!r}",
-                                  reason="NoSuchVersion")
+                                  reason=Reason.NO_SUCH_VERSION)
                 inode = self._live(cur)
             elif v.marker:
                 raise DeleteMarkerHit(v, latest=False)
@@ -166,7 +166,7 @@ class VersionOps(MultipartOps):
                 found = tx.get_inode(v.ino)
                 if found is None:
                     raise FsError(errno.ENOENT, f"no version {vid} of {key!r}",
-                                  reason="NoSuchVersion")
+                                  reason=Reason.NO_SUCH_VERSION)
                 enforce(ident, "GetObject", obj=found, key=key)
                 inode = self._live(found)
         if inode.is_dir:

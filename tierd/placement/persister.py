@@ -23,7 +23,7 @@ import logging
 import time
 from typing import Any
 
-from tierd.errors import FsError
+from tierd.errors import FsError, Reason
 from tierd.meta import MetaTxn
 from tierd.placement import intents
 from tierd.placement.failures import RETRY_MAX, Failures
@@ -305,7 +305,7 @@ class Placement(Uploading):
                 log.warning("inode %d (%s) was persisted after all", ino, f.key)
         except (TierUnavailable, FsError) as e:
             self.stats["persist_failures"] += 1  # tierd_cold_store_errors_total
-            local = isinstance(e, FsError) and e.reason != "ServiceUnavailable"
+            local = isinstance(e, FsError) and e.reason is not Reason.SERVICE_UNAVAILABLE
             if local or await self._answers():  # the store answers: this file's failure
                 self._file_failed(ino, e, permanent=False)
             else:

@@ -28,7 +28,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tierd.errors import FsError
+from tierd.errors import FsError, Reason
 from tierd.meta import ColdRecord
 from tierd.placement import bitmap
 from tierd.placement.engine import FIRST_WINDOW, HOT, WARM, Stream
@@ -426,9 +426,9 @@ class Reading(Evicting):
         rec = v.rec
         if src == "cold" and (rec is None or not rec.keys):
             if v.unlinked:
-                raise FsError(errno.ENOENT, f"inode {v.ino} was deleted", reason="NoSuchKey")
+                raise FsError(errno.ENOENT, f"inode {v.ino} was deleted", reason=Reason.NO_SUCH_KEY)
             raise FsError(errno.EIO, f"inode {v.ino}: bytes at {off} are on no local tier "
-                          "and the cold store has no copy", reason="ServiceUnavailable")
+                          "and the cold store has no copy", reason=Reason.SERVICE_UNAVAILABLE)
         key, etag = next(iter(rec.keys.items())) if rec is not None and rec.keys else ("", "")
         for attempt in (0, 1):
             try:
@@ -454,11 +454,11 @@ class Reading(Evicting):
                 self.stats["cold_read_errors"] += 1  # tierd_cold_store_errors_total
                 log.warning("read of %s failed: cold store unavailable: %s", key, e)
                 raise FsError(errno.EIO, f"cold store unavailable: {e}",
-                              reason="ServiceUnavailable") from e
+                              reason=Reason.SERVICE_UNAVAILABLE) from e
             except ObjectNotFound as e:
                 await self._vanished(v, key, etag)
                 raise FsError(errno.ENOENT, f"{key}: deleted from the cold store outside "
-                              "tierd", reason="NoSuchKey") from e
+                              "tierd", reason=Reason.NO_SUCH_KEY) from e
             except ObjectChanged as e:
                 self.stats["cold_read_errors"] += 1
                 log.warning("read of %s failed: the cold object was replaced outside tierd "

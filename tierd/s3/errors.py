@@ -136,11 +136,11 @@ ERRNO_CODES: dict[int, str] = {
 def from_fs_error(e: OSError, *, missing: str = "NoSuchKey", bucket: str = "",
                   key: str = "") -> S3Error:
     """The S3 error for a namespace failure.  ``missing`` is what ENOENT means here
-    (NoSuchKey, NoSuchBucket, NoSuchUpload); an explicit ``FsError.reason`` wins."""
+    (NoSuchKey, NoSuchBucket, NoSuchUpload); an ``FsError.reason`` wins."""
     message = e.message if isinstance(e, FsError) else (e.strerror or str(e))
-    reason = e.reason if isinstance(e, FsError) else ""
-    if reason in CODES:
-        code = reason
+    reason = e.reason if isinstance(e, FsError) else None
+    if reason is not None:
+        code = reason.value  # each reason is named by its S3 code (tests/s3/test_unit.py)
     elif e.errno == errno.ENOENT:
         code = missing
     else:

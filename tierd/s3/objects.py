@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from tierd.acl import canned
-from tierd.errors import FsError
+from tierd.errors import FsError, Reason
 from tierd.meta import Inode
 from tierd.namespace import ObjectReader
 from tierd.namespace.api import current_vid
@@ -55,7 +55,7 @@ async def fs_error(ctx: Ctx, e: OSError, bucket: str | None = None,
     bucket = ctx.bucket if bucket is None else bucket
     key = ctx.key if key is None else key
     missing = "NoSuchKey"
-    if e.errno == errno.ENOENT and not getattr(e, "reason", ""):
+    if e.errno == errno.ENOENT and not (isinstance(e, FsError) and e.reason):
         try:
             await ctx.ns.get_bucket(bucket)
         except FsError:
@@ -80,7 +80,7 @@ def put_conditions(ctx: Ctx) -> tuple[str | None, str | None]:
 async def put_error(ctx: Ctx, e: FsError) -> S3Error:
     """The S3 error of a failed conditional write (PUT, CompleteMultipartUpload): a
     condition the commit found false is PreconditionFailed naming the header."""
-    if e.reason == "PreconditionFailed":
+    if e.reason is Reason.PRECONDITION_FAILED:
         return S3Error("PreconditionFailed", Condition="If-None-Match"
                        if e.errno == errno.EEXIST else "If-Match")
     return await fs_error(ctx, e)

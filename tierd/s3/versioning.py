@@ -10,7 +10,7 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from tierd.acl import Identity
-from tierd.errors import FsError
+from tierd.errors import FsError, Reason
 from tierd.meta import Inode
 from tierd.namespace.api import (
     ENABLED,
@@ -78,7 +78,7 @@ def marker_error(ctx: Ctx, e: DeleteMarkerHit) -> S3Error:
     both with ``x-amz-delete-marker: true`` as S3 answers."""
     headers = {"x-amz-delete-marker": "true", "x-amz-version-id": e.marker.vid,
                "Last-Modified": http_date(e.marker.mtime_ns)}
-    if e.reason == "MethodNotAllowed":
+    if e.reason is Reason.METHOD_NOT_ALLOWED:
         return S3Error("MethodNotAllowed", "The specified method is not allowed against "
                        "this resource.", Method=ctx.request.method, ResourceType="DeleteMarker",
                        headers=headers)
