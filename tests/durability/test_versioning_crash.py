@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from tierd.tiers.hotdir import inventory
+from tierd.tiers.local_tier import inventory
 
 from .coldlib import Cold, Tierd, wait_for
 

@@ -19,6 +19,7 @@ from tierd.namespace import smalllog
 from tierd.tiers.fileio import INLINE_BYTES
 from tierd.tiers.groupsync import GroupWriter
 from tierd.tiers.hotdir import HotDir
+from tierd.tiers.local_tier import LocalTier
 
 from .conftest import ROOT, NsEnv
 
@@ -152,7 +153,7 @@ def test_replay_never_rolls_back_newer_content(nsenv: NsEnv, no_timed_trim: None
 
 
 def test_group_writer_groups_and_fails_alone(tmp_path: Path) -> None:
-    hot = HotDir(tmp_path / "hot")
+    hot = HotDir(LocalTier(tmp_path / "hot", name="hot"))
     gw: GroupWriter = hot.small
 
     async def main() -> None:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from tierd.meta import MetaStore
-from tierd.tiers.hotdir import HotDir
+from tierd.tiers.local_tier import LocalTier
 
 from .conftest import start_daemon
 
@@ -38,7 +38,7 @@ def test_sigkill_and_lost_data_files_then_every_acknowledged_small_put(tmp_path:
             store.close()
         # the trim runs within a second of a PUT; most of the last ones are still logged
         assert logged, "no small PUT was left in the log: the test tests nothing"
-        hot = HotDir(data / "hot")
+        hot = LocalTier(data / "hot", name="hot")
         for ino in logged:
             Path(hot.path(ino)).unlink(missing_ok=True)
         d = start_daemon(data, "--persist-delay", "3600")

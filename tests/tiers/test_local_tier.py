@@ -100,15 +100,40 @@ async def test_used_and_capacity(tmp_path: Path) -> None:
     assert await t.used() < used
 
 
-async def test_same_layout_as_hotdir(tmp_path: Path) -> None:
-    hd = HotDir(tmp_path / "hot")
-    lt = LocalTier(tmp_path / "hot")
+async def test_hotdir_uses_the_tiers_layout_and_descriptors(tmp_path: Path) -> None:
+    """HotDir (the namespace's side) owns no layout or descriptor of its own: its paths
+    are the tier's, and an open file's descriptor (pin) is the tier's cached one, kept
+    through cache churn and closed only once let go of and dropped."""
+    lt = LocalTier(tmp_path / "hot", max_open=1)
+    hd = HotDir(lt)
     for ino in (1, 0xABCDEF, 2**63 - 1):
-        assert lt.path(ino) == hd.path(ino)
-    fd = hd.open(42, create=True)
+        h = f"{ino:016x}"
+        assert hd.path(ino) == lt.path(ino) == str(tmp_path / "hot" / h[-2:] / h)
+    fd = hd.open(42)
     os.pwrite(fd, b"written by the namespace", 0)
     os.close(fd)
     assert await lt.read(42, 0, 100) == b"written by the namespace"
+    pinned, unpin = hd.pin(7)  # created empty
+    async with lt.fd(7) as fd:
+        assert fd == pinned  # placement's reads use the open file's descriptor
+    for ino in range(20, 25):  # churn past max_open: a pinned descriptor stays open
+        await lt.write(ino, 0, b"x")
+    os.pwrite(pinned, b"still open", 0)
+    assert await lt.read(7, 0, 10) == b"still open"
+    unpin()
+    lt.release_fd(7)
+    with pytest.raises(OSError):
+        os.fstat(pinned)
+
+
+async def test_a_full_cache_of_descriptors_in_use_still_opens_more(tmp_path: Path) -> None:
+    """Every cached descriptor in use (open files pin theirs): a new one is opened beyond
+    the bound instead of being closed under its first user."""
+    t = LocalTier(tmp_path / "hot", max_open=1)
+    async with t.fd(1, create=True):
+        await t.write(2, 0, b"beyond the bound")
+        assert await t.read(2, 0, 100) == b"beyond the bound"
+    await t.close()
 
 
 async def test_descriptor_cache_is_bounded_and_safe(tmp_path: Path) -> None:

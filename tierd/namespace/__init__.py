@@ -27,6 +27,7 @@ from tierd.namespace.versionops import VersionOps
 from tierd.namespace.xattrs import XATTR_CREATE, XATTR_REPLACE, XattrOps
 from tierd.placement import Placement
 from tierd.tiers.hotdir import HotDir
+from tierd.tiers.local_tier import LocalTier
 
 log = logging.getLogger("tierd.namespace")
 
@@ -59,7 +60,10 @@ class Namespace(VersionOps, TagOps, XattrOps, ImportOps, TieringOps):
                    placement: Placement | None = None) -> Namespace:
         """``placement`` (started by the caller) makes cold the system of record and
         ``hot_dir`` its block cache; without it, data lives only in ``hot_dir``."""
-        ns = cls(meta, HotDir(Path(hot_dir)), umask, placement)
+        hot = placement.hot if placement is not None else LocalTier(hot_dir, name="hot")
+        if Path(hot.root).resolve() != Path(hot_dir).resolve():
+            raise ValueError(f"placement's hot tier is {hot.root}, not {hot_dir}")
+        ns = cls(meta, HotDir(hot), umask, placement)
         if placement is not None:
             placement.importer.attach(ns)  # import changes the tree through ns (imports.py)
         unclean_below = ns._recover()

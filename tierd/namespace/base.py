@@ -15,7 +15,6 @@ import errno
 import functools
 import hashlib
 import logging
-import os
 import stat
 import time
 from collections.abc import Callable
@@ -68,7 +67,9 @@ class OpenFile:
     """
 
     ino: int
-    opener: Callable[[], int]  # opens the data file: at the first read or write, not at open
+    # the data file's descriptor (the hot tier's, HotDir.pin) and the call that lets go of
+    # it: taken at the first read or write, not at open
+    opener: Callable[[], tuple[int, Callable[[], None]]]
     size: int
     refs: int = 0
     gen: int = 0  # bumped by every write/truncate
@@ -89,14 +90,15 @@ class OpenFile:
     hash_tail: asyncio.Future[None] | None = None
     hash_backlog: int = 0
     _fd: int = -1
+    _unpin: Callable[[], None] | None = None
 
     @property
     def fd(self) -> int:
-        """The data file's descriptor.  Opened lazily: creating a file that is closed
-        without a write (touch, lock files, a create+close benchmark) then costs no local
-        file at all."""
+        """The data file's descriptor (the hot tier's: never close it).  Taken lazily:
+        creating a file that is closed without a write (touch, lock files, a create+close
+        benchmark) then costs no local file at all."""
         if self._fd < 0:
-            self._fd = self.opener()
+            self._fd, self._unpin = self.opener()
         return self._fd
 
     @property
@@ -104,9 +106,9 @@ class OpenFile:
         return self._fd >= 0
 
     def close_fd(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        unpin, self._unpin, self._fd = self._unpin, None, -1
+        if unpin is not None:
+            unpin()
 
     @property
     def dirty(self) -> bool:
@@ -294,7 +296,7 @@ class NamespaceBase:
     ) -> int:
         of = self._open.get(inode.ino)
         if of is None:
-            of = OpenFile(inode.ino, functools.partial(self.hot.open, inode.ino, create=True),
+            of = OpenFile(inode.ino, functools.partial(self.hot.pin, inode.ino),
                           inode.size, mtime_ns=inode.mtime_ns,
                           ctime_ns=inode.ctime_ns, committed_size=inode.size)
             if inode.size == 0:

@@ -105,7 +105,7 @@ class FileOps(EntryOps):
         if self.placement is None:
             data = await fileio.pread(h.ofile.fd, end - offset, offset)
         else:  # from hot, or from warm for blocks only warm holds (docs/placement.md)
-            data = await self.placement.read(h.ino, h.ofile.fd, offset, end - offset)
+            data = await self.placement.read(h.ino, offset, end - offset)
         if len(data) < end - offset:  # a hole past the data file's end reads as zeros
             data += bytes(end - offset - len(data))
         return data

@@ -107,7 +107,7 @@ def _clone(hot: HotDir, ino: int, clone_ino: int, size: int) -> None:
     """The first ``size`` bytes of ``ino``'s data file (a shorter file reads as zeros)
     as the durable data file of ``clone_ino``; ``ino``'s own file made durable too (the
     module doc).  Blocking: a thread."""
-    src = hot.open(ino, create=True)
+    src = hot.open(ino)
     try:
         os.fdatasync(src)
         hot.fsync_dir(ino)

@@ -261,7 +261,7 @@ class ObjectOps(FileOps):
             return ObjectReader(inode, self.hot.open(inode.ino))
         ino = inode.ino
         p.acquire(ino)  # no eviction under a reader (a door may sendfile from fd)
-        reader = ObjectReader(inode, self.hot.open(ino, create=True),
+        reader = ObjectReader(inode, self.hot.open(ino),
                               _ensure=lambda off, n: p.ensure(ino, off, n),
                               _release=lambda: p.release(ino))
         if ensure:

@@ -79,7 +79,7 @@ class ResizeOps(NamespaceBase):
                 of.md5 = None
             await self._commit_open(of)
         else:
-            fd = self.hot.open(ino, create=True)
+            fd = self.hot.open(ino)
             try:
                 with self.meta.write() as tx:
                     inode = self._get(tx, ino)

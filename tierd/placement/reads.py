@@ -99,11 +99,11 @@ class Reading(Evicting):
         v = self._view(ino)
         return v is None or v.hot is None or bitmap.count(v.hot) == bitmap.nblocks(v.size)
 
-    async def read(self, ino: int, fd: int, offset: int, length: int) -> bytes:
-        """The bytes of ``[offset, offset+length)`` (short at end of file), with ``fd`` the
-        namespace's descriptor on the hot file.  A file with a memory-tier copy is served
-        from it; warm-only blocks are served from warm until their second reference
-        promotes them."""
+    async def read(self, ino: int, offset: int, length: int) -> bytes:
+        """The bytes of ``[offset, offset+length)`` (short at end of file).  A file with a
+        memory-tier copy is served from it; warm-only blocks are served from warm until
+        their second reference promotes them; the rest from the hot file, through the hot
+        tier's descriptor (an open file's is the one the namespace writes through)."""
         if self.mem is not None:
             data = self.mem.read(ino, offset, length)
             if data is not None:
@@ -113,6 +113,11 @@ class Reading(Evicting):
                 if len(self._mem_seen) > 1 << 16:
                     self._mem_seen.clear()
                 self.admit_mem_later(ino)
+        async with self.hot.fd(ino, create=True) as fd:
+            return await self._read_local(ino, fd, offset, length)
+
+    async def _read_local(self, ino: int, fd: int, offset: int, length: int) -> bytes:
+        """:meth:`read` from hot and warm, ``fd`` the hot file's descriptor."""
         self.acquire(ino)
         try:
             if ino in self._whole:

@@ -8,8 +8,8 @@
   (:class:`FsspecObjectTier`); :func:`open_object_tier` picks one from a URL.
 
 Placement (``tierd/placement/``) decides which blocks live where; nothing here knows about
-inodes' metadata.  ``fileio`` and ``hotdir`` are the pre-placement helpers the namespace
-still uses.  See docs/tiers.md.
+inodes' metadata.  ``hotdir`` is the namespace's side of the hot ``LocalTier`` (staging,
+small-file writes; the tier owns the files); ``fileio`` the I/O helpers.  See docs/tiers.md.
 
 The S3 and fsspec engines import boto3/fsspec lazily, so importing this package needs
 neither.

@@ -1,8 +1,20 @@
-"""File data on the hot tier directory: one sparse local file per inode.
+"""The namespace's side of the hot tier: staging, installs and small-file writes over the
+hot :class:`~tierd.tiers.local_tier.LocalTier`.
 
-The tiers issue replaces this with block-addressed tiers; until then the namespace stores
-each regular file's bytes in ``<hot>/<shard>/<ino>`` and stages whole-object uploads in
-``<hot>/tmp`` so a PUT appears atomically by rename.
+One object owns the hot data files: the hot ``LocalTier`` that placement fills, evicts and
+uploads from.  It alone knows their layout (``<hot>/<last 2 hex>/<ino:016x>``), creates
+them and keeps their descriptors (a bounded cache with reference counts).  ``HotDir`` wraps
+that same object for what only the namespace does -- staging whole-object uploads in
+``<hot>/tmp`` so a PUT appears atomically by rename, group-synced small files, sweeping a
+crash's leftovers -- and asks it for every path and descriptor: an open file's descriptor
+is the tier's cached one (:meth:`HotDir.pin`), so the namespace's writes and placement's
+reads, fills and uploads of that file go through one descriptor.
+
+Why a wrapper rather than one class: the namespace's file calls are blocking (run in
+threads or right after a commit: ``remove`` unlinks at once, ``open`` hands a new
+descriptor to a thread or to sendfile) where the tier's are coroutines on the loop, and the
+warm tier needs no staging; keeping the two APIs apart is the smaller change, and the files
+still have one owner.
 """
 
 from __future__ import annotations
@@ -10,37 +22,36 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 from tierd.tiers.fileio import fsync_parent
 from tierd.tiers.groupsync import GroupWriter, syncfs
+from tierd.tiers.local_tier import LocalTier
 
 
 class HotDir:
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+    def __init__(self, tier: LocalTier) -> None:
+        self.tier = tier
+        self.root = tier.root
         self.tmp = self.root / "tmp"
-        self.root.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(exist_ok=True)
         self.small = GroupWriter(self._open_new_path, fsync_parent)
 
     def path(self, ino: int) -> str:
-        h = f"{ino:016x}"
-        return os.path.join(self.root, h[-2:], h)
+        """The inode's data file (the tier's layout)."""
+        return self.tier.path(ino)
 
-    def open(self, ino: int, create: bool = False) -> int:
-        """An O_RDWR descriptor on the inode's data file (created empty when asked)."""
-        p = self.path(ino)
-        flags = os.O_RDWR | os.O_CLOEXEC
-        if create:
-            flags |= os.O_CREAT  # (the shard directory is made below if it is missing)
-        try:
-            return os.open(p, flags, 0o600)
-        except FileNotFoundError:
-            # a file created before its data (e.g. by mknod) or whose data was lost: empty
-            os.makedirs(os.path.dirname(p), exist_ok=True)
-            return os.open(p, flags | os.O_CREAT, 0o600)
+    def open(self, ino: int) -> int:
+        """A new O_RDWR descriptor on the inode's data file, which the caller closes (a
+        thread's hashing or cloning, a reader handed to sendfile); a missing file (created
+        before its data, e.g. by mknod, or whose data was lost) is created empty."""
+        return self.tier.open_file(ino, create=True)
+
+    def pin(self, ino: int) -> tuple[int, Callable[[], None]]:
+        """The tier's cached descriptor of the inode's data file (created empty when
+        missing) and the call that lets go of it: an open file's descriptor, shared with
+        placement's reads, fills and uploads.  Loop only; never close it."""
+        return self.tier.pin(ino)
 
     def open_new(self, ino: int) -> int:
         """A write descriptor on a new inode's data file, emptied (a crash may have left a
@@ -74,7 +85,7 @@ class HotDir:
             return os.open(p, flags, 0o600)
 
     def create_empty(self, ino: int) -> None:
-        os.close(self.open(ino, create=True))
+        os.close(self.open(ino))
 
     def remove(self, ino: int) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -106,29 +117,10 @@ class HotDir:
 
     def inventory(self) -> set[int]:
         """Inode numbers that have a data file here (blocking: a thread)."""
-        return inventory(self.root)
+        return self.tier.inventory()
 
     def fsync_dir(self, ino: int) -> None:
         fsync_parent(self.path(ino))
 
     def statvfs(self) -> os.statvfs_result:
         return os.statvfs(self.root)
-
-
-def inventory(root: str | os.PathLike[str]) -> set[int]:
-    """Inode numbers with a data file under ``root`` (one walk of the shard directories,
-    ``<root>/<last 2 hex>/<ino:016x>``; the staging and upload directories are not shards).
-    Blocking: call it in a thread."""
-    out: set[int] = set()
-    try:
-        shards = list(os.scandir(root))
-    except FileNotFoundError:
-        return out
-    for shard in shards:
-        if not (shard.is_dir(follow_symlinks=False) and len(shard.name) == 2):
-            continue
-        for f in os.scandir(shard.path):
-            if len(f.name) == 16:
-                with contextlib.suppress(ValueError):
-                    out.add(int(f.name, 16))
-    return out

@@ -1,7 +1,10 @@
 """Hot (NVMe) and warm (SSD) tiers: one sparse file per inode in a local directory.
 
-The layout is :class:`~tierd.tiers.hotdir.HotDir`'s (``<root>/<last 2 hex>/<ino:016x>``), so
-data the namespace wrote before placement existed stays valid.  A file's content is cached
+The layout is ``<root>/<last 2 hex>/<ino:016x>`` (data dirs written before placement existed
+keep opening).  The hot tier's object is the one owner of the hot data files: their path,
+their creation and their descriptors; the namespace reaches them through
+:class:`~tierd.tiers.hotdir.HotDir`, which wraps this object (an open file's descriptor is
+this cache's, :meth:`LocalTier.pin`).  A file's content is cached
 block by block (:data:`BLOCK_SIZE`, 4 MiB): a block present on this tier is written at its
 offset, an absent one is a hole.  *Which* blocks are present is placement's record in the
 metadata (``Inode.blocks``), not this class's: the holes are how the space is freed, and
@@ -30,14 +33,14 @@ import asyncio
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tierd.tiers import fileio
-from tierd.tiers.hotdir import inventory
 
 #: the unit of caching and placement (DESIGN.md: "addressed in fixed-size blocks")
 BLOCK_SIZE = 4 << 20
@@ -145,13 +148,16 @@ class LocalTier:
         return f"LocalTier({self.name!r}, {str(self.root)!r})"
 
     def path(self, ino: int) -> str:
-        """The inode's data file (HotDir's scheme)."""
+        """The inode's data file: ``<root>/<last 2 hex digits>/<ino as 16 hex digits>``."""
         h = f"{ino:016x}"
         return os.path.join(self.root, h[-2:], h)
 
     # -- descriptors -------------------------------------------------------------------------
 
-    def _open(self, ino: int, create: bool) -> int:
+    def open_file(self, ino: int, *, create: bool) -> int:
+        """A new O_RDWR descriptor on the inode's file, which the caller owns and closes
+        (the cache below uses it too); with ``create`` a missing file (and its shard
+        directory) is made, empty.  Blocking only briefly: safe in a thread."""
         p = self.path(ino)
         flags = os.O_RDWR | os.O_CLOEXEC
         try:
@@ -170,11 +176,11 @@ class LocalTier:
     def _acquire(self, ino: int, create: bool) -> _Fd:
         ent = self._fds.get(ino)
         if ent is None:
-            ent = _Fd(self._open(ino, create))
+            ent = _Fd(self.open_file(ino, create=create), refs=1)
             self._fds[ino] = ent
-            self._trim()
-        else:
-            self._fds.move_to_end(ino)
+            self._trim()  # (in use already: never the one just opened)
+            return ent
+        self._fds.move_to_end(ino)
         ent.refs += 1
         return ent
 
@@ -193,6 +199,13 @@ class LocalTier:
             if ent.refs == 0:
                 del self._fds[ino]
                 os.close(ent.fd)
+
+    def pin(self, ino: int) -> tuple[int, Callable[[], None]]:
+        """The cached descriptor of the inode's file (created when missing), held until
+        the returned call lets go of it: for a holder that outlives an ``async with``
+        (:meth:`fd`), such as the namespace's open file.  Loop only; never close it."""
+        ent = self._acquire(ino, True)
+        return ent.fd, functools.partial(self._release, ent)
 
     def inventory(self) -> set[int]:
         """Inode numbers that have a file on this tier (one walk of the shard directories;
@@ -363,3 +376,22 @@ def _tree_allocated(root: str) -> int:
                 if e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
     return total
+
+
+def inventory(root: str | os.PathLike[str]) -> set[int]:
+    """Inode numbers with a data file under ``root`` (one walk of the shard directories,
+    ``<root>/<last 2 hex>/<ino:016x>``; the staging and upload directories are not shards).
+    Blocking: call it in a thread."""
+    out: set[int] = set()
+    try:
+        shards = list(os.scandir(root))
+    except FileNotFoundError:
+        return out
+    for shard in shards:
+        if not (shard.is_dir(follow_symlinks=False) and len(shard.name) == 2):
+            continue
+        for f in os.scandir(shard.path):
+            if len(f.name) == 16:
+                with contextlib.suppress(ValueError):
+                    out.add(int(f.name, 16))
+    return out
