@@ -28,7 +28,7 @@ import pyfuse3.asyncio
 
 from tierd.logs import get_logger, kv
 from tierd.metrics import Metrics
-from tierd.namespace import Namespace
+from tierd.namespace.api import NamespaceAPI
 
 from .ops import TierdOps
 
@@ -248,7 +248,7 @@ class FuseDoor:
 
     def __init__(
         self,
-        ns: Namespace,
+        ns: NamespaceAPI,
         mountpoint: Path,
         *,
         on_unmounted: Callable[[], None] | None = None,
