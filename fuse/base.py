@@ -133,9 +133,9 @@ class OpsBase(pyfuse3.Operations):
         *,
         entry_timeout: float = 300.0,
         attr_timeout: float = 300.0,
-        # TODO(namespace): put_object notifies only the leaf entry, not the directories it
-        # creates; a cached negative entry for such a directory would hide it, so missing
-        # names are not cached until the namespace reports created directories too
+        # missing names are not cached: the lazy import of objects put straight into cold
+        # adds names no notification reports, which a cached negative entry would hide
+        # (the object calls do report the directories they create; docs/fuse.md)
         negative_timeout: float = 0.0,
     ) -> None:
         super().__init__()
