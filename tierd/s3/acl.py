@@ -22,7 +22,7 @@ from tierd.acl.keys import canonical_user_id
 from tierd.acl.modes import anonymous_bits
 from tierd.acl.policy import ANONYMOUS, Decision, Request
 from tierd.errors import FsError
-from tierd.meta import Inode
+from tierd.namespace.api import Inode
 from tierd.s3 import bucket_controls, versioning, xmlio
 from tierd.s3.body import Body
 from tierd.s3.buckets import xml_response

@@ -30,7 +30,7 @@ from tierd.acl import s3map
 from tierd.acl.authorize import PAB_CONFIG, PublicAccessBlock
 from tierd.acl.keys import canonical_user_id
 from tierd.errors import FsError
-from tierd.meta import Bucket
+from tierd.namespace.api import Bucket
 from tierd.s3 import bucketdoc, xmlio
 from tierd.s3.body import Body
 from tierd.s3.bucket_policy import bucket_record, may_manage

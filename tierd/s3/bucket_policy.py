@@ -22,7 +22,7 @@ from tierd.acl import AccessDenied
 from tierd.acl.authorize import decide
 from tierd.acl.policy import MAX_POLICY_BYTES, Decision, MalformedPolicy, Policy, parse_policy
 from tierd.errors import FsError
-from tierd.meta import Bucket
+from tierd.namespace.api import Bucket
 from tierd.s3 import access
 from tierd.s3.body import Body
 from tierd.s3.buckets import xml_response

@@ -17,8 +17,8 @@ from multidict import CIMultiDictProxy, MultiDictProxy
 from tierd.acl import Identity, canned
 from tierd.acl.authorize import PolicyStore
 from tierd.acl.keys import KeyStore, Owner
-from tierd.meta import EMPTY_MD5, Inode
-from tierd.namespace.api import NamespaceAPI, valid_vid
+from tierd.meta import EMPTY_MD5
+from tierd.namespace.api import Inode, NamespaceAPI, valid_vid
 from tierd.s3 import checksums, tagset
 from tierd.s3.errors import S3Error
 from tierd.s3.xmlio import el

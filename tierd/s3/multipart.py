@@ -25,7 +25,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from tierd.errors import FsError
-from tierd.meta import Inode, MultipartUpload, UploadPart
+from tierd.namespace.api import Inode, MultipartUpload, UploadPart
 from tierd.s3 import checksums, xmlio
 from tierd.s3.body import Body
 from tierd.s3.buckets import bucket_or_404, xml_response

@@ -11,9 +11,8 @@ from aiohttp import web
 
 from tierd.acl import canned
 from tierd.errors import FsError, Reason
-from tierd.meta import Inode
 from tierd.namespace import ObjectReader
-from tierd.namespace.api import current_vid
+from tierd.namespace.api import Inode, current_vid
 from tierd.s3 import access, checksums, tagset, versioning, xmlio
 from tierd.s3.body import Body
 from tierd.s3.buckets import xml_response

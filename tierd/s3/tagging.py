@@ -24,8 +24,7 @@ from aiohttp import web
 
 from tierd.acl.policy import REQUEST_OBJECT_TAG
 from tierd.errors import FsError
-from tierd.meta import Inode
-from tierd.namespace.api import decode_tags, encode_tags, tags_of
+from tierd.namespace.api import Inode, decode_tags, encode_tags, tags_of
 from tierd.s3 import access, bucketdoc, tagset, versioning, xmlio
 from tierd.s3.body import Body
 from tierd.s3.bucket_policy import owner_or_granted

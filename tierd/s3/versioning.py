@@ -11,12 +11,12 @@ from aiohttp import web
 
 from tierd.acl import Identity
 from tierd.errors import FsError, Reason
-from tierd.meta import Inode
 from tierd.namespace.api import (
     ENABLED,
     SUSPENDED,
     Deleted,
     DeleteMarkerHit,
+    Inode,
     VersionListing,
     current_vid,
     valid_vid,
