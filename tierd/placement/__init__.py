@@ -8,6 +8,6 @@ import downward), so the namespace tells it which inodes have unflushed writes t
 
 from tierd.placement.cache import LRU, TwoQ
 from tierd.placement.engine import HOT, MODES, PlacementSettings
-from tierd.placement.persister import Placement
+from tierd.placement.placement import Placement
 
 __all__ = ["HOT", "LRU", "MODES", "Placement", "PlacementSettings", "TwoQ"]

@@ -5,7 +5,7 @@ State lives in metadata (``Inode.blocks["hot"]``/``["warm"]``, the ``Q``/``R``/`
 keys); the engine keeps only what can be rebuilt at start in memory: bytes resident per inode
 and tier, dirty bytes, the replacement policy's lists, in-flight fetches.  Eviction and
 demotion are in ``evict.py``, the read path (fetch, promotion, readahead) in ``reads.py``,
-the persister in ``persister.py``; :class:`~tierd.placement.persister.Placement` is all of it.
+the persister in ``placement.py``; :class:`~tierd.placement.placement.Placement` is all of it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from tierd.placement import bitmap
 from tierd.placement.engine import HOT, MODES, POLICY_TIERS, WARM, PlacementSettings
 from tierd.placement.memtier import MEM
 from tierd.placement.paths import file_keys, files_under
-from tierd.placement.persister import Placement
+from tierd.placement.placement import Placement
 
 if TYPE_CHECKING:
     from tierd.config import Config

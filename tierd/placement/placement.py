@@ -1,4 +1,6 @@
-"""Write-back: the persister task that makes cold match the namespace, inode by inode.
+"""The assembled placement engine, :class:`Placement` (the core, eviction, reads, uploads and
+deletes it inherits), and its write-back: the persister task that makes cold match the
+namespace, inode by inode.
 
 Each queued inode (``Q`` key) is reconciled (``upload.py``): content whose version cold
 lacks is uploaded once and copied server-side to its other names, keys it is no longer named
