@@ -1,15 +1,19 @@
 """Permission decisions from POSIX mode bits and ACLs, with Linux's rules for root and
-sticky directories.
+sticky directories, and the ownership rules of changing them.
 
 This is the one place a door's request becomes allow/deny: FUSE (whose kernel checks the
 same modes and ACLs as well), S3 (through :mod:`tierd.acl.s3map`) and the checkpoint service
-all ask :func:`may_access`, so one identity gets one answer through every door.
+all ask :func:`may_access`, so one identity gets one answer through every door.  The rules
+of who may chown, chmod or set times, what a chmod or an access ACL keeps of setgid, the
+group and setgid bit a new inode inherits, and the set-id bits a write clears live here too
+(the namespace applies them inside its transactions), each as Linux has it.
 """
 
 from __future__ import annotations
 
 import errno
 import stat
+from collections.abc import Callable
 
 from tierd.acl.identity import Identity
 from tierd.acl.posix_acl import permission
@@ -80,3 +84,97 @@ def may_delete(ident: Identity, directory: Inode, victim: Inode) -> bool:
 def is_owner(ident: Identity, inode: Inode) -> bool:
     """Ownership rights (chmod, utimens with explicit times): root or the owner."""
     return ident.is_root or ident.uid == inode.uid
+
+
+# -- set-id bits ----------------------------------------------------------------------------
+def has_privs(mode: int) -> bool:
+    """Whether ``mode`` has bits Linux clears when an unprivileged caller writes or
+    truncates the file: setuid, and setgid with group execute (setgid without it marks
+    mandatory locking, which a write leaves alone)."""
+    return bool(mode & stat.S_ISUID or (mode & stat.S_ISGID and mode & stat.S_IXGRP))
+
+
+def drop_privs(mode: int) -> int:
+    """``mode`` without the bits :func:`has_privs` names."""
+    mode &= ~stat.S_ISUID
+    if mode & stat.S_IXGRP:
+        mode &= ~stat.S_ISGID
+    return mode
+
+
+def write_drops_privs(ident: Identity, mode: int) -> bool:
+    """Whether a write or truncate by ``ident`` must clear the set-id bits of a file of
+    ``mode`` first (Linux's ``should_remove_suid``: never for root)."""
+    return not ident.is_root and has_privs(mode)
+
+
+def keep_setgid(ident: Identity, inode: Inode, mode: int) -> int:
+    """``mode`` as a chmod or a new access ACL by ``ident`` sets it on ``inode``: setgid is
+    kept only for root or a member of the inode's group (``setattr_should_drop_sgid``)."""
+    if not ident.is_root and not ident.in_group(inode.gid):
+        mode &= ~stat.S_ISGID
+    return mode
+
+
+def created_mode_gid(ident: Identity, parent: Inode, mode: int) -> tuple[int, int]:
+    """The mode and group of an inode ``ident`` creates in ``parent`` (``inode_init_owner``):
+    a setgid parent passes on its group, and to directories the setgid bit; a
+    non-directory keeps a requested setgid only for root or a member of its group."""
+    gid = ident.gid
+    if parent.mode & stat.S_ISGID:
+        gid = parent.gid
+        if stat.S_ISDIR(mode):
+            mode |= stat.S_ISGID
+    if (mode & stat.S_ISGID and not stat.S_ISDIR(mode) and not ident.is_root
+            and not ident.in_group(gid)):
+        mode &= ~stat.S_ISGID
+    return mode, gid
+
+
+# -- ownership changes ----------------------------------------------------------------------
+def chown(ident: Identity, inode: Inode, uid: int | None,
+          gid: int | None) -> tuple[int, int, int]:
+    """The ``(uid, gid, mode)`` of ``inode`` after a chown by ``ident`` (``None`` or -1:
+    unchanged), as Linux's ``chown_common``: only root changes the owner; the owner may
+    change the group to one they belong to; EPERM otherwise.  Every chown of a
+    non-directory that names an id clears the set-id bits :func:`has_privs` names."""
+    new_uid = inode.uid if uid is None or uid == -1 else uid
+    new_gid = inode.gid if gid is None or gid == -1 else gid
+    if not ident.is_root:
+        if new_uid != inode.uid:
+            raise FsError(errno.EPERM, "only root may change a file's owner")
+        if ident.uid != inode.uid or (new_gid != inode.gid and not ident.in_group(new_gid)):
+            raise FsError(errno.EPERM, "only the owner may change the group, "
+                          "and only to a group they belong to")
+    mode = inode.mode
+    if not inode.is_dir and any(v is not None and v != -1 for v in (uid, gid)):
+        mode = drop_privs(mode)
+    return new_uid, new_gid, mode
+
+
+def chmod(ident: Identity, inode: Inode, mode: int, *, current: int | None = None,
+          writer: bool = False, killpriv: Callable[[], bool] | None = None) -> int:
+    """The permission bits (``0o7777``) ``inode`` gets from a chmod to ``mode`` by
+    ``ident``: only the owner or root may (EPERM), except that a change dropping nothing
+    but set-id bits is a writer's right -- ``writer`` (the same request truncates, which
+    was checked as a write) or ``killpriv()`` (the door vouches that the kernel sends it for
+    a process writing the file).  ``current``: the bits to judge that against, when a
+    truncate in the same request already changed them.  Setgid as :func:`keep_setgid`."""
+    perm = mode & 0o7777
+    cur = stat.S_IMODE(inode.mode) if current is None else current
+    drops = perm != cur and perm == drop_privs(cur)  # set-id bits only
+    if not is_owner(ident, inode) and not (drops and (
+            writer or (killpriv is not None and killpriv()))):
+        raise FsError(errno.EPERM, f"only the owner may chmod inode {inode.ino}")
+    return keep_setgid(ident, inode, perm)
+
+
+def check_set_times(ident: Identity, inode: Inode, explicit: bool) -> None:
+    """Whether ``ident`` may set ``inode``'s times (``utimensat``): explicit times only the
+    owner or root (EPERM); "now" also anyone who may write it (EACCES otherwise)."""
+    if is_owner(ident, inode):
+        return
+    if explicit:
+        raise FsError(errno.EPERM, "only the owner may set explicit times")
+    if not may_access(ident, inode, W_OK):
+        raise FsError(errno.EACCES, "setting times to now needs write access")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tierd.acl import X_OK, Identity, check_access
+from tierd.acl.modes import created_mode_gid, has_privs
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, Inode, MetaStore, MetaTxn
 from tierd.namespace.bucketconf import BucketConfig
@@ -42,18 +43,6 @@ MAX_SYMLINK_HOPS = 40
 
 def now_ns() -> int:
     return time.time_ns()
-
-
-def has_privs(mode: int) -> bool:
-    """Bits Linux drops when an unprivileged caller writes or truncates the file."""
-    return bool(mode & stat.S_ISUID or (mode & stat.S_ISGID and mode & stat.S_IXGRP))
-
-
-def drop_privs(mode: int) -> int:
-    mode &= ~stat.S_ISUID
-    if mode & stat.S_IXGRP:
-        mode &= ~stat.S_ISGID
-    return mode
 
 
 @dataclass(slots=True)
@@ -257,20 +246,9 @@ class NamespaceBase:
         **kw: Any,
     ) -> Inode:
         """A new inode owned by the caller; a setgid parent passes on its group (and, to
-        directories, the setgid bit) as on Linux."""
+        directories, the setgid bit) as on Linux (:func:`tierd.acl.modes.created_mode_gid`)."""
         t = now_ns()
-        gid = ident.gid
-        if pdir.mode & stat.S_ISGID:
-            gid = pdir.gid
-            if stat.S_ISDIR(mode):
-                mode |= stat.S_ISGID
-        if (
-            mode & stat.S_ISGID
-            and not stat.S_ISDIR(mode)
-            and not ident.is_root
-            and not ident.in_group(gid)
-        ):
-            mode &= ~stat.S_ISGID
+        mode, gid = created_mode_gid(ident, pdir, mode)
         inode = Inode(
             ino=ino or tx.next_ino(),
             mode=mode,

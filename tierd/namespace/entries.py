@@ -7,17 +7,15 @@ import errno
 import stat
 from collections.abc import Callable
 
-from tierd.acl import R_OK, W_OK, X_OK, Identity, check_access, is_owner, may_access, may_delete
+from tierd.acl import R_OK, W_OK, X_OK, Identity, check_access, may_delete
 from tierd.acl import posix_acl as pacl
-from tierd.acl.modes import AccessDenied
+from tierd.acl.modes import AccessDenied, check_set_times, chmod, chown, has_privs
 from tierd.errors import FsError
 from tierd.meta import EMPTY_MD5, ROOT_INO, Bucket, Dirent, Inode, MetaTxn
 from tierd.namespace import versions
 from tierd.namespace.base import (
     MAX_SYMLINK_HOPS,
     StatFs,
-    drop_privs,
-    has_privs,
     now_ns,
 )
 from tierd.namespace.names import SYMLINK_MAX, check_bucket_name, check_name
@@ -166,32 +164,12 @@ class EntryOps(ResizeOps):
             t = now_ns()
             changed = False
             if uid is not None or gid is not None:
-                new_uid = inode.uid if uid is None or uid == -1 else uid
-                new_gid = inode.gid if gid is None or gid == -1 else gid
-                if not ident.is_root:
-                    if new_uid != inode.uid:
-                        raise FsError(errno.EPERM, "only root may change a file's owner")
-                    if ident.uid != inode.uid or (
-                        new_gid != inode.gid and not ident.in_group(new_gid)
-                    ):
-                        raise FsError(errno.EPERM, "only the owner may change the group, "
-                                      "and only to a group they belong to")
-                given = any(v is not None and v != -1 for v in (uid, gid))
-                if not inode.is_dir and given:  # as chown_common(): every chown of a file
-                    inode.mode = drop_privs(inode.mode)
-                inode.uid, inode.gid = new_uid, new_gid
+                inode.uid, inode.gid, inode.mode = chown(ident, inode, uid, gid)
                 changed = True
             if mode is not None:
-                perm = mode & 0o7777
-                cur = stat.S_IMODE(inode.mode) if before is None else before
                 # a truncate is a write: (f)truncate already checked the caller may write
-                writer = size is not None
-                drops = perm != cur and perm == drop_privs(cur)  # set-id bits only
-                if not is_owner(ident, inode) and not (drops and (
-                        writer or (killpriv is not None and killpriv()))):
-                    raise FsError(errno.EPERM, f"only the owner may chmod inode {ino}")
-                if not ident.is_root and not ident.in_group(inode.gid):
-                    perm &= ~stat.S_ISGID
+                perm = chmod(ident, inode, mode, current=before, writer=size is not None,
+                             killpriv=killpriv)
                 inode.mode = stat.S_IFMT(inode.mode) | perm
                 inode.anon &= perm  # a chmod only narrows the anonymous grant (tierd.acl)
                 if inode.acl_access:  # posix_acl_chmod: the group bits set the mask
@@ -203,11 +181,7 @@ class EntryOps(ResizeOps):
                 of.privs = has_privs(inode.mode)
             if atime_ns is not None or mtime_ns is not None:
                 explicit = any(v is not None and v != UTIME_NOW for v in (atime_ns, mtime_ns))
-                if not is_owner(ident, inode):
-                    if explicit:
-                        raise FsError(errno.EPERM, "only the owner may set explicit times")
-                    if not may_access(ident, inode, W_OK):
-                        raise FsError(errno.EACCES, "setting times to now needs write access")
+                check_set_times(ident, inode, explicit)
                 if atime_ns is not None:
                     inode.atime_ns = t if atime_ns == UTIME_NOW else atime_ns
                 if mtime_ns is not None:

@@ -14,10 +14,11 @@ import os
 import stat
 
 from tierd.acl import R_OK, W_OK, Identity, check_access
+from tierd.acl.modes import drop_privs, has_privs, write_drops_privs
 from tierd.errors import FsError
 from tierd.meta import EMPTY_MD5, ROOT_INO, STATE_DIRTY, Dirent, Inode
 from tierd.namespace import versions
-from tierd.namespace.base import OpenFile, drop_privs, has_privs, now_ns
+from tierd.namespace.base import OpenFile, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.entries import EntryOps
@@ -86,7 +87,7 @@ class FileOps(EntryOps):
         fh = self._attach(inode, ident, readable, writable, bool(flags & os.O_APPEND))
         if flags & os.O_TRUNC:  # like do_truncate(): times and set-ID bits even at size 0
             try:
-                await self._set_size(ino, 0, drop=not ident.is_root and has_privs(inode.mode))
+                await self._set_size(ino, 0, drop=write_drops_privs(ident, inode.mode))
             except BaseException:
                 await self.release(fh)
                 raise

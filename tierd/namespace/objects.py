@@ -20,11 +20,12 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, I
 from dataclasses import dataclass, field
 
 from tierd.acl import Identity, canned
+from tierd.acl.modes import has_privs
 from tierd.acl.s3map import allowed, enforce
 from tierd.errors import FsError, Reason
 from tierd.meta import EMPTY_MD5, ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
 from tierd.namespace import versions
-from tierd.namespace.base import IMPLICIT, Change, has_privs, now_ns
+from tierd.namespace.base import IMPLICIT, Change, now_ns
 from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.files import FileOps
 from tierd.namespace.names import check_bucket_name, split_key

@@ -15,9 +15,10 @@ import hashlib
 import os
 
 from tierd.acl import W_OK, Identity, check_access
+from tierd.acl.modes import drop_privs, write_drops_privs
 from tierd.errors import FsError
 from tierd.meta import EMPTY_MD5, STATE_DIRTY
-from tierd.namespace.base import NamespaceBase, drop_privs, has_privs, now_ns
+from tierd.namespace.base import NamespaceBase, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.keepversion import keep_committed
@@ -39,7 +40,7 @@ class ResizeOps(NamespaceBase):
             pass  # ftruncate on a descriptor opened for writing needs no further check
         else:
             check_access(ident, inode, W_OK, f"inode {ino}")
-        await self._set_size(ino, size, drop=not ident.is_root and has_privs(inode.mode))
+        await self._set_size(ino, size, drop=write_drops_privs(ident, inode.mode))
 
     async def _set_size(self, ino: int, size: int, drop: bool = False) -> None:
         """Truncate or extend a file's data and commit the new size and version at once

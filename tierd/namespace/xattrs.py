@@ -14,9 +14,10 @@ import stat
 
 from tierd.acl import R_OK, W_OK, Identity, check_access, is_owner
 from tierd.acl import posix_acl as pacl
+from tierd.acl.modes import has_privs, keep_setgid
 from tierd.errors import FsError
 from tierd.meta import Inode
-from tierd.namespace.base import NamespaceBase, has_privs, now_ns
+from tierd.namespace.base import NamespaceBase, now_ns
 from tierd.namespace.names import XATTR_NAME_MAX, XATTR_SIZE_MAX
 
 XATTR_CREATE = 1
@@ -147,9 +148,7 @@ class XattrOps(NamespaceBase):
                 inode.acl_default = new
             elif acl:
                 mode, not_equiv = pacl.equiv_mode(acl, inode.mode)
-                if not ident.is_root and not ident.in_group(inode.gid):
-                    mode &= ~stat.S_ISGID
-                inode.mode = mode
+                inode.mode = mode = keep_setgid(ident, inode, mode)
                 inode.anon &= mode  # as chmod: only narrows the anonymous grant
                 inode.acl_access = pacl.serialize(acl) if not_equiv else b""
             elif inode.acl_access:
