@@ -1,9 +1,10 @@
 """docs/s3-compatibility.md agrees with the S3 gateway's router.
 
 The operations the page calls *supported* or *partial* must be exactly the handlers the
-router dispatches to (``OPERATIONS`` in tierd/s3/app.py, the table that also names the
-``operation`` metric label), less the ones whose handler always refuses; and every
-sub-resource the router answers with 501 must be named on the page.
+router dispatches to (``OPERATIONS`` in tierd/s3/operations.py, the list the router looks
+requests up in, whose names are also the ``operation`` metric label), less the ones whose
+handler always refuses; and every sub-resource the router answers with 501 must be named on
+the page.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from s3.conftest import start_daemon
 from s3.test_auth import send, signed
 
-from tierd.s3.app import OPERATIONS, UNSUPPORTED
+from tierd.s3.operations import OPERATIONS, UNSUPPORTED
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "s3-compatibility.md"
 STATUSES = {"supported", "partial", "not supported"}
@@ -50,7 +51,7 @@ def rows() -> dict[str, str]:
 def test_supported_operations_are_exactly_the_routed_handlers() -> None:
     table = rows()
     claimed = {name for name, status in table.items() if status != "not supported"}
-    routed = set(OPERATIONS.values()) - ROUTED_BUT_REFUSED
+    routed = {op.name for op in OPERATIONS} - ROUTED_BUT_REFUSED
     assert claimed - routed == set(), "the page claims operations the router has no handler for"
     assert routed - claimed == set(), "the router handles operations the page does not claim"
     for name in ROUTED_BUT_REFUSED:

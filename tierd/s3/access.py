@@ -13,10 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import time
-from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
-
-from aiohttp import web
 
 from tierd.acl import AccessDenied, Identity
 from tierd.acl.authorize import authorize
@@ -26,8 +23,6 @@ from tierd.namespace.api import Tags
 from tierd.s3 import tagset
 from tierd.s3.common import Ctx, parse_copy_source
 from tierd.s3.errors import S3Error
-
-Handler = Callable[[Ctx], Awaitable[web.StreamResponse]]
 
 #: list actions: their query parameters are the s3:prefix/delimiter/max-keys keys
 _LISTINGS = frozenset({"s3:ListBucket", "s3:ListBucketVersions",
@@ -42,22 +37,6 @@ _EXISTING_TAG_ACTIONS = frozenset({
     "s3:PutObjectTagging", "s3:DeleteObjectTagging", "s3:GetObjectVersion",
     "s3:GetObjectVersionAcl", "s3:PutObjectVersionAcl", "s3:GetObjectVersionTagging",
     "s3:PutObjectVersionTagging", "s3:DeleteObjectVersionTagging"})
-
-
-class Actions:
-    """Handler -> (IAM action, whether it acts on the object ``ctx.key``); filled by
-    :mod:`tierd.s3.app`, which knows the handlers."""
-
-    def __init__(self) -> None:
-        self.table: dict[Handler, tuple[str, bool]] = {}
-        self.copies: set[Handler] = set()
-        #: handlers that judge themselves (per key, or owner-only operations)
-        self.own: set[Handler] = set()
-
-    def add(self, handler: Handler, action: str, on_object: bool, copy: bool = False) -> None:
-        self.table[handler] = (action, on_object)
-        if copy:
-            self.copies.add(handler)
 
 
 def requester(ctx: Ctx) -> Requester:
@@ -157,31 +136,32 @@ def judge_object(ctx: Ctx, action: str, extra: dict[str, str]) -> None:
                           ctx.query.get("versionId"))
 
 
-def authorize_request(ctx: Ctx, handler: Handler, actions: Actions) -> None:
-    """Set ``ctx.identity`` (and ``ctx.src_identity`` for copies) for ``handler``, or raise
-    AccessDenied before anything else happens."""
-    spec = actions.table.get(handler)
+def authorize_request(ctx: Ctx, action: str | None, on_object: bool,
+                      copy: bool = False) -> None:
+    """Set ``ctx.identity`` (and ``ctx.src_identity`` for a ``copy``) for a request that is
+    IAM ``action`` on the object ``ctx.key`` (``on_object``) or on its bucket, or raise
+    AccessDenied before anything else happens.  ``action`` None: the handler judges for
+    itself (per key, from its body, or the bucket owner's operations); only an anonymous
+    request's bucket is checked here.  The actions are declared in
+    :data:`tierd.s3.operations.OPERATIONS`."""
     # one read: whether the bucket exists, and its policy
     exists, policy = (ctx.state.policies.lookup(ctx.bucket)
-                      if ctx.bucket and (ctx.anonymous or spec is not None) else (True, None))
+                      if ctx.bucket and (ctx.anonymous or action is not None) else (True, None))
     if ctx.anonymous and not ctx.bucket:
         raise AccessDenied(errno.EACCES, "anonymous requests cannot list buckets; sign the "
                            "request (ListBuckets)")
-    if ctx.anonymous and not exists and (spec is None or spec[0] != "s3:CreateBucket"):
+    if ctx.anonymous and not exists and action != "s3:CreateBucket":
         # S3 tells anyone that a bucket does not exist; what is in one, POSIX (the
         # anonymous grants on the way) and the policy decide
         raise S3Error("NoSuchBucket", BucketName=ctx.bucket)
-    if spec is None:
-        if handler not in actions.own and ctx.anonymous:
-            raise AccessDenied(errno.EACCES, "anonymous requests may not do this; sign the request")
+    if action is None:
         return
     if not ctx.bucket:  # ListBuckets (an anonymous one was refused above)
         return
-    action, on_object = spec
     vid = ctx.query.get("versionId") if on_object else None
     ctx.identity = _judge(ctx, policy, version_action(action, vid), ctx.bucket,
                           ctx.key if on_object else None, vid=vid)
-    if handler in actions.copies and "x-amz-copy-source" in ctx.headers:
+    if copy and "x-amz-copy-source" in ctx.headers:
         src_bucket, src_key = parse_copy_source(ctx.headers["x-amz-copy-source"])
         src_policy = (policy if src_bucket == ctx.bucket
                       else ctx.state.policies.get(src_bucket) if src_bucket else None)

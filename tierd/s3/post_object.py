@@ -53,7 +53,7 @@ from tierd.acl.keys import identity_of
 from tierd.errors import FsError
 from tierd.meta import Inode
 from tierd.s3 import sigv2, tagset, versioning
-from tierd.s3.access import Actions, authorize_request
+from tierd.s3.access import authorize_request
 from tierd.s3.auth import ALGORITHM, UNSIGNED_PAYLOAD, Auth, parse_amz_date, signing_key
 from tierd.s3.buckets import xml_response
 from tierd.s3.common import MAX_PUT_SIZE, STORED_HEADERS, Ctx, etag_of, objmeta_from_headers, quoted
@@ -347,7 +347,7 @@ async def post_object(ctx: Ctx) -> web.StreamResponse:
         policy = Policy(fields["policy"])
         policy.check(fields, ctx.bucket, key_raw, ctx.key)
         low, high = policy.min_size, policy.max_size
-    authorize_request(ctx, post_object, _ACTIONS)  # s3:PutObject on the key, as PutObject
+    authorize_request(ctx, "s3:PutObject", on_object=True)  # on the key, as PutObject
     objmeta = objmeta_from_headers(_headers(fields))
     try:
         inode = await ctx.ns.put_object(ctx.ident, ctx.bucket, ctx.key,
@@ -378,6 +378,3 @@ def _answer(ctx: Ctx, fields: dict[str, str], inode: Inode) -> web.Response:
         return xml_response(ctx, body, 201)
     return web.Response(status=200 if status == "200" else 204, headers=h)
 
-
-_ACTIONS = Actions()
-_ACTIONS.add(post_object, "s3:PutObject", True)
