@@ -109,14 +109,6 @@ def fs_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, 
     return wrapper
 
 
-def _sysctl(name: str) -> int:
-    try:
-        with open(f"/proc/sys/{name}") as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return 0
-
-
 class OpsBase(pyfuse3.Operations):
     """State every operation uses: the namespace, callers, handles, kernel cache state."""
 
@@ -151,8 +143,6 @@ class OpsBase(pyfuse3.Operations):
         self.files: dict[int, FileState] = {}
         self.dirs: dict[int, DirHandle] = {}
         self._next_dir_fh = 1
-        #: fs.protected_hardlinks as the kernel would apply it (it cannot, for this mount)
-        self.protected_hardlinks = _sysctl("fs/protected_hardlinks") == 1
         #: called on the loop after the INIT reply (see :meth:`init`)
         self.after_init: Callable[[], object] | None = None
         #: the daemon's metrics: every :func:`fs_errors` handler is counted there when set

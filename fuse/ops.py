@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 import pyfuse3
 
-from tierd.acl import R_OK, W_OK, Identity, may_access
 from tierd.errors import FsError
 from tierd.namespace.api import ROOT_INO, UTIME_NOW
 
@@ -140,26 +139,9 @@ class TierdOps(FileOps):
     async def link(
         self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        ident = self.ident(ctx)
-        if self.protected_hardlinks and not ident.is_root:
-            await self._may_hardlink(ident, inode)
-        linked = await self.ns.link(ident, inode, new_parent_inode, new_name)
+        # fs.protected_hardlinks is the namespace's rule (tierd.acl.modes.may_hardlink)
+        linked = await self.ns.link(self.ident(ctx), inode, new_parent_inode, new_name)
         return self.entry(linked)
-
-    async def _may_hardlink(self, ident: Identity, ino: int) -> None:
-        """fs.protected_hardlinks (the kernel applies it too, from the attributes it caches):
-        only the owner may link a file that is special, setuid, setgid-executable, or not
-        both readable and writable by the caller."""
-        src = await self.ns.getattr(ident, ino)
-        if src.uid == ident.uid:
-            return
-        mode = src.mode
-        safe = (stat.S_ISREG(mode) and not mode & stat.S_ISUID
-                and (mode & (stat.S_ISGID | stat.S_IXGRP)) != (stat.S_ISGID | stat.S_IXGRP)
-                and may_access(ident, src, R_OK | W_OK))
-        if not safe:
-            raise FsError(errno.EPERM, "fs.protected_hardlinks: only the owner may link a "
-                          "file the caller cannot both read and write")
 
     @fs_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:

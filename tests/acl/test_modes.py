@@ -19,6 +19,7 @@ from tierd.acl.modes import (
     drop_privs,
     has_privs,
     keep_setgid,
+    may_hardlink,
     write_drops_privs,
 )
 from tierd.errors import FsError
@@ -87,6 +88,15 @@ def test_chmod_rules() -> None:
         chmod(BOB, f, 0o755, current=0o755, writer=True)
     assert keep_setgid(ALICE, file(gid=50), 0o2755) == 0o2755
     assert keep_setgid(BOB, file(gid=50), 0o2755) == 0o755
+
+
+def test_hardlink_rule() -> None:
+    """fs.protected_hardlinks, whatever the host's setting (the namespace asks it)."""
+    assert may_hardlink(ALICE, file(0o600)) and may_hardlink(ROOT, file(0o4700))
+    assert may_hardlink(BOB, file(0o666)) and may_hardlink(BOB, file(0o2666))
+    assert not may_hardlink(BOB, file(0o644))  # readable only
+    assert not may_hardlink(BOB, file(0o4777)) and not may_hardlink(BOB, file(0o2777))
+    assert not may_hardlink(BOB, Inode(ino=9, mode=stat.S_IFIFO | 0o666, uid=1000, gid=1000))
 
 
 def test_set_times_rules() -> None:

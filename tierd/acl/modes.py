@@ -12,6 +12,7 @@ group and setgid bit a new inode inherits, and the set-id bits a write clears li
 from __future__ import annotations
 
 import errno
+import functools
 import stat
 from collections.abc import Callable
 
@@ -79,6 +80,30 @@ def may_delete(ident: Identity, directory: Inode, victim: Inode) -> bool:
     if not directory.mode & stat.S_ISVTX or ident.is_root:
         return True
     return ident.uid in (directory.uid, victim.uid)
+
+
+@functools.cache
+def protected_hardlinks() -> bool:
+    """Whether this host sets ``fs.protected_hardlinks`` (read once): the namespace then
+    applies :func:`may_hardlink` to every door, as the kernel does for a local file system."""
+    try:
+        with open("/proc/sys/fs/protected_hardlinks") as f:
+            return int(f.read().strip()) == 1
+    except (OSError, ValueError):
+        return False
+
+
+def may_hardlink(ident: Identity, inode: Inode) -> bool:
+    """The ``fs.protected_hardlinks`` rule (Linux's ``may_linkat``): root and the owner may
+    link anything; anyone else only a regular file that is neither setuid nor
+    setgid-executable and that they may both read and write -- so a user cannot pin
+    another's setuid program or private file under a name of their own."""
+    if ident.is_root or ident.uid == inode.uid:
+        return True
+    mode = inode.mode
+    sgid_exec = stat.S_ISGID | stat.S_IXGRP
+    return (stat.S_ISREG(mode) and not mode & stat.S_ISUID and mode & sgid_exec != sgid_exec
+            and may_access(ident, inode, R_OK | W_OK))
 
 
 def is_owner(ident: Identity, inode: Inode) -> bool:

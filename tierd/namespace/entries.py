@@ -9,7 +9,15 @@ from collections.abc import Callable
 
 from tierd.acl import R_OK, W_OK, X_OK, Identity, check_access, may_delete
 from tierd.acl import posix_acl as pacl
-from tierd.acl.modes import AccessDenied, check_set_times, chmod, chown, has_privs
+from tierd.acl.modes import (
+    AccessDenied,
+    check_set_times,
+    chmod,
+    chown,
+    has_privs,
+    may_hardlink,
+    protected_hardlinks,
+)
 from tierd.errors import FsError
 from tierd.meta import EMPTY_MD5, ROOT_INO, Bucket, Dirent, Inode, MetaTxn
 from tierd.namespace import versions
@@ -280,7 +288,13 @@ class EntryOps(ResizeOps):
         return inode
 
     async def link(self, ident: Identity, ino: int, new_parent: int, new_name: bytes) -> Inode:
+        """A new name for ``ino``.  Where the host sets ``fs.protected_hardlinks`` its rule
+        (:func:`tierd.acl.modes.may_hardlink`) is checked first, for every door, as the
+        kernel checks it before the directory's permissions (EPERM)."""
         with self.meta.write() as tx:
+            if protected_hardlinks() and not may_hardlink(ident, self._get(tx, ino)):
+                raise FsError(errno.EPERM, "fs.protected_hardlinks: only the owner may link a "
+                              "file the caller cannot both read and write")
             d = self._creatable(tx, ident, new_parent, new_name)
             inode = self._get(tx, ino)
             if inode.is_dir:
