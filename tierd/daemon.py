@@ -520,7 +520,7 @@ class Daemon:
             "queue": p.queue_summary(),
             "cold": {"url": _no_userinfo(str(getattr(p.cold, "url", ""))),
                      **p.cold_status()},
-            "stats": dict(sorted(p.stats.items())),
+            "stats": p.stats.as_dict(),
         }
 
 

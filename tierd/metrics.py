@@ -10,10 +10,10 @@ Two kinds of metrics live here:
   (:meth:`Metrics.observe_request`), requests in flight, checkpoint phase durations
   (:meth:`Metrics.observe_checkpoint`);
 * **state** read at scrape time by :class:`StateCollector` from the objects that already keep
-  it (the placement engine's ``stats`` counter and tier caches, the memory tier, the memory
-  pool, the persist queue in metadata).  Reading at scrape time, rather than incrementing
-  metrics inside the placement code, keeps one source of truth and costs nothing between
-  scrapes.
+  it (the placement engine's ``stats``, a :class:`~tierd.placement.stats.PlacementStats`,
+  and tier caches, the memory tier, the memory pool, the persist queue in metadata).
+  Reading at scrape time, rather than incrementing metrics inside the placement code, keeps
+  one source of truth and costs nothing between scrapes.
 
 Everything runs on the daemon's loop except the persist-queue scan (a metadata read that
 grows with the queue), which :meth:`Metrics.render` does in a worker thread first.
@@ -231,7 +231,7 @@ class StateCollector(Collector):
 
 
 def _placement_metrics(p: Placement, queue: QueueSnapshot) -> Iterator[Metric]:
-    st: dict[str, int] = dict(p.stats)
+    st = p.stats
     used = _gauge("tierd_tier_used_bytes", "Bytes resident on a local tier", ["tier"])
     cap = _gauge("tierd_tier_capacity_bytes", "Capacity of a local tier", ["tier"])
     mem = p.mem
@@ -247,29 +247,27 @@ def _placement_metrics(p: Placement, queue: QueueSnapshot) -> Iterator[Metric]:
 
     hits = _counter("tierd_tier_hits", "Reads served by a tier without going further down "
                     "(hot: no cold fetch needed)", ["tier"])
-    hits.add_metric(["hot"], st.get("hits", 0))
+    hits.add_metric(["hot"], st.hits)
     if mem is not None:
         hits.add_metric(["mem"], mst.get("hits", 0))
     yield hits
     misses = _counter("tierd_tier_misses", "Reads that had to fetch blocks from the cold "
                       "store", ["tier"])
-    misses.add_metric(["hot"], st.get("misses", 0))
+    misses.add_metric(["hot"], st.misses)
     yield misses
 
     yield CounterMetricFamily("tierd_tier_promoted_blocks", "Warm blocks promoted to hot on "
-                              "their second reference", value=st.get("promoted_blocks", 0))
+                              "their second reference", value=st.promoted_blocks)
     filled = _counter("tierd_tier_filled_bytes", "Bytes brought onto a tier from a lower "
                       "one (reads, readahead, warmup)", ["tier", "source"])
-    for k, v in sorted(st.items()):
-        if k.startswith("filled_") and "_from_" in k:
-            dst, _, src = k[len("filled_"):].partition("_from_")
-            filled.add_metric([dst, src], v)
+    for (dst, src), v in sorted(st.filled.items()):
+        filled.add_metric([dst, src], v)
     yield filled
     yield CounterMetricFamily("tierd_tier_demoted_bytes", "Bytes moved from hot to warm on "
-                              "eviction", value=st.get("demoted_bytes", 0))
+                              "eviction", value=st.demoted_bytes)
     evicted = _counter("tierd_tier_evicted_bytes", "Bytes evicted from a tier", ["tier"])
     for tc in p.tiers():
-        evicted.add_metric([tc.name], st.get(f"evicted_{tc.name}_bytes", 0))
+        evicted.add_metric([tc.name], st.evicted_from[tc.name])
     if mem is not None:
         evicted.add_metric(["mem"], mst.get("evicted_bytes", 0))
     yield evicted
@@ -292,19 +290,19 @@ def _placement_metrics(p: Placement, queue: QueueSnapshot) -> Iterator[Metric]:
     yield GaugeMetricFamily("tierd_persist_active", "Files being uploaded now",
                             value=len(getattr(p, "_active", ())))
     yield CounterMetricFamily("tierd_persisted_files", "Files brought in line with the cold "
-                              "store", value=st.get("persisted", 0))
+                              "store", value=st.persisted)
     yield CounterMetricFamily("tierd_cold_uploaded_bytes", "Bytes uploaded to the cold store",
-                              value=st.get("uploaded_bytes", 0))
+                              value=st.uploaded_bytes)
     yield GaugeMetricFamily("tierd_cold_store_up", "1 while the cold store answers, 0 while the "
                             "persister backs off",
                             value=0 if getattr(p, "cold_down", False) else 1)
     errors = _counter("tierd_cold_store_errors", "Failed cold-store calls: uploads (retried) "
                       "and reads", ["operation"])
-    errors.add_metric(["persist"], st.get("persist_failures", 0))
-    errors.add_metric(["read"], st.get("cold_read_errors", 0))
+    errors.add_metric(["persist"], st.persist_failures)
+    errors.add_metric(["read"], st.cold_read_errors)
     yield errors
     yield CounterMetricFamily("tierd_dirty_limit_waits", "Writes that waited for dirty data to "
-                              "drain below dirty_limit", value=st.get("write_waits", 0))
+                              "drain below dirty_limit", value=st.write_waits)
 
 
 def _pool_metrics(ps: dict[str, Any]) -> Iterator[Metric]:

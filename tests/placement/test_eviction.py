@@ -42,7 +42,7 @@ async def test_working_set_survives_a_scan_and_lru_would_not(file_env: Env) -> N
         kept = [_present((await ns.resolve(ROOT, f"evx/ws/{i}")).blocks) for i in range(4)]
         assert all(kept), kept
         assert not any((inode.ino, 0) in lru for inode in ws)  # plain LRU lost them all
-        assert p.stats["evicted_bytes"] > 0
+        assert p.stats.evicted_bytes > 0
     finally:
         await file_env.close()
 

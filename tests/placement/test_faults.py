@@ -194,7 +194,7 @@ async def test_full_hot_tier_evicts_and_nothing_evictable_is_enospc(tmp_path: Pa
         await ns.list_objects(ROOT, "fsx")
         for k, v in scan.items():
             assert await read_file(ns, (await ns.resolve(ROOT, k)).ino) == v
-        assert p.stats["evicted_bytes"] > 0
+        assert p.stats.evicted_bytes > 0
         ops.set_policy("fsx/keep/", pin=True)
         assert [d async for d in ops.warmup("fsx/keep/")][-1]["done"] == 12 * MiB
         for k in scan:  # what may leave, leaves; the pins cannot

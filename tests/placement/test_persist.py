@@ -341,6 +341,6 @@ async def test_a_hot_tier_lost_apart_from_the_metadata_is_read_from_cold(env: En
     try:
         assert (await ns.resolve(ROOT, "lost/clean.bin")).blocks.get(HOT) == b""
         assert await read_file(ns, ino) == payload
-        assert p.stats["fetched_bytes"] == len(payload)
+        assert p.stats.fetched_bytes == len(payload)
     finally:
         await env.close()

@@ -29,7 +29,7 @@ async def test_files_being_published_reach_cold_once_under_their_final_key(env: 
         assert env.raw_get("pub/run/step-1/manifest.json") == b"{}"
         assert not env.raw_exists("pub/run/.tmp-1/data")
         # uploaded once each (a copy from the temporary key would have needed that key)
-        assert p.stats["uploaded_bytes"] == len(data) + 2 + len(b"not published")
+        assert p.stats.uploaded_bytes == len(data) + 2 + len(b"not published")
         assert not p._publishing
     finally:
         await env.close()

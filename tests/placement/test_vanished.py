@@ -32,7 +32,7 @@ async def test_read_miss_on_a_vanished_object_is_enoent_and_drops_it(env: Env) -
         with pytest.raises(FsError) as ei:
             await ns.resolve(ROOT, "vnx/a")
         assert ei.value.errno == errno.ENOENT
-        assert p.stats["vanished"] == 1
+        assert p.stats.vanished == 1
         with pytest.raises(FsError) as ei:  # the S3 door: NoSuchKey (404)
             await ns.get_object(ROOT, "vnx", "a")
         assert ei.value.errno == errno.ENOENT
@@ -71,7 +71,7 @@ async def test_relisting_drops_clean_entries_but_never_unpersisted_data(env: Env
             env.raw_delete(k)
         names = {n for n, _ in await ns.listdir(ROOT, d.ino)}
         assert names == {b"cached", b"mine"}  # ...is kept, and so is the complete copy
-        assert p.stats["vanished"] == 1 and p.stats["reuploaded"] == 1
+        assert p.stats.vanished == 1 and p.stats.reuploaded == 1
         with pytest.raises(FsError) as ei:  # an open handle gets ENOENT, not punched zeros
             await ns.read(gone_reader, 0, 100)
         assert ei.value.errno == errno.ENOENT
@@ -124,9 +124,9 @@ async def test_recursive_import_drops_what_vanished_under_the_prefix(env: Env) -
             await ns.resolve(ROOT, "ipx/d/e/b")
         assert (await ns.resolve(ROOT, "ipx/d/a")).size == 4
         assert (await ns.resolve(ROOT, "ipx/other")).size == 4  # outside: not looked at
-        assert p.stats["vanished"] == 1
+        assert p.stats.vanished == 1
         objs = await ns.list_objects(ROOT, "ipx")  # S3 listing without delimiter
-        assert p.stats["vanished"] == 2
+        assert p.stats.vanished == 2
         assert [k for k, _ in objs.contents] == ["d/a"]
     finally:
         await env.close()

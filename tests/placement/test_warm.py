@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from tierd.placement import HOT
+from tierd.metrics import Metrics
+from tierd.placement import HOT, Placement
 from tierd.placement.engine import WARM
 from tierd.placement.ops import PlacementOps
 from tierd.tiers import BLOCK_SIZE
@@ -21,6 +23,17 @@ def _on(inode_blocks: dict[str, bytes], tier: str, nblocks: int = 1) -> bool:
         return tier == HOT
     return all(bm[b // 8] >> (b % 8) & 1 if b // 8 < len(bm) else False
                for b in range(nblocks))
+
+
+async def _exposed(p: Placement, name: str, **labels: str) -> float:
+    """A sample of ``/metrics`` as the daemon renders it for ``p`` (0 when absent)."""
+    m = Metrics()
+    m.attach(placement=p)
+    for family in text_string_to_metric_families((await m.render()).decode()):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return 0.0
 
 
 async def _blocks(env: Env, key: str) -> dict[str, bytes]:
@@ -38,15 +51,15 @@ async def test_hot_eviction_demotes_and_reads_come_from_warm(env: Env) -> None:
         await ns.list_objects(ROOT, "wmx")
         for k, v in data.items():  # a pass over 10 blocks through a 4-block hot tier
             assert await read_file(ns, (await ns.resolve(ROOT, k)).ino) == v
-        assert p.stats["demoted_bytes"] >= 6 * BLOCK_SIZE
+        assert p.stats.demoted_bytes >= 6 * BLOCK_SIZE
         assert p.hotc.used <= 4 * BLOCK_SIZE
         demoted = [k for k in data if _on(await _blocks(env, k), WARM)]
         assert len(demoted) >= 6
         assert p.warmc is not None and p.warmc.used == len(demoted) * BLOCK_SIZE
-        fetched = p.stats["fetched_bytes"]
+        fetched = p.stats.fetched_bytes
         for k in demoted:  # back from warm: cold is not asked again
             assert await read_file(ns, (await ns.resolve(ROOT, k)).ino) == data[k]
-        assert p.stats["fetched_bytes"] == fetched
+        assert p.stats.fetched_bytes == fetched
         du = PlacementOps(p).du("wmx/")
         assert du["tiers"]["warm"] >= 6 * BLOCK_SIZE and du["tiers"]["cold"] == 10 * BLOCK_SIZE
         assert du["totals"]["warm"]["used"] == p.warmc.used
@@ -69,16 +82,19 @@ async def test_second_reference_promotes_a_warm_block(file_env: Env) -> None:
         p.hotc.order.a1out.clear()  # no ghost history: the first reference stays on warm
         assert await read_file(ns, ino) == payload
         assert not _on(await _blocks(file_env, "prx/a"), HOT)
-        assert p.stats["warm_read_bytes"] == 2 * BLOCK_SIZE
+        assert p.stats.warm_read_bytes == 2 * BLOCK_SIZE
         assert await read_file(ns, ino) == payload  # the second reference promotes
         blocks = await _blocks(file_env, "prx/a")
         assert _on(blocks, HOT, 2) and _on(blocks, WARM, 2)  # warm keeps its copy
-        assert p.stats["promoted_blocks"] == 2
-        assert p.stats["filled_hot_from_warm"] == 2 * BLOCK_SIZE
+        assert p.stats.promoted_blocks == 2
+        assert p.stats.filled[("hot", "warm")] == 2 * BLOCK_SIZE
+        assert await _exposed(p, "tierd_tier_filled_bytes_total", tier="hot",
+                              source="warm") == 2 * BLOCK_SIZE
+        assert await _exposed(p, "tierd_tier_promoted_blocks_total") == 2
         # a block that left hot's FIFO recently (a 2Q ghost) is promoted on its first read
         await ops.evict("prx/", tier="hot")
         assert await read_file(ns, ino) == payload
-        assert p.stats["fetched_bytes"] == 2 * BLOCK_SIZE  # cold was read once, at first
+        assert p.stats.fetched_bytes == 2 * BLOCK_SIZE  # cold was read once, at first
     finally:
         await file_env.close()
 
@@ -101,7 +117,11 @@ async def test_warm_drops_when_full_and_pins_stay(file_env: Env) -> None:
         assert du["tiers"]["warm"] == 3 * BLOCK_SIZE and du["tiers"]["hot"] == 0
         for k, v in scan.items():
             assert await read_file(ns, (await ns.resolve(ROOT, k)).ino) == v
-        assert p.stats["evicted_warm_bytes"] > 0  # warm dropped scan blocks...
+        assert p.stats.evicted_from["warm"] > 0  # warm dropped scan blocks...
+        assert await _exposed(p, "tierd_tier_evicted_bytes_total", tier="warm") == \
+            p.stats.evicted_from["warm"]
+        assert await _exposed(p, "tierd_tier_evicted_bytes_total", tier="hot") == \
+            p.stats.evicted_from["hot"] == p.stats.evicted_bytes > 0
         assert p.warmc is not None and p.warmc.used <= 8 * BLOCK_SIZE
         assert ops.du("pwx/keep/")["tiers"]["warm"] == 3 * BLOCK_SIZE  # ...never the pins
         for k, v in scan.items():  # dropped blocks come back from cold
@@ -123,7 +143,7 @@ async def test_policy_tier_warm_moves_written_data_down_after_persistence(env: E
         ino = await write_file(ns, d.ino, b"step1", payload)
         other = await write_file(ns, b.ino, b"plain", payload)  # no policy: stays on hot
         assert await p.drain("twx/", timeout=30)
-        await until(lambda: p.stats["demoted_bytes"] >= len(payload))
+        await until(lambda: p.stats.demoted_bytes >= len(payload))
         blocks = await _blocks(env, "twx/ckpt/step1")
         assert _on(blocks, WARM, 3) and not _on(blocks, HOT)
         assert _on(await _blocks(env, "twx/plain"), HOT, 3)
@@ -179,10 +199,10 @@ async def test_reads_under_a_warm_policy_land_on_warm(env: Env) -> None:
         assert await read_file(ns, ino) == payload  # a stream: readahead lands on warm too
         blocks = await _blocks(env, "rdw/ds/big")
         assert _on(blocks, WARM, 4) and not any(blocks.get(HOT, b""))
-        assert p.stats["filled_warm_from_cold"] == len(payload)
-        assert p.stats["fetched_bytes"] == len(payload)
+        assert p.stats.filled[("warm", "cold")] == len(payload)
+        assert p.stats.fetched_bytes == len(payload)
         assert await read_file(ns, ino) == payload  # the second reference promotes
         assert _on(await _blocks(env, "rdw/ds/big"), HOT, 4)
-        assert p.stats["fetched_bytes"] == len(payload)  # cold was read once
+        assert p.stats.fetched_bytes == len(payload)  # cold was read once
     finally:
         await env.close()

@@ -190,7 +190,7 @@ def tiers_doc(o: PlacementOps) -> dict[str, Any]:
     persisted) and read hits: ``hits`` are reads served without fetching (hot, or mem for
     the memory tier), ``misses`` reads that had to fetch blocks from warm or cold."""
     p = o.p
-    hits, misses = int(p.stats["hits"]), int(p.stats["misses"])
+    hits, misses = p.stats.hits, p.stats.misses
     out: list[dict[str, Any]] = []
     if p.mem is not None:
         mem = p.mem
@@ -216,8 +216,8 @@ def tiers_doc(o: PlacementOps) -> dict[str, Any]:
                 "pending_deletes": cold["pending_deletes"],
                 "capacity": None, "used": None, "free": None,
                 "dirty": 0, "hits": None, "misses": None, "hit_ratio": None,
-                "uploaded_bytes": int(p.stats["uploaded_bytes"]),
-                "fetched_bytes": int(p.stats["fetched_bytes"])})
+                "uploaded_bytes": p.stats.uploaded_bytes,
+                "fetched_bytes": p.stats.fetched_bytes})
     return {"tiers": out, "dirty": p.dirty_bytes, "dirty_limit": p.settings.dirty_limit,
             "hits": hits, "misses": misses, "hit_ratio": _ratio(hits, misses)}
 

@@ -189,7 +189,7 @@ class Deleting(Reading):
                     return
                 self._delete_errors.pop(key, None)
                 self.recent.deleted(key)
-                self.stats["cold_deleted"] += 1
+                self.stats.cold_deleted += 1
             with self.meta.write() as tx:
                 intents.clear(tx, key, it.token)
 
@@ -207,7 +207,7 @@ class Deleting(Reading):
             await self.ensure(ino, 0, inode.size, touch=False)
         self.acquire(ino)
         self._rescued[ino] += 1
-        self.stats["rescued"] += 1
+        self.stats.rescued += 1
 
     def rescue_done(self, ino: int) -> None:
         """File ``ino`` was persisted: release the holds of its rescues."""

@@ -27,6 +27,7 @@ from tierd.placement.importer import Importer
 from tierd.placement.intents import RecentDeletes
 from tierd.placement.memtier import MEM, MemTier
 from tierd.placement.paths import dir_path, file_keys, queue_token
+from tierd.placement.stats import PlacementStats
 from tierd.placement.tiercache import TierCache
 from tierd.tiers import BLOCK_SIZE, LocalTier, ObjectTier, TierError
 
@@ -95,7 +96,7 @@ class PlacementCore:
         self.policies: dict[str, PlacementPolicy] = {}
         self.busy: Callable[[int], bool] = lambda ino: False  # set by the namespace
         self._progress = asyncio.Event()
-        self.stats = Counter[str]()
+        self.stats = PlacementStats()
         self._prefix_imports = PrefixImports(s.import_ttl)
         # inodes known whole on hot: reads skip the metadata lookup (hot re-reads are the
         # common case); cleared for an inode whenever one of its blocks is evicted
@@ -393,7 +394,7 @@ class PlacementCore:
     async def admit(self, nbytes: int) -> None:
         """Backpressure for the FUSE path: wait while dirty bytes exceed the bound."""
         while self.dirty_bytes > self.settings.dirty_limit:
-            self.stats["write_waits"] += 1
+            self.stats.write_waits += 1
             await self._progress.wait()
 
     def over_dirty_limit(self) -> bool:
@@ -505,7 +506,7 @@ class PlacementCore:
         """A file whose cold object is gone was queued again from its local copy."""
         with self.meta.snapshot() as tx:
             inode = tx.get_inode(ino)
-        self.stats["reuploaded"] += 1
+        self.stats.reuploaded += 1
         if inode is not None:
             self._set_dirty(ino, inode.size)
         self.hints.add(ino)
@@ -516,7 +517,7 @@ class PlacementCore:
     async def free_vanished(self, ino: int) -> None:
         """A file dropped because its cold object vanished: free its local blocks now (the
         orphaned inode itself goes at its last release, or at the next start)."""
-        self.stats["vanished"] += 1
+        self.stats.vanished += 1
         self.hotc.forget(ino)
         self._whole.discard(ino)
         self._streams.pop(ino, None)

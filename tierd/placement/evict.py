@@ -93,16 +93,16 @@ class Evicting(PlacementCore):
         if want <= 0:
             return 0
         freed = await self.evict(want, tier=HOT)
-        self.stats["write_evicted_bytes"] += freed
+        self.stats.write_evicted_bytes += freed
         if failed and not freed:
-            self.stats["write_full_refusals"] += 1
+            self.stats.write_full_refusals += 1
             now = time.monotonic()
             if now - self._full_logged > FULL_LOG_EVERY:  # a writer may retry in a loop
                 self._full_logged = now
                 log.warning("hot tier full: a write of %d bytes found nothing clean to evict "
                             "(dirty data waits for the cold store, or is pinned); %d such "
                             "writes refused so far", nbytes,
-                            self.stats["write_full_refusals"])
+                            self.stats.write_full_refusals)
         return freed
 
     def _pinned(self, tx: MetaTxn, ino: int) -> bool:
@@ -241,9 +241,9 @@ class Evicting(PlacementCore):
                 u.done.set_result(None)
                 if self._evicting.get((tc.name, u.ino)) is u.done:
                     del self._evicting[(tc.name, u.ino)]
-        self.stats[f"evicted_{tc.name}_bytes"] += freed
+        self.stats.evicted_from[tc.name] += freed
         if tc is self.hotc:
-            self.stats["evicted_bytes"] += freed
+            self.stats.evicted_bytes += freed
         return freed
 
     async def _demote(self, ino: int, blocks: list[int], version: int, size: int) -> None:
@@ -256,7 +256,7 @@ class Evicting(PlacementCore):
             return
         await self.make_room(self.warmc, n)
         if not self.warmc.fits(n):
-            self.stats["demote_skipped_bytes"] += n
+            self.stats.demote_skipped_bytes += n
             return
         for start, count in bitmap.runs(blocks):
             off = start * BLOCK_SIZE
@@ -271,4 +271,4 @@ class Evicting(PlacementCore):
         self.warmc.add_bytes(ino, n)
         for b in blocks:
             self.warmc.add(ino, b)
-        self.stats["demoted_bytes"] += n
+        self.stats.demoted_bytes += n

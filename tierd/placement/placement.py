@@ -306,7 +306,7 @@ class Placement(Uploading):
             if f is not None and f.unpersistable:
                 log.warning("inode %d (%s) was persisted after all", ino, f.key)
         except (TierUnavailable, FsError) as e:
-            self.stats["persist_failures"] += 1  # tierd_cold_store_errors_total
+            self.stats.persist_failures += 1  # tierd_cold_store_errors_total
             local = isinstance(e, FsError) and e.reason is not Reason.SERVICE_UNAVAILABLE
             if local or await self._answers():  # the store answers: this file's failure
                 self._file_failed(ino, e, permanent=False)
@@ -315,13 +315,13 @@ class Placement(Uploading):
                 self._waiting_store.add(ino)
                 self._not_before.put(ino, time.monotonic() + RETRY_MAX)  # until it is back
         except (InvalidKey, KeyRejected) as e:  # the store can never take this key
-            self.stats["persist_failures"] += 1
+            self.stats.persist_failures += 1
             self._file_failed(ino, e, permanent=True)
         except (TierError, OSError) as e:  # KeyConflict until a pending delete ran, ...
-            self.stats["persist_failures"] += 1
+            self.stats.persist_failures += 1
             self._file_failed(ino, e, permanent=False)
         except Exception as e:
-            self.stats["persist_failures"] += 1
+            self.stats.persist_failures += 1
             if self._file_failed(ino, e, permanent=False):
                 log.exception("persisting inode %d failed unexpectedly", ino)
         finally:

@@ -82,7 +82,7 @@ class Reading(Evicting):
         ra = self._step(ino, offset, end, v) if touch else None
         if v.hot is None:
             self._whole.add(ino)
-            self.stats["hits"] += 1
+            self.stats.hits += 1
             return
         first, last = offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE
         missing = [b for b in range(first, last + 1) if not bitmap.has(v.hot, b)]
@@ -131,7 +131,7 @@ class Reading(Evicting):
             ra = self._step(ino, offset, end, v)
             if v.hot is None:
                 self._whole.add(ino)
-                self.stats["hits"] += 1
+                self.stats.hits += 1
                 return await fileio.pread(fd, length, offset)
             first, last = offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE
             to_hot: list[int] = []
@@ -284,7 +284,7 @@ class Reading(Evicting):
         key = (ino, b)
         if key in self._warm_refs or key in self.hotc.order.a1out:
             self._warm_refs.pop(key, None)
-            self.stats["promoted_blocks"] += 1
+            self.stats.promoted_blocks += 1
             return True
         self._warm_refs[key] = None
         while len(self._warm_refs) > max(16, self.hotc.order.capacity):
@@ -292,7 +292,10 @@ class Reading(Evicting):
         return False
 
     def _count(self, missing: list[int]) -> None:
-        self.stats["misses" if missing else "hits"] += 1
+        if missing:
+            self.stats.misses += 1
+        else:
+            self.stats.hits += 1
 
     async def _read_mixed(self, ino: int, fd: int, offset: int, end: int,
                           on_warm: set[int]) -> bytes:
@@ -312,7 +315,7 @@ class Reading(Evicting):
                 except OSError as e:
                     log.warning("reading inode %d from the warm tier failed: %s", ino, e)
                     raise FsError(errno.EIO, f"warm tier: {e}") from e
-                self.stats["warm_read_bytes"] += stop - pos
+                self.stats.warm_read_bytes += stop - pos
             else:
                 parts.append(await fileio.pread(fd, stop - pos, pos))
             if len(parts[-1]) < stop - pos:
@@ -412,9 +415,9 @@ class Reading(Evicting):
             dst.add_bytes(ino, sum(bitmap.block_bytes(v.size, b) for b in fresh))
             for b in fresh:
                 dst.add(ino, b)
-            self.stats[f"filled_{dst.name}_from_{src}"] += n
+            self.stats.filled[(dst.name, src)] += n
             if src == "cold":
-                self.stats["fetched_bytes"] += n
+                self.stats.fetched_bytes += n
         finally:
             self._filling[ino] -= 1
             if self._filling[ino] <= 0:
@@ -456,7 +459,7 @@ class Reading(Evicting):
                     log.warning("%s tier full and nothing evictable: %s", dst.name, e)
                 raise FsError(e.errno or errno.EIO, f"{dst.name} tier: {e}") from e
             except TierUnavailable as e:
-                self.stats["cold_read_errors"] += 1  # tierd_cold_store_errors_total
+                self.stats.cold_read_errors += 1  # tierd_cold_store_errors_total
                 log.warning("read of %s failed: cold store unavailable: %s", key, e)
                 raise FsError(errno.EIO, f"cold store unavailable: {e}",
                               reason=Reason.SERVICE_UNAVAILABLE) from e
@@ -465,12 +468,12 @@ class Reading(Evicting):
                 raise FsError(errno.ENOENT, f"{key}: deleted from the cold store outside "
                               "tierd", reason=Reason.NO_SUCH_KEY) from e
             except ObjectChanged as e:
-                self.stats["cold_read_errors"] += 1
+                self.stats.cold_read_errors += 1
                 log.warning("read of %s failed: the cold object was replaced outside tierd "
                             "(expected ETag %s): %s", key, etag, e)
                 raise FsError(errno.EIO, f"cold object {key} changed: {e}") from e
             except TierError as e:
-                self.stats["cold_read_errors"] += 1
+                self.stats.cold_read_errors += 1
                 log.warning("read of %s failed: %s", key, e)
                 raise FsError(errno.EIO, str(e)) from e
 

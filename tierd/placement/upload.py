@@ -64,7 +64,7 @@ class Uploading(Deleting):
         task = self._uploads.get(ino)
         if task is not None and not task.done():
             task.cancel()
-            self.stats["uploads_cancelled"] += 1
+            self.stats.uploads_cancelled += 1
 
     async def reconcile(self, ino: int) -> bool:
         """Bring cold in line with inode ``ino``; True when it left the queue."""
@@ -122,7 +122,7 @@ class Uploading(Deleting):
         if not complete:
             return False
         self._set_dirty(ino, 0)
-        self.stats["persisted"] += 1
+        self.stats.persisted += 1
         if r.new and policy is not None and policy.tier == WARM and self.warmc is not None:
             # the prefix's data belongs on warm: writes land on hot (the namespace's open
             # files, staging and S3 sendfile use the hot file) and move down once clean
@@ -215,7 +215,7 @@ class Uploading(Deleting):
                     raise
                 finally:
                     self._uploads.pop(ino, None)
-        self.stats["uploaded_bytes"] += size
+        self.stats.uploaded_bytes += size
         return info.etag
 
     async def _copy(self, key: str, have: dict[str, str]) -> str | None:
