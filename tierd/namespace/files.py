@@ -24,7 +24,7 @@ from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.entries import EntryOps
 from tierd.namespace.keepversion import keep_committed
 from tierd.namespace.staging import retry_full
-from tierd.placement.paths import file_keys
+from tierd.placement.paths import file_policy
 from tierd.tiers import fileio
 
 HASH_BACKLOG = 64 << 20  # writers wait when hashing falls this far behind
@@ -237,8 +237,8 @@ class FileOps(EntryOps):
         if p is None or not any(q.mode == "write-through" for q in p.policies.values()):
             return
         with self.meta.snapshot() as tx:
-            keys = file_keys(tx, ino)
-        if keys and p.policy_for(keys[0]).mode == "write-through":
+            policy = file_policy(tx, ino, p.policy_for)
+        if policy is not None and policy.mode == "write-through":
             await p.wait_persisted(ino)
 
     def _drop_privs(self, of: OpenFile) -> None:

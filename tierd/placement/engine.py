@@ -26,7 +26,7 @@ from tierd.placement import bitmap, intents
 from tierd.placement.importer import Importer
 from tierd.placement.intents import RecentDeletes
 from tierd.placement.memtier import MEM, MemTier
-from tierd.placement.paths import dir_path, file_keys, queue_token
+from tierd.placement.paths import dir_path, file_keys, file_policy, queue_token
 from tierd.placement.stats import PlacementStats
 from tierd.placement.tiercache import TierCache
 from tierd.tiers import BLOCK_SIZE, LocalTier, ObjectTier, TierError
@@ -164,11 +164,11 @@ class PlacementCore:
         return self.mem is not None and any(p.tier == MEM for p in self.policies.values())
 
     def wants_mem(self, tx: MetaTxn, ino: int) -> bool:
-        """Whether the file's policy (by its first name) places it in the memory tier."""
+        """Whether the file's policy (:func:`file_policy`) places it in the memory tier."""
         if not self.mem_policies():
             return False
-        keys = file_keys(tx, ino)
-        return bool(keys) and self.policy_for(keys[0]).tier == MEM
+        policy = file_policy(tx, ino, self.policy_for)
+        return policy is not None and policy.tier == MEM
 
     def tiers(self) -> list[TierCache]:
         return [self.hotc] if self.warmc is None else [self.hotc, self.warmc]

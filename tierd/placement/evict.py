@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from tierd.meta import STATE_CLEAN, Inode, MetaTxn
 from tierd.placement import bitmap
 from tierd.placement.engine import HOT, WARM, PlacementCore
-from tierd.placement.paths import file_keys
+from tierd.placement.paths import file_policy
 from tierd.placement.tiercache import TierCache
 from tierd.tiers import BLOCK_SIZE
 
@@ -108,7 +108,8 @@ class Evicting(PlacementCore):
     def _pinned(self, tx: MetaTxn, ino: int) -> bool:
         if not any(p.pin for p in self.policies.values()):
             return False
-        return any(self.policy_for(k).pin for k in file_keys(tx, ino))
+        policy = file_policy(tx, ino, self.policy_for)
+        return policy is not None and policy.pin
 
     def _evictable(self, tx: MetaTxn, ino: int, *, pinned_ok: bool = False) -> bool:
         if self._holds.get(ino) or self._filling.get(ino) or self.busy(ino):

@@ -15,7 +15,7 @@ from tierd.meta import STATE_CLEAN, MetaStore, PlacementPolicy
 from tierd.placement import bitmap
 from tierd.placement.engine import HOT, MODES, POLICY_TIERS, WARM, PlacementSettings
 from tierd.placement.memtier import MEM
-from tierd.placement.paths import file_keys, files_under
+from tierd.placement.paths import file_keys, files_under, keys_policy
 from tierd.placement.placement import Placement
 
 if TYPE_CHECKING:
@@ -152,7 +152,8 @@ class PlacementOps:
         self.p.policies_changed()
         if self.p.mem is not None and cur.tier != MEM:
             for ino, _, keys in self._files(prefix):
-                if keys and self.p.policy_for(keys[0]).tier != MEM:
+                policy = keys_policy(keys, self.p.policy_for)
+                if policy is not None and policy.tier != MEM:
                     self.p.mem.drop(ino)
         return {"prefix": prefix, "mode": cur.mode, "pin": cur.pin, "tier": cur.tier}
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
-from tierd.meta import ROOT_INO, Inode, MetaTxn
+from tierd.meta import ROOT_INO, Inode, MetaTxn, PlacementPolicy
 from tierd.meta.kv import prefix_end
 
 #: cold prefix of noncurrent versions: ``<bucket>/.tierd-versions/<key>/<version id>``
@@ -62,6 +62,29 @@ def file_keys(tx: MetaTxn, ino: int) -> list[str]:
         from tierd.namespace.versions import cold_keys  # here: the namespace imports us
         keys = cold_keys(tx, ino)
     return sorted(keys)
+
+
+def keys_policy(keys: Sequence[str],
+                policy_for: Callable[[str], PlacementPolicy]) -> PlacementPolicy | None:
+    """The placement policy of a file whose cold keys are ``keys`` (:func:`file_keys`
+    order): the policy of its first key; None when it has none (no name, nothing to place).
+
+    One name decides, so a hard-linked file has one policy, not a pin from one name, a
+    cache-only mode from a second and the warm tier from a third.  The first one, because it
+    is the name the content is uploaded under (the other names are copies of that object)
+    and the one every user of a policy took already -- the persister's mode, the read
+    path's tier, the memory tier, write-through, the operator's policy change -- while
+    eviction alone asked whether any name pinned the file; it follows the rule now (a file
+    whose first name is not pinned is evictable, whatever its other names:
+    ``tests/placement/test_file_policy.py``)."""
+    return policy_for(keys[0]) if keys else None
+
+
+def file_policy(tx: MetaTxn, ino: int,
+                policy_for: Callable[[str], PlacementPolicy]) -> PlacementPolicy | None:
+    """:func:`keys_policy` of file ``ino``'s cold keys: the one place a file's placement
+    policy is decided (``policy_for``: the longest-prefix lookup of the policies set)."""
+    return keys_policy(file_keys(tx, ino), policy_for)
 
 
 def resolve(tx: MetaTxn, key: str) -> int | None:

@@ -34,7 +34,7 @@ from tierd.placement import bitmap
 from tierd.placement.engine import FIRST_WINDOW, HOT, WARM, Stream
 from tierd.placement.evict import Evicting
 from tierd.placement.memtier import MEM
-from tierd.placement.paths import file_keys
+from tierd.placement.paths import file_policy
 from tierd.placement.tiercache import TierCache
 from tierd.tiers import (
     BLOCK_SIZE,
@@ -234,8 +234,8 @@ class Reading(Evicting):
             rec = tx.get_cold(ino) if hot is not None else None
             tier = HOT
             if self.warmc is not None and any(p.tier == WARM for p in self.policies.values()):
-                keys = file_keys(tx, ino)
-                if keys and self.policy_for(keys[0]).tier == WARM:
+                policy = file_policy(tx, ino, self.policy_for)
+                if policy is not None and policy.tier == WARM:
                     tier = WARM
         # warm bits of a warm tier that is no longer configured are ignored
         warm = inode.blocks.get(WARM, b"") if self.warmc is not None else b""

@@ -31,7 +31,7 @@ from tierd.placement import intents
 from tierd.placement.deletes import Deleting
 from tierd.placement.engine import WARM
 from tierd.placement.memtier import MEM
-from tierd.placement.paths import file_keys, resolve
+from tierd.placement.paths import file_keys, keys_policy, resolve
 from tierd.tiers import KeyConflict, KeyRejected, ObjectInfo, ObjectNotFound
 
 
@@ -78,7 +78,7 @@ class Uploading(Deleting):
             targets = file_keys(tx, ino) if live else []
             old = dict(rec.keys) if rec is not None else {}
             reusable = {k: e for k, e in old.items() if not intents.pending(tx, k)}
-        policy = self.policy_for(targets[0]) if targets else None
+        policy = keys_policy(targets, self.policy_for)
         if policy is not None and policy.mode == "cache-only":
             targets = []
         version = rec.version if rec is not None else 0
