@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import re
 import subprocess
@@ -193,3 +194,16 @@ def test_a_passthrough_file_is_not_evicted_while_open(daemon: Daemon, work: Path
         assert time.monotonic() < deadline, done
         time.sleep(0.1)
     assert hashlib.md5(f.read_bytes()).digest() == hashlib.md5(data).digest()
+
+
+def test_mmap_of_a_passthrough_file_reads_the_hot_file(daemon: Daemon, work: Path,
+                                                       s3: Any) -> None:
+    """A read-only mapping of a passthrough open maps the hot file's pages (the kernel's
+    passthrough mmap): page faults are no READ requests, and the bytes are the object's."""
+    data = os.urandom(1 << 20)
+    s3.put_object(Bucket=BUCKET, Key=f"{work.name}/mapped.bin", Body=data)
+    before = fuse_reads(daemon)
+    with open(work / "mapped.bin", "rb") as f, mmap.mmap(f.fileno(), 0,
+                                                          prot=mmap.PROT_READ) as m:
+        assert m[:] == data
+    assert fuse_reads(daemon) == before
