@@ -29,8 +29,10 @@ from pathlib import Path
 
 from tierd import __version__
 from tierd.acl import Identity
+from tierd.config import Config
 from tierd.meta import MetaStore
 from tierd.namespace import Namespace
+from tierd.placement.ops import placement_from_config
 
 ROOT = Identity.ROOT
 CHUNK = 1 << 20
@@ -55,8 +57,25 @@ async def raw_meta(base: Path, n: int) -> None:
         os.unlink(d / f"g{i}")
 
 
+async def open_ns(base: Path) -> Namespace:
+    """The namespace as the daemon builds it over ``base`` with default settings (placement
+    over hot and the embedded ``file://`` cold store); everything it writes here is dirty."""
+    cfg = Config(data_dir=base)
+    for d in (cfg.hot_dir, cfg.cold_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    meta = MetaStore.open_lmdb(cfg.meta_dir)
+    p = await placement_from_config(cfg, meta)
+    return await Namespace.load(meta, cfg.hot_dir, umask=cfg.umask, placement=p)
+
+
+async def close_ns(ns: Namespace) -> None:
+    await ns.close()
+    await ns.placement.shutdown()
+    ns.meta.close()
+
+
 async def ns_meta(base: Path, n: int) -> None:
-    ns = await Namespace.load(MetaStore.open_lmdb(base / "meta"), base / "hot")
+    ns = await open_ns(base)
     b = await ns.create_bucket(ROOT, "bench")
     for i in range(n):
         _, fh = await ns.create(ROOT, b.ino, f"f{i}".encode(), 0o644, os.O_WRONLY)
@@ -67,8 +86,7 @@ async def ns_meta(base: Path, n: int) -> None:
         await ns.rename(ROOT, b.ino, f"f{i}".encode(), b.ino, f"g{i}".encode())
     for i in range(n):
         await ns.unlink(ROOT, b.ino, f"g{i}".encode())
-    await ns.close()
-    ns.meta.close()
+    await close_ns(ns)
 
 
 async def raw_write(base: Path, size: int) -> None:
@@ -84,7 +102,7 @@ async def raw_write(base: Path, size: int) -> None:
 
 async def ns_write(base: Path, size: int) -> None:
     buf = os.urandom(CHUNK)
-    ns = await Namespace.load(MetaStore.open_lmdb(base / "meta"), base / "hot")
+    ns = await open_ns(base)
     b = await ns.create_bucket(ROOT, "bench")
     _, fh = await ns.create(ROOT, b.ino, b"big.bin", 0o644, os.O_RDWR)
     for off in range(0, size, CHUNK):
@@ -93,8 +111,7 @@ async def ns_write(base: Path, size: int) -> None:
     for off in range(0, size, CHUNK):
         await ns.read(fh, off, CHUNK)
     await ns.release(fh)
-    await ns.close()
-    ns.meta.close()
+    await close_ns(ns)
 
 
 async def timed(fn: Callable[[Path], Awaitable[None]], workdir: Path) -> dict[str, float]:

@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from nsplacement import close_namespace, open_namespace
 
 from tierd.acl import Identity, canned, may_access
 from tierd.acl import posix_acl as pacl
 from tierd.acl.modes import R_OK, W_OK, X_OK, anonymous_bits
 from tierd.errors import FsError
 from tierd.meta import Inode, MetaStore
-from tierd.namespace import Namespace
 
 ANON = Identity.ANONYMOUS
 ROOT = Identity.ROOT
@@ -56,7 +56,7 @@ def test_canned_acls_set_describe_and_report_the_grant() -> None:
 
 async def test_chmod_and_setfacl_only_narrow_the_grant(tmp_path: Path) -> None:
     store = MetaStore.open_lmdb(tmp_path / "meta")
-    ns = await Namespace.load(store, tmp_path / "hot", umask=0o022)
+    ns = await open_namespace(store, tmp_path, umask=0o022)
     try:
         await ns.create_bucket(ROOT, "bkt")
         await ns.set_canned_acl(ROOT, "bkt", "", "public-read")
@@ -83,5 +83,5 @@ async def test_chmod_and_setfacl_only_narrow_the_grant(tmp_path: Path) -> None:
         await ns.put_object(ROOT, "bkt", "a/f", _body(b"yy"))
         assert (await ns.head_object(ANON, "bkt", "a/f")).size == 2
     finally:
-        await ns.close()
+        await close_namespace(ns)
         store.close()

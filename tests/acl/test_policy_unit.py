@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from nsplacement import close_namespace, open_namespace
 
 from tierd.acl import canned
 from tierd.acl.authorize import GRANT_MASK
@@ -29,7 +30,6 @@ from tierd.acl.policy import (
 )
 from tierd.errors import FsError
 from tierd.meta import MetaStore
-from tierd.namespace import Namespace
 
 B = "data"
 ALICE = Requester("AKALICE", "alice", "c-alice")
@@ -324,7 +324,7 @@ async def test_grant_covers_its_request_only_and_ends_at_symlinks(tmp_path: Path
     """What authorize() hands the namespace: anonymous gets nothing from mode bits (not even
     "other"), a Grant opens what POSIX would refuse, and following a symlink ends it."""
     store = MetaStore.open_lmdb(tmp_path / "meta")
-    ns = await Namespace.load(store, tmp_path / "hot", umask=0o022)
+    ns = await open_namespace(store, tmp_path, umask=0o022)
     try:
         root = Identity.ROOT
         await ns.create_bucket(root, "bkt")  # private; shared with every user (0755):
@@ -360,5 +360,5 @@ async def test_grant_covers_its_request_only_and_ends_at_symlinks(tmp_path: Path
         made = await ns.put_object(granted(anon), "bkt", "pub/new", _body(b"n"))
         assert (made.uid, made.gid) == (ANONYMOUS_ID, ANONYMOUS_ID)
     finally:
-        await ns.close()
+        await close_namespace(ns)
         store.close()

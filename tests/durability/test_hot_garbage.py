@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from nsplacement import abandon_namespace, close_namespace, open_namespace
 
 from tierd.acl import Identity
 from tierd.meta import STATE_DIRTY, MetaStore
@@ -42,18 +43,19 @@ class Env:
 
     def open(self) -> Namespace:
         store = MetaStore.open_lmdb(self.base / "meta")
-        return self.run(Namespace.load(store, self.base / "hot"))
+        return self.run(open_namespace(store, self.base))
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
 
     def crash(self) -> None:
         self.abandoned.append(self.ns)
+        self.run(abandon_namespace(self.ns))
         self.ns.meta.close()
         self.ns = self.open()
 
     def close(self) -> None:
-        self.run(self.ns.close())
+        self.run(close_namespace(self.ns))
         self.ns.meta.close()
         self.loop.close()
 

@@ -2,8 +2,12 @@
 
 The namespace API is async; these tests stay synchronous (pytest-asyncio is not used).  The
 ``nsenv`` fixture owns one event loop and one :class:`~tierd.namespace.Namespace` over a fresh
-lmdb store and hot directory; ``nsenv.run(coro)`` drives a call to completion on that loop, and
+lmdb store and data directory; ``nsenv.run(coro)`` drives a call to completion on that loop, and
 ``nsenv.err(errno, coro)`` asserts that the call fails with exactly that errno.
+
+Every test that takes ``nsenv`` or ``nsenv_factory`` runs once per placement of
+:data:`nsplacement.PLACEMENTS` (``hot-only`` and ``file-cold``), as the daemon always gives
+its namespace one; ``nsenv.placement`` names it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from nsplacement import PLACEMENTS, abandon_namespace, close_namespace, open_namespace
 
 from tierd.acl import Identity
 from tierd.meta import MetaStore
@@ -47,9 +52,10 @@ async def chunks(data: bytes, size: int = 7) -> AsyncIterator[bytes]:
 class NsEnv:
     """A namespace on a fresh data directory, with a private event loop."""
 
-    def __init__(self, base: Path, engine: str = "lmdb") -> None:
+    def __init__(self, base: Path, engine: str = "lmdb", placement: str = "hot-only") -> None:
         self.base = base
         self.engine = engine
+        self.placement = placement
         self.loop = asyncio.new_event_loop()
         self.store: MetaStore | None = None
         self._abandoned: list[Namespace] = []  # by crash_reopen: kept from the collector
@@ -61,7 +67,7 @@ class NsEnv:
             self.store = MetaStore.open_lmdb(self.base / "meta")
         else:
             self.store = MetaStore.open_memory()
-        return self.run(Namespace.load(self.store, self.base / "hot", umask=0o022))
+        return self.run(open_namespace(self.store, self.base, self.placement, umask=0o022))
 
     def reopen(self) -> Namespace:
         """Close the namespace (and its store) and open it again on the same directory."""
@@ -76,13 +82,14 @@ class NsEnv:
         keeps every committed transaction, as a killed process would."""
         assert self.engine == "lmdb" and self.store is not None
         self._abandoned.append(self.ns)
+        self.run(abandon_namespace(self.ns))
         self.store.close()
         self.store = None
         self.ns = self._open()
         return self.ns
 
     def _close_ns(self) -> None:
-        self.run(self.ns.close())
+        self.run(close_namespace(self.ns))
         if self.store is not None:
             self.store.close()  # idempotent if Namespace.close already closed it
             self.store = None
@@ -165,10 +172,16 @@ class NsEnv:
         return [n for n, _ in self.run(self.ns.listdir(ident, dir_ino, **kw))]
 
 
+@pytest.fixture(params=list(PLACEMENTS))
+def placement(request: pytest.FixtureRequest) -> str:
+    """The placement the namespace runs on (a key of :data:`nsplacement.PLACEMENTS`)."""
+    return str(request.param)
+
+
 @pytest.fixture
-def nsenv() -> Iterator[NsEnv]:
+def nsenv(placement: str) -> Iterator[NsEnv]:
     with tempfile.TemporaryDirectory(prefix="tierd-ns-") as base:
-        env = NsEnv(Path(base))
+        env = NsEnv(Path(base), placement=placement)
         try:
             yield env
         finally:
@@ -176,13 +189,13 @@ def nsenv() -> Iterator[NsEnv]:
 
 
 @pytest.fixture
-def nsenv_factory() -> Iterator[Any]:
+def nsenv_factory(placement: str) -> Iterator[Any]:
     """Several independent namespaces in one test (e.g. one per engine)."""
     envs: list[NsEnv] = []
     with tempfile.TemporaryDirectory(prefix="tierd-ns-") as base:
 
         def make(engine: str = "lmdb") -> NsEnv:
-            env = NsEnv(Path(base) / str(len(envs)), engine)
+            env = NsEnv(Path(base) / str(len(envs)), engine, placement)
             envs.append(env)
             return env
 

@@ -55,6 +55,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.internal.conjecture import engine as hypothesis_engine
+from nsplacement import close_namespace, open_namespace
 
 from tierd.acl import Identity
 from tierd.meta import MetaStore
@@ -840,13 +841,14 @@ class Differ:
         )
 
 
-async def run_ops(base: Path, ops: Sequence[tuple[Any, ...]], stats: Stats | None) -> None:
+async def run_ops(base: Path, ops: Sequence[tuple[Any, ...]], stats: Stats | None,
+                  placement: str) -> None:
     """Apply ``ops`` to both sides, each with its paths resolved against the state the
     previous ones left."""
     # durable=False: commits are not fdatasynced one by one (durability is not what this test
     # compares, and the suite must stay fast); the engine and its semantics are the same
     store = MetaStore.open_lmdb(base / "meta", sync="durability-points")
-    ns = await Namespace.load(store, base / "hot", umask=0o022)
+    ns = await open_namespace(store, base, placement, umask=0o022)
     real = base / "real"
     differ = Differ(ns, store, real)
     try:
@@ -864,16 +866,17 @@ async def run_ops(base: Path, ops: Sequence[tuple[Any, ...]], stats: Stats | Non
     finally:
         for h in differ.handles:
             os.close(h.fd)
-        await ns.close()
+        await close_namespace(ns)
         store.close()
 
 
-def run_sequence(ops: Sequence[tuple[Any, ...]], stats: Stats | None = None) -> None:
+def run_sequence(ops: Sequence[tuple[Any, ...]], stats: Stats | None = None,
+                 placement: str = "hot-only") -> None:
     old_umask = os.umask(UMASK)
     try:
         with tempfile.TemporaryDirectory(prefix="tierd-diff-") as base:
             os.chmod(base, 0o755)  # other users must reach base/real
-            asyncio.run(run_ops(Path(base), ops, stats))
+            asyncio.run(run_ops(Path(base), ops, stats, placement))
     finally:
         os.umask(old_umask)
 

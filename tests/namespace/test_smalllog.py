@@ -34,6 +34,13 @@ def inode_of(env: NsEnv, bucket: str, key: str) -> int:
     return int(env.run(env.ns.head_object(ROOT, bucket, key)).ino)
 
 
+@pytest.fixture
+def no_timed_trim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No trim comes by itself: a test that counts the records left by its PUTs must not
+    depend on finishing them within TRIM_DELAY (a loaded machine takes longer)."""
+    monkeypatch.setattr(smalllog, "TRIM_DELAY", 3600.0)
+
+
 def test_small_put_is_logged_then_trimmed(nsenv: NsEnv) -> None:
     nsenv.bucket("bkt")
     body = os.urandom(3000)
@@ -77,7 +84,7 @@ def test_large_bodies_and_a_full_log_sync_their_own_file(nsenv: NsEnv) -> None:
     assert nsenv.get(ROOT, "bkt", "small") == b"abc"
 
 
-def test_clean_close_leaves_no_record(nsenv: NsEnv) -> None:
+def test_clean_close_leaves_no_record(nsenv: NsEnv, no_timed_trim: None) -> None:
     nsenv.bucket("bkt")
     for i in range(20):
         nsenv.put(ROOT, "bkt", f"k{i}", bytes([i]) * 500)
@@ -86,13 +93,6 @@ def test_clean_close_leaves_no_record(nsenv: NsEnv) -> None:
     assert logged(nsenv) == {}
     for i in range(20):
         assert nsenv.get(ROOT, "bkt", f"k{i}") == bytes([i]) * 500
-
-
-@pytest.fixture
-def no_timed_trim(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No trim comes by itself: a test that counts the records left by its PUTs must not
-    depend on finishing them within TRIM_DELAY (a loaded machine takes longer)."""
-    monkeypatch.setattr(smalllog, "TRIM_DELAY", 3600.0)
 
 
 @pytest.mark.parametrize("damage", ["delete", "truncate", "garbage"])

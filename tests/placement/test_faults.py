@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
+from nsplacement import close_namespace, open_namespace
 
 from tierd.errors import FsError, Reason
 from tierd.meta import MetaStore
-from tierd.namespace import Namespace
 from tierd.placement.ops import PlacementOps
 
 from .conftest import COLD_BUCKET, ROOT, Env, MiB, read_file, until, write_file
@@ -78,17 +78,13 @@ def test_sigkill_during_persistence_then_restart(tmp_path: Path) -> None:
 
     async def prepare() -> None:  # committed but not persisted: a queue for the daemon
         meta = MetaStore.open_lmdb(data_dir / "meta")
-        ns = await Namespace.load(meta, data_dir / "hot")
+        # hot-only: the files stay queued (never uploaded) for the daemon to persist
+        ns = await open_namespace(meta, data_dir, cold_dir=cold)
         b = await ns.create_bucket(ROOT, "ckx")
         d = await ns.mkdir(ROOT, b.ino, b"step", 0o755)
         for k, data in files.items():
             await write_file(ns, d.ino, k.rsplit("/", 1)[1].encode(), data)
-        await ns.close()
-        # the pre-placement namespace queues nothing: queue what a placement daemon would
-        with meta.write() as tx:
-            for inode in list(tx.iter_inodes()):
-                if inode.is_reg:
-                    tx.enqueue(inode.ino, b"x")
+        await close_namespace(ns)
         meta.close()
 
     data_dir.mkdir()
@@ -224,16 +220,12 @@ def test_sigkill_during_persistence_to_s3_then_restart(
 
     async def prepare() -> None:
         meta = MetaStore.open_lmdb(data_dir / "meta")
-        ns = await Namespace.load(meta, data_dir / "hot")
+        ns = await open_namespace(meta, data_dir)  # hot-only: queued for the daemon
         b = await ns.create_bucket(ROOT, "cks")
         d = await ns.mkdir(ROOT, b.ino, b"step", 0o755)
         for k, data in files.items():
             await write_file(ns, d.ino, k.rsplit("/", 1)[1].encode(), data)
-        await ns.close()
-        with meta.write() as tx:
-            for inode in list(tx.iter_inodes()):
-                if inode.is_reg:
-                    tx.enqueue(inode.ino, b"x")
+        await close_namespace(ns)
         meta.close()
 
     def stored() -> dict[str, int]:

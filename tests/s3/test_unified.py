@@ -10,16 +10,17 @@ import hashlib
 import os
 from pathlib import Path
 
+from nsplacement import close_namespace, open_namespace
+
 from tierd.acl import Identity
 from tierd.meta import MetaStore
-from tierd.namespace import Namespace
 
 from .conftest import start_daemon
 
 
 async def _posix(data_dir: Path, put_data: bytes, posix_data: bytes) -> None:
     meta = MetaStore.open_lmdb(data_dir / "meta")
-    ns = await Namespace.load(meta, data_dir / "hot")
+    ns = await open_namespace(meta, data_dir)
     try:
         root = Identity.ROOT
         # the S3 PUT is a file at <bucket>/<key>
@@ -40,7 +41,7 @@ async def _posix(data_dir: Path, put_data: bytes, posix_data: bytes) -> None:
         await ns.write(fh, 0, posix_data[:half])
         await ns.release(fh)
     finally:
-        await ns.close()
+        await close_namespace(ns)
         meta.close()
 
 

@@ -27,7 +27,6 @@ from tierd.namespace.versionops import VersionOps
 from tierd.namespace.xattrs import XATTR_CREATE, XATTR_REPLACE, XattrOps
 from tierd.placement import Placement
 from tierd.tiers.hotdir import HotDir
-from tierd.tiers.local_tier import LocalTier
 
 log = logging.getLogger("tierd.namespace")
 
@@ -56,16 +55,15 @@ class Namespace(VersionOps, TagOps, XattrOps, ImportOps, TieringOps):
     """Assembled namespace; build it with :meth:`load` (``open`` opens files)."""
 
     @classmethod
-    async def load(cls, meta: MetaStore, hot_dir: Path, *, umask: int = 0o022,
-                   placement: Placement | None = None) -> Namespace:
-        """``placement`` (started by the caller) makes cold the system of record and
-        ``hot_dir`` its block cache; without it, data lives only in ``hot_dir``."""
-        hot = placement.hot if placement is not None else LocalTier(hot_dir, name="hot")
-        if Path(hot.root).resolve() != Path(hot_dir).resolve():
-            raise ValueError(f"placement's hot tier is {hot.root}, not {hot_dir}")
-        ns = cls(meta, HotDir(hot), umask, placement)
-        if placement is not None:
-            placement.importer.attach(ns)  # import changes the tree through ns (imports.py)
+    async def load(cls, meta: MetaStore, hot_dir: Path, *, placement: Placement,
+                   umask: int = 0o022) -> Namespace:
+        """``placement`` (started by the caller, over the same ``hot_dir``; see
+        :func:`tierd.placement.ops.placement_from_config`) makes cold the system of record
+        and ``hot_dir`` its block cache."""
+        if Path(placement.hot.root).resolve() != Path(hot_dir).resolve():
+            raise ValueError(f"placement's hot tier is {placement.hot.root}, not {hot_dir}")
+        ns = cls(meta, HotDir(placement.hot), umask, placement)  # the tier owns the files
+        placement.importer.attach(ns)  # import changes the tree through ns (imports.py)
         unclean_below = ns._recover()
         await ns._sync_meta()  # what recovery changed, durable before a file goes
         reclaimed = ns.garbage.recover()
@@ -75,8 +73,7 @@ class Namespace(VersionOps, TagOps, XattrOps, ImportOps, TieringOps):
         if reclaimed or unnamed:
             log.info("recovered: %d dropped data files reclaimed, %d data files no inode "
                      "names removed", reclaimed, unnamed)
-        if placement is not None:
-            await placement.import_buckets()
+        await placement.import_buckets()
         return ns
 
     def _recover(self) -> int:
@@ -110,8 +107,7 @@ class Namespace(VersionOps, TagOps, XattrOps, ImportOps, TieringOps):
                 tx.add_counter("running", 1)
             orphans = tx.list_orphans()
             for ino in orphans:
-                if self.placement is not None:
-                    self.placement.deleted(tx, ino)
+                self.placement.deleted(tx, ino)
                 tx.delete_inode(ino)
                 tx.add_garbage(ino)  # reclaimed once this is durable (load)
             changed = self._bump_changed(tx)

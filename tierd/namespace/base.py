@@ -145,8 +145,8 @@ class StatFs:
 class NamespaceBase:
     """State and helpers every part of the namespace uses."""
 
-    def __init__(self, meta: MetaStore, hot: HotDir, umask: int = 0o022,
-                 placement: Placement | None = None) -> None:
+    def __init__(self, meta: MetaStore, hot: HotDir, umask: int,
+                 placement: Placement) -> None:
         self.meta = meta
         self.hot = hot
         self.smalllog = SmallLog(meta, hot)
@@ -155,10 +155,10 @@ class NamespaceBase:
         # inodes whose size is being changed (files.FileOps._set_size): writes wait
         self._resizing: dict[int, asyncio.Future[None]] = {}
         self.umask = umask
-        # with placement, data lives once in cold and hot caches blocks (docs/placement.md)
+        # data lives once in cold, the system of record, and hot caches blocks
+        # (docs/placement.md)
         self.placement = placement
-        if placement is not None:
-            placement.busy = self._open_dirty
+        placement.busy = self._open_dirty
         self._open: dict[int, OpenFile] = {}
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -294,10 +294,9 @@ class NamespaceBase:
         self.garbage.add(ino)
 
     def _placement_forget(self, ino: int) -> None:
-        if self.placement is not None:
-            self.placement.forget(ino)
+        self.placement.forget(ino)
 
-    # -- placement hooks (no-ops without placement) ----------------------------------------
+    # -- placement hooks -------------------------------------------------------------------
     def _open_dirty(self, ino: int) -> bool:
         """Unflushed writes in the hot file (or about to be: the intention is being made
         durable): not uploadable, not evictable."""
@@ -307,33 +306,29 @@ class NamespaceBase:
 
     def _queue(self, tx: MetaTxn, inode: Inode, content: bool = True) -> None:
         """Inside the txn that changed ``inode``'s content (or names): persist it."""
-        if self.placement is not None:
-            self.placement.enqueue(tx, inode, content)
+        self.placement.enqueue(tx, inode, content)
 
     def _names_changed(self, tx: MetaTxn, inode: Inode) -> None:
-        if self.placement is not None:
-            self.placement.names_changed(tx, inode)
+        self.placement.names_changed(tx, inode)
 
     async def _ensure(self, ino: int, offset: int, length: int) -> None:
         """Blocks in the range present on hot (read-through from cold)."""
-        if self.placement is not None:
-            await self.placement.ensure(ino, offset, length)
+        await self.placement.ensure(ino, offset, length)
 
     async def _prepare_write(self, ino: int, keep: int) -> None:
         """Before content changes in place: the first ``keep`` bytes must be local (cold
         stores whole objects, so the persister needs all of them anyway), and no fetch may
         land after the change."""
-        if self.placement is not None:
-            if keep > 0:
-                await self.placement.ensure(ino, 0, keep, touch=False)
-            await self.placement.quiesce(ino)
+        if keep > 0:
+            await self.placement.ensure(ino, 0, keep, touch=False)
+        await self.placement.quiesce(ino)
 
     def _drop_inode(self, tx: MetaTxn, inode: Inode) -> bool:
         """Called when ``inode`` lost its last name: delete it now, or mark it an orphan if
         a handle still holds it.  Returns True when its data must be removed after commit
         (:meth:`_forget_data`; the ``G`` key that says so is written here, in the same
         transaction)."""
-        if self.placement is not None and inode.is_reg:
+        if inode.is_reg:
             self.placement.deleted(tx, inode.ino)
         if inode.ino in self._open:
             tx.put_inode(inode)

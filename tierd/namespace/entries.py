@@ -39,7 +39,7 @@ class EntryOps(ResizeOps):
     async def lookup(self, ident: Identity, parent: int, name: bytes) -> Inode:
         with self.meta.snapshot() as tx:
             child = self._child(tx, ident, self._dir(tx, parent), name)
-        if child is None and self.placement is not None and parent != ROOT_INO:
+        if child is None and parent != ROOT_INO:
             await self.placement.refresh(parent)  # an object put straight into cold?
             with self.meta.snapshot() as tx:
                 child = self._child(tx, ident, self._dir(tx, parent), name)
@@ -72,7 +72,7 @@ class EntryOps(ResizeOps):
         nor hide others, which is what stable readdir offsets and S3 markers both need.
         """
         out: list[tuple[bytes, Inode]] = []
-        if self.placement is not None and ino != ROOT_INO and not start_after:
+        if ino != ROOT_INO and not start_after:
             await self.placement.refresh(ino)  # show what cold has (transparent import)
         with self.meta.snapshot() as tx:
             d = self._dir(tx, ino)

@@ -103,10 +103,8 @@ class FileOps(EntryOps):
         end = min(h.ofile.size, offset + size)
         if end <= offset:
             return b""
-        if self.placement is None:
-            data = await fileio.pread(h.ofile.fd, end - offset, offset)
-        else:  # from hot, or from warm for blocks only warm holds (docs/placement.md)
-            data = await self.placement.read(h.ino, offset, end - offset)
+        # from hot, or from warm for blocks only warm holds (docs/placement.md)
+        data = await self.placement.read(h.ino, offset, end - offset)
         if len(data) < end - offset:  # a hole past the data file's end reads as zeros
             data += bytes(end - offset - len(data))
         return data
@@ -125,7 +123,7 @@ class FileOps(EntryOps):
             return 0
         while (resizing := self._resizing.get(of.ino)) is not None:
             await asyncio.shield(resizing)  # a truncate cuts committed bytes once durable
-        if self.placement is not None and not of.dirty:
+        if not of.dirty:
             # first write since the last commit: backpressure, and the old content local
             await self.placement.admit(n)
             await self._prepare_write(of.ino, of.size)

@@ -67,12 +67,10 @@ async def keep_committed(ns: NamespaceBase, ino: int) -> bool:
     bucket, key = loc
     with ns.meta.write() as tx:
         clone_ino = tx.next_ino()
-    with contextlib.ExitStack() as held:
-        if ns.placement is not None:  # no eviction between the read-back and the copy
-            held.enter_context(ns.placement.hold(ino))
-            if cur.size:
-                await ns.placement.ensure(ino, 0, cur.size, touch=False)
-            await ns.placement.quiesce(ino)
+    with ns.placement.hold(ino):  # no eviction between the read-back and the copy
+        if cur.size:
+            await ns.placement.ensure(ino, 0, cur.size, touch=False)
+        await ns.placement.quiesce(ino)
         # a full hot tier evicts clean data (never this file: held) and the copy is retried
         await retry_full(ns.placement, cur.size, lambda: asyncio.to_thread(
             _clone, ns.hot, ino, clone_ino, cur.size), "keeping the previous version")

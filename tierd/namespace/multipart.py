@@ -81,8 +81,7 @@ class MultipartOps(ObjectOps):
                 raise FsError(errno.EINVAL, "cannot copy a directory marker")
             reuse = bool(src.inode.etag) and "-" not in src.inode.etag
             size = src.inode.size
-            if self.placement is not None:
-                await self.placement.room_for_write(size)
+            await self.placement.room_for_write(size)
             path, fd = self.hot.new_temp()
 
             async def copy() -> hashlib._Hash | None:  # repeatable: a fresh digest each time
@@ -243,7 +242,7 @@ class MultipartOps(ObjectOps):
         """Write a part where :class:`PartStore` puts it (``fill`` writes the bytes and
         feeds the MD5; returns how many), make it durable, verify it, store its record;
         on any failure the bytes are dropped and an earlier upload of the part stays."""
-        if self.placement is not None and size:
+        if size:
             await self.placement.room_for_write(size)
         target = self._target(upload_id, number, size)
         stored = False
@@ -444,8 +443,7 @@ class MultipartOps(ObjectOps):
             path = os.path.join(self.hot.tmp, uuid.uuid4().hex)
             if await asyncio.to_thread(_link_data, data, path, size, may_cut, last):
                 return path, size
-        if self.placement is not None:
-            await self.placement.room_for_write(size)
+        await self.placement.room_for_write(size)
         path, fd = self.hot.new_temp()
         try:
             await retry_full(self.placement, size, lambda: asyncio.to_thread(

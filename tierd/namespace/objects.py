@@ -230,7 +230,7 @@ class ObjectOps(FileOps):
             with self.meta.snapshot() as tx:
                 inode = self._live(self._object(tx, ident, bucket, key))
         except FsError as e:
-            if e.errno != errno.ENOENT or self.placement is None or not key:
+            if e.errno != errno.ENOENT or not key:
                 raise
             await self.placement.refresh_key(bucket, key.rstrip("/"))  # put into cold?
             with self.meta.snapshot() as tx:
@@ -330,8 +330,7 @@ class ObjectOps(FileOps):
         segments, marker = split_key(key)
         if marker:
             raise FsError(errno.EINVAL, f"key {key!r} names a directory marker, not a file")
-        if self.placement is not None:  # dirty_limit: a background publisher waits
-            await self.placement.admit(size)
+        await self.placement.admit(size)  # dirty_limit: a background publisher waits
         return await self._install_put(ident, bucket, key, segments, path, size, etag,
                                        objmeta or {})
 
@@ -531,8 +530,8 @@ class ObjectOps(FileOps):
         """One page of keys in S3 order, served by range scans of the sorted directory
         entries (never a whole directory in memory).  Empty directories list as markers."""
         out = Listing()
-        if self.placement is not None:  # show what cold has (transparent import)
-            await self.placement.refresh_key(bucket, prefix, recursive=not delimiter)
+        # show what cold has (transparent import)
+        await self.placement.refresh_key(bucket, prefix, recursive=not delimiter)
         p, sa, dl = prefix.encode(), start_after.encode(), delimiter.encode()
         with self.meta.snapshot() as tx:
             root = self._bucket_dir(tx, bucket)

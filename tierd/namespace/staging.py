@@ -44,17 +44,17 @@ def full_error(e: OSError, what: str, nbytes: int) -> FsError:
                    f"retry once the cold store has taken the dirty data ({e.strerror})")
 
 
-def refuse_over_dirty_limit(placement: Placement | None) -> None:
+def refuse_over_dirty_limit(placement: Placement) -> None:
     """Backpressure of every S3 write that adds dirty bytes (PUT, CopyObject, UploadPart,
     UploadPartCopy, CompleteMultipartUpload): past ``dirty_limit`` it is refused with
     503 SlowDown before any byte is taken (the FUSE door waits instead:
     ``Placement.admit``)."""
-    if placement is not None and placement.over_dirty_limit():
+    if placement.over_dirty_limit():
         raise FsError(errno.EAGAIN, "too much data is waiting to be persisted to the cold "
                       "store; retry later", reason=Reason.SLOW_DOWN)
 
 
-async def retry_full(placement: Placement | None, nbytes: int,
+async def retry_full(placement: Placement, nbytes: int,
                      write: Callable[[], Awaitable[T]], what: str = "a write",
                      *, again: bool = True) -> T:
     """``await write()``; on ENOSPC evict clean data and, if that freed anything, await
@@ -66,7 +66,7 @@ async def retry_full(placement: Placement | None, nbytes: int,
     except OSError as e:
         if not no_space(e):
             raise
-        if not again or placement is None or not await placement.room_for_write(
+        if not again or not await placement.room_for_write(
                 nbytes, failed=True):
             raise full_error(e, what, nbytes) from e
     try:
@@ -92,8 +92,8 @@ def _finish(hot: HotDir, fd: int, chunks: list[bytes], offset: int, path: str,
 
 
 async def stage_body(
-    hot: HotDir, body: AsyncIterable[bytes], install_as: int = 0,
-    smalllog: SmallLog | None = None, placement: Placement | None = None,
+    hot: HotDir, body: AsyncIterable[bytes], placement: Placement, install_as: int = 0,
+    smalllog: SmallLog | None = None,
 ) -> tuple[str, int, str, bytes | None]:
     """Write ``body`` to a new fsynced staging file: (path, size, MD5 hex).  On any error
     (including the body iterator raising: a bad checksum, a client gone) the file is
@@ -107,7 +107,7 @@ async def stage_body(
     and the bytes are returned (last item) for the caller to log in its commit
     (:mod:`tierd.namespace.smalllog`); otherwise that item is None.
 
-    With ``placement``, ENOSPC makes room and retries (:func:`retry_full`)."""
+    On ENOSPC, ``placement`` makes room and the write is retried (:func:`retry_full`)."""
     path, fd = "", -1
     md5 = hashlib.md5()
     size = 0

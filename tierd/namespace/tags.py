@@ -67,7 +67,7 @@ class TagOps(ObjectOps):
     async def _imported(self, bucket: str, key: str) -> None:
         """Before a second lookup of a key the namespace did not have: import it from the
         cold store when placement knows it (the same step as HeadObject's)."""
-        if self.placement is None or not key:
+        if not key:
             raise FsError(errno.ENOENT, f"no such key {key!r}")
         await self.placement.refresh_key(bucket, key.rstrip("/"))
 

@@ -373,8 +373,7 @@ class VersionOps(MultipartOps):
                             delimiter: str = "", limit: int = 1000) -> VersionListing:
         """One page of ListObjectVersions (see :class:`VersionListing`)."""
         out = VersionListing()
-        if self.placement is not None:
-            await self.placement.refresh_key(bucket, prefix, recursive=not delimiter)
+        await self.placement.refresh_key(bucket, prefix, recursive=not delimiter)
         count = 0
         with self.meta.snapshot() as tx:
             root = self._bucket_dir(tx, bucket)
