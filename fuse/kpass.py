@@ -17,9 +17,9 @@ the daemon.  What decides when it is safe (docs/fuse.md, "Passthrough"):
   :data:`WRITER_WAIT` seconds for them to close (their RELEASE comes asynchronously after
   ``close(2)``), then fails with ``ETXTBSY`` ("text file busy", as for a running program).
 * **The bytes must all be there.**  Only files whose every block is on hot
-  (``Placement.hot_complete``) and whose hot file is exactly the namespace's size (a crash
+  (``NamespaceAPI.hot_fd``) and whose hot file is exactly the namespace's size (a crash
   can leave bytes past the committed size, which reads must not see); the inode is held
-  against eviction (``Placement.acquire``) while a passthrough open lasts.
+  against eviction (``NamespaceAPI.hold``) while a passthrough open lasts.
 """
 
 from __future__ import annotations
