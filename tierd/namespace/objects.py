@@ -30,6 +30,7 @@ from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.files import FileOps
 from tierd.namespace.names import check_bucket_name, split_key
 from tierd.namespace.staging import refuse_over_dirty_limit, stage_body
+from tierd.preconditions import etag_matches
 from tierd.tiers import fileio
 
 READ_CHUNK = 1 << 20
@@ -97,21 +98,19 @@ class Listing:
 def _check_conditions(
     key: str, old: Inode | None, if_match: str | None, if_none_match: str | None
 ) -> None:
-    exists = old is not None and old.is_reg
-    if if_none_match is not None and exists and (
-        if_none_match.strip() == "*" or (old is not None
-        and if_none_match.strip('" ') == old.etag)
-    ):
+    """A conditional write's ETag preconditions against the object it would replace,
+    inside the commit (:func:`tierd.preconditions.etag_matches`, as the S3 door's early
+    check): atomic against concurrent writers."""
+    if old is None or not old.is_reg:
+        if if_match is not None:
+            raise FsError(errno.ENOENT, f"no such key {key!r} (If-Match)")
+        return
+    if if_none_match is not None and etag_matches(if_none_match, old.etag):
         raise FsError(errno.EEXIST, f"key {key!r} exists (If-None-Match)",
                       reason=Reason.PRECONDITION_FAILED)
-    if if_match is not None:
-        if not exists:
-            raise FsError(errno.ENOENT, f"no such key {key!r} (If-Match)")
-        assert old is not None
-        wanted = if_match.strip()
-        if wanted != "*" and wanted.strip('"') != old.etag:
-            raise FsError(errno.EINVAL, f"key {key!r} has another ETag (If-Match)",
-                          reason=Reason.PRECONDITION_FAILED)
+    if if_match is not None and not etag_matches(if_match, old.etag):
+        raise FsError(errno.EINVAL, f"key {key!r} has another ETag (If-Match)",
+                      reason=Reason.PRECONDITION_FAILED)
 
 
 class ObjectOps(FileOps):

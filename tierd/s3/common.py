@@ -14,6 +14,7 @@ from urllib.parse import unquote
 from aiohttp import web
 from multidict import CIMultiDictProxy, MultiDictProxy
 
+from tierd import preconditions
 from tierd.acl import Identity, canned
 from tierd.acl.authorize import PolicyStore
 from tierd.acl.keys import KeyStore, Owner
@@ -303,39 +304,27 @@ def encode_layout(sizes: list[int]) -> str:
 
 # -- conditionals and ranges -------------------------------------------------------------
 
-def _etag_list(value: str) -> list[str]:
-    return [e.strip().removeprefix("W/").strip('"') for e in value.split(",")]
-
-
 def check_conditions(h: CIMultiDictProxy[str], inode: Inode, *,
                      prefix: str = "", copy: bool = False) -> None:
-    """RFC 7232 preconditions as S3 evaluates them.  ``prefix`` is ``x-amz-copy-source-``
-    for CopyObject/UploadPartCopy, where every failure is 412."""
-    etag = etag_of(inode)
-    mtime = inode.mtime_ns // 1_000_000_000
-    if_match = h.get(prefix + "if-match")
-    if_none = h.get(prefix + "if-none-match")
-    if_unmod = h.get(prefix + "if-unmodified-since")
-    if_mod = h.get(prefix + "if-modified-since")
-    if if_match is not None:
-        tags = _etag_list(if_match)
-        if "*" not in tags and etag not in tags:
-            raise S3Error("PreconditionFailed", Condition=prefix + "If-Match")
-    elif if_unmod is not None:
-        t = parse_http_date(if_unmod)
-        if t is not None and mtime > t:
-            raise S3Error("PreconditionFailed", Condition=prefix + "If-Unmodified-Since")
-    not_modified = "PreconditionFailed" if copy else "NotModified"
-    if if_none is not None:
-        tags = _etag_list(if_none)
-        if "*" in tags or etag in tags:
-            raise S3Error(not_modified, Condition=prefix + "If-None-Match",
-                          headers=_304_headers(inode))
-    elif if_mod is not None:
-        t = parse_http_date(if_mod)
-        if t is not None and mtime <= t and t <= time.time():
-            raise S3Error(not_modified, Condition=prefix + "If-Modified-Since",
-                          headers=_304_headers(inode))
+    """RFC 7232 preconditions as S3 evaluates them (:func:`tierd.preconditions.evaluate`).
+    ``prefix`` is ``x-amz-copy-source-`` for CopyObject/UploadPartCopy, where every
+    failure is 412; elsewhere a "not modified" is 304."""
+
+    def date(name: str) -> float | None:
+        value = h.get(prefix + name)
+        return None if value is None else parse_http_date(value)
+
+    failed = preconditions.evaluate(
+        etag_of(inode), inode.mtime_ns // 1_000_000_000,
+        if_match=h.get(prefix + "if-match"), if_none_match=h.get(prefix + "if-none-match"),
+        if_unmodified_since=date("if-unmodified-since"),
+        if_modified_since=date("if-modified-since"), now=time.time())
+    if failed is None:
+        return
+    if not failed.not_modified:
+        raise S3Error("PreconditionFailed", Condition=prefix + failed.header)
+    raise S3Error("PreconditionFailed" if copy else "NotModified",
+                  Condition=prefix + failed.header, headers=_304_headers(inode))
 
 
 def _304_headers(inode: Inode) -> dict[str, str]:

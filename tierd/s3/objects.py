@@ -13,6 +13,7 @@ from tierd.acl import canned
 from tierd.errors import FsError, Reason
 from tierd.namespace import ObjectReader
 from tierd.namespace.api import Inode, current_vid
+from tierd.preconditions import IF_NONE_MATCH, etag_matches
 from tierd.s3 import access, checksums, tagset, versioning, xmlio
 from tierd.s3.body import Body
 from tierd.s3.buckets import xml_response
@@ -95,8 +96,9 @@ async def _fail_fast(ctx: Ctx, if_match: str | None, if_none: str | None) -> Non
         if e.errno != errno.ENOENT:
             raise await fs_error(ctx, e) from None
         cur = None
-    if if_none is not None and cur is not None and cur.is_reg:
-        raise S3Error("PreconditionFailed", Condition="If-None-Match")
+    if (if_none is not None and cur is not None and cur.is_reg
+            and etag_matches(if_none, etag_of(cur))):
+        raise S3Error("PreconditionFailed", Condition=IF_NONE_MATCH)
     if if_match is not None:
         if cur is None or not cur.is_reg:
             raise S3Error("NoSuchKey", Key=ctx.key)
