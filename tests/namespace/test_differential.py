@@ -8,14 +8,17 @@ permission bits, owners, link counts, sizes, contents, symlink targets, user xat
 paths are hard links of one another.  At the end, with every handle closed, the store must
 hold exactly the reachable inodes (files unlinked while open are freed at their release).
 
-Operations: open/create with O_CREAT/O_EXCL/O_TRUNC/O_APPEND and the three access modes,
-writes/reads/ftruncate through handles kept open across the other operations (so writes reach
-files after they were unlinked, renamed over or exchanged), truncate, mkdir, rmdir, unlink,
-rename with RENAME_NOREPLACE and RENAME_EXCHANGE (renameat2 via ctypes), link, symlink,
-set/get/removexattr with XATTR_CREATE/REPLACE, chmod, chown, access.  Each is generated from
-the state the previous ones left (paths that exist, children of existing directories, a few
-fresh ones), over three names (one sorting between file "a" and directory "a/") nested up to three
-deep, so collisions and errors are common.
+Operations (generated and applied to the real side by tests/differential_ops.py, which the
+mount's differential test shares): open/create with O_CREAT/O_EXCL/O_TRUNC/O_APPEND and the
+three access modes, writes/reads/ftruncate through handles kept open across the other
+operations (so writes reach files after they were unlinked, renamed over or exchanged),
+truncate, mkdir, rmdir, unlink, rename with RENAME_NOREPLACE and RENAME_EXCHANGE, link,
+symlink, set/get/removexattr with XATTR_CREATE/REPLACE, chmod, chown, lchown, utime, access.
+Each is generated from the state the previous ones left (paths that exist, children of
+existing directories, a few fresh ones), over three names (one sorting between file "a" and
+directory "a/") nested up to three deep, so collisions and errors are common.  Every sequence
+starts from the same small populated tree.  The namespace runs over the daemon's placement
+(tests/nsplacement.py); the deterministic coverage run uses both placements.
 
 Who: run as root (CI), each operation is performed by root, alice (1000) or bob (1001, in
 alice's group as a supplementary group): the real side switches its effective credentials
@@ -34,28 +37,44 @@ A failure prints the generated list (paths as ``<how#index>``, resolved when the
 runs) and, in the assertion message, every operation as it ran with both sides' outcomes.
 """
 
+
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
 import os
-import random
 import stat
 import tempfile
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import pytest
+from differential_ops import (
+    FLAGS,
+    MAX_HANDLES,
+    PRELUDE,
+    SKIP,
+    UMASK,
+    USERS,
+    UTIME_TIMES,
+    OsSide,
+    Outcome,
+    Stats,
+    compare_trees,
+    err,
+    is_writable,
+    op_strategy,
+    random_ops,
+    resolve,
+    tree_entry,
+)
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.internal.conjecture import engine as hypothesis_engine
-from nsplacement import close_namespace, open_namespace
+from nsplacement import PLACEMENTS, close_namespace, open_namespace
 
 from tierd.acl import Identity
 from tierd.meta import MetaStore
@@ -63,281 +82,11 @@ from tierd.namespace import (
     RENAME_EXCHANGE,
     RENAME_NOREPLACE,
     ROOT_INO,
-    XATTR_CREATE,
-    XATTR_REPLACE,
+    UTIME_NOW,
     Namespace,
 )
 
-T = TypeVar("T")
-
 BUCKET = "bkt"
-# The namespace's POSIX calls take the mode as the kernel passes it to a FUSE file system,
-# after the kernel applied the process umask; the driver does the same with this umask.
-UMASK = 0o022
-NAMES = ("a", "b", "a-c")  # "a-c" sorts before directory "a/" but after file "a"
-DEPTHS = (1, 1, 1, 1, 2, 3)
-MAX_HANDLES = 4
-
-# Who performs an operation.  As root the real side switches its effective uid, gid and
-# groups for each call (seteuid), and the namespace gets the same Identity: the differential
-# then covers permission checks, sticky directories and ownership rules too.  bob is in
-# alice's group as a supplementary group.  Run as anyone else, every call is "me".
-SWITCH_USERS = os.geteuid() == 0
-USERS: dict[str, tuple[int, int, tuple[int, ...]]] = (
-    {"root": (0, 0, ()), "alice": (1000, 1000, ()), "bob": (1001, 1001, (1000,))}
-    if SWITCH_USERS
-    else {"me": (os.geteuid(), os.getegid(), tuple(os.getgroups()))}
-)
-WHO: tuple[str, ...] = ("root", "alice", "bob", "alice", "root") if SWITCH_USERS else ("me",)
-
-# open flag sets by label (the label keeps a printed sequence readable); the common case,
-# creation, comes first so shrinking simplifies towards it
-FLAGS: dict[str, int] = {
-    "RDWR|CREAT": os.O_RDWR | os.O_CREAT,
-    "WRONLY|CREAT|TRUNC": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-    "RDWR|CREAT|EXCL": os.O_RDWR | os.O_CREAT | os.O_EXCL,
-    "WRONLY|CREAT|APPEND": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-    "RDONLY|CREAT": os.O_RDONLY | os.O_CREAT,
-    "RDONLY": os.O_RDONLY,
-    "WRONLY": os.O_WRONLY,
-    "RDWR": os.O_RDWR,
-    "RDWR|TRUNC": os.O_RDWR | os.O_TRUNC,
-    "RDWR|APPEND": os.O_RDWR | os.O_APPEND,
-}
-FILE_MODES = (0o644, 0o600, 0o755, 0o666, 0o640, 0o000, 0o4755, 0o2755)
-DIR_MODES = (0o755, 0o777, 0o700, 0o1777, 0o2777, 0o775, 0o711)
-CHMOD_MODES = (0o755, 0o644, 0o000, 0o700, 0o1777, 0o2775, 0o777, 0o111, 0o4755, 0o640, 0o3777)
-CHOWN_IDS = (-1, 1000, 1001, 0)
-if not SWITCH_USERS:  # the tree walk of an ordinary user must be able to read everything
-    FILE_MODES = tuple(m for m in FILE_MODES if m & 0o600 == 0o600)
-    DIR_MODES = tuple(m for m in DIR_MODES if m & 0o700 == 0o700)
-    CHMOD_MODES = tuple(m for m in CHMOD_MODES if m & 0o700 == 0o700)
-SYMLINK_TARGETS = ("a", "zz", "b/a", "../a", "a-c/../b", "", "a/b/a-c", "b", "a-c/a")
-XATTR_NAMES = ("user.a", "user.b")
-XATTR_VALUES = (b"v", b"", b"value-2")
-XATTR_FLAGS = (0, XATTR_CREATE, XATTR_REPLACE)
-ACCESS_MASKS = (os.R_OK, os.W_OK, os.X_OK, os.R_OK | os.W_OK | os.X_OK, os.F_OK)
-RENAME_FLAGS = (0, 0, RENAME_NOREPLACE, RENAME_EXCHANGE)
-DATA_LETTERS = b"xyzw"
-
-# operation kinds, repeated by weight; creation first so shrinking simplifies towards it
-KINDS: tuple[str, ...] = (
-    ("open",) * 7
-    + ("mkdir",) * 5
-    + ("write",) * 5
-    + ("rename",) * 5
-    + ("unlink",) * 3
-    + ("read",) * 3
-    + ("rmdir",) * 2
-    + ("close",) * 2
-    + ("truncate",) * 2
-    + ("link",) * 3
-    + ("symlink",)
-    + ("setxattr",) * 3
-    + ("chmod",) * 2
-    + ("ftruncate",)
-    + ("removexattr",) * 2
-    + ("getxattr",) * 2
-    + ("chown",)
-    + ("access",)
-    + ("check",)
-)
-# operations on an open handle (the others name paths and end with who performs them)
-HANDLE_KINDS = ("write", "read", "close", "ftruncate")
-
-assert os.XATTR_CREATE == XATTR_CREATE and os.XATTR_REPLACE == XATTR_REPLACE
-
-
-# -- generation ------------------------------------------------------------------------------
-class Picker(Protocol):
-    def choice(self, options: Sequence[T]) -> T: ...
-    def integer(self, lo: int, hi: int) -> int: ...
-
-
-class DrawPicker:
-    """Choices drawn by hypothesis (so they shrink)."""
-
-    def __init__(self, draw: Callable[[st.SearchStrategy[Any]], Any]) -> None:
-        self.draw = draw
-
-    def choice(self, options: Sequence[T]) -> T:
-        value: T = self.draw(st.sampled_from(options))
-        return value
-
-    def integer(self, lo: int, hi: int) -> int:
-        value: int = self.draw(st.integers(lo, hi))
-        return value
-
-
-class RandomPicker:
-    """Choices from a seeded generator (for the deterministic coverage run)."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = random.Random(seed)
-
-    def choice(self, options: Sequence[T]) -> T:
-        return self.rng.choice(options)
-
-    def integer(self, lo: int, hi: int) -> int:
-        return self.rng.randint(lo, hi)
-
-
-@dataclass
-class Known:
-    """The entries that exist (read from the real tree before each operation), so that most
-    operations act on existing entries or create children of existing directories."""
-
-    paths: tuple[str, ...] = ()
-    dirs: tuple[str, ...] = ()  # directories that may get children (depth < 3)
-    xattrs: tuple[str, ...] = ()  # entries that have user.* attributes
-
-
-class PathSpec:
-    """Which path an operation names, decided when it runs: an existing entry, a new child of
-    an existing directory, an entry with xattrs, or a fixed path (so a sequence is generated,
-    and shrunk, as a plain list, yet acts on what the operations before it made)."""
-
-    __slots__ = ("fresh", "how", "index", "name")
-
-    def __init__(self, how: str, index: int, name: str, fresh: str) -> None:
-        self.how = how  # "known", "child", "xattr" or "fresh"
-        self.index = index
-        self.name = name
-        self.fresh = fresh
-
-    def resolve(self, known: Known) -> str:
-        pool = {"known": known.paths, "child": known.dirs, "xattr": known.xattrs}.get(self.how)
-        if not pool:
-            return self.fresh
-        base = pool[self.index % len(pool)]
-        return f"{base}/{self.name}" if self.how == "child" else base
-
-    def __repr__(self) -> str:
-        if self.how == "fresh":
-            return f"<{self.fresh}>"
-        return f"<{self.how}#{self.index}{'/' + self.name if self.how == 'child' else ''}>"
-
-
-def gen_path(p: Picker, new: bool = False, how: str | None = None) -> PathSpec:
-    """Mostly existing paths; for an operation that creates one (``new``), mostly new
-    children of existing directories; sometimes a fixed path, which may not exist."""
-    if how is None:
-        options = (
-            ("child", "known", "fresh", "child") if new else ("known", "known", "child", "fresh")
-        )
-        how = p.choice(options)
-    fresh = "/".join(p.choice(NAMES) for _ in range(p.choice(DEPTHS)))
-    return PathSpec(how, p.integer(0, 15), p.choice(NAMES), fresh)
-
-
-def resolve(op: tuple[Any, ...], known: Known) -> tuple[Any, ...]:
-    return tuple(a.resolve(known) if isinstance(a, PathSpec) else a for a in op)
-
-
-def gen_data(p: Picker) -> bytes:
-    return bytes([p.choice(DATA_LETTERS)]) * p.integer(0, 12)
-
-
-def gen_op(p: Picker) -> tuple[Any, ...]:
-    """One operation as a plain tuple; its paths are resolved when it runs (:func:`resolve`)."""
-    kind = p.choice(KINDS)
-    h = MAX_HANDLES - 1
-    if kind == "write":
-        return (kind, p.integer(0, h), p.integer(0, 20), gen_data(p))
-    if kind == "read":
-        return (kind, p.integer(0, h), p.integer(0, 20), p.integer(0, 40))
-    if kind == "close":
-        return (kind, p.integer(0, h))
-    if kind == "ftruncate":
-        return (kind, p.integer(0, h), p.integer(0, 30))
-    if kind == "check":
-        return (kind,)
-    args: tuple[Any, ...]
-    if kind == "open":
-        label = p.choice(list(FLAGS))
-        args = (gen_path(p, bool(FLAGS[label] & os.O_CREAT)), label, p.choice(FILE_MODES))
-    elif kind == "truncate":
-        args = (gen_path(p), p.integer(0, 30))
-    elif kind == "mkdir":
-        args = (gen_path(p, True), p.choice(DIR_MODES))
-    elif kind in ("rmdir", "unlink"):
-        args = (gen_path(p),)
-    elif kind == "rename":
-        args = (gen_path(p), gen_path(p, True), p.choice(RENAME_FLAGS))
-    elif kind == "link":
-        args = (gen_path(p), gen_path(p, True))
-    elif kind == "symlink":
-        args = (p.choice(SYMLINK_TARGETS), gen_path(p, True))
-    elif kind == "setxattr":
-        path = gen_path(p)
-        args = (path, p.choice(XATTR_NAMES), p.choice(XATTR_VALUES), p.choice(XATTR_FLAGS))
-    elif kind in ("removexattr", "getxattr"):
-        path = gen_path(p, how=p.choice(("xattr", "xattr", "known")))
-        args = (path, p.choice(XATTR_NAMES))
-    elif kind == "chmod":
-        args = (gen_path(p), p.choice(CHMOD_MODES))
-    elif kind == "chown":
-        uid, gid = p.choice(CHOWN_IDS), p.choice(CHOWN_IDS)
-        if uid == gid == -1:  # chown(-1, -1) has quirks of its own; ask for a change
-            gid = 1000
-        args = (gen_path(p), uid, gid)
-    else:
-        assert kind == "access", kind
-        args = (gen_path(p), p.choice(ACCESS_MASKS))
-    return (kind, *args, p.choice(WHO))
-
-
-@st.composite
-def op_strategy(draw: Callable[[st.SearchStrategy[Any]], Any]) -> tuple[Any, ...]:
-    return gen_op(DrawPicker(draw))
-
-
-# -- the real side ---------------------------------------------------------------------------
-_libc = ctypes.CDLL(None, use_errno=True)
-_renameat2 = _libc.renameat2  # glibc >= 2.28
-_renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-_renameat2.restype = ctypes.c_int
-AT_FDCWD = -100
-ROOT_GROUPS = os.getgroups()
-
-
-def renameat2(old: str, new: str, flags: int) -> None:
-    if _renameat2(AT_FDCWD, os.fsencode(old), AT_FDCWD, os.fsencode(new), flags) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code), old)
-
-
-def sysctl(name: str) -> int:
-    try:
-        with open(f"/proc/sys/fs/{name}") as f:
-            return int(f.read())
-    except OSError:
-        return 0
-
-
-# Linux hardening sysctls change answers for non-root callers in ways that are policy, not
-# file-system semantics; the driver skips the few operations they could affect.
-PROTECTED_HARDLINKS = sysctl("protected_hardlinks")
-PROTECTED_SYMLINKS = sysctl("protected_symlinks")
-PROTECTED_REGULAR = sysctl("protected_regular")
-
-
-@contextmanager
-def as_user(who: str) -> Iterator[None]:
-    """Run the enclosed real-side call with ``who``'s effective credentials."""
-    if not SWITCH_USERS or who == "root":
-        yield
-        return
-    uid, gid, groups = USERS[who]
-    os.setgroups(list(groups))
-    os.setegid(gid)
-    os.seteuid(uid)
-    try:
-        yield
-    finally:
-        os.seteuid(0)
-        os.setegid(0)
-        os.setgroups(ROOT_GROUPS)
 
 
 def identity(who: str) -> Identity:
@@ -349,34 +98,15 @@ class VfsError(OSError):
     """An answer the kernel's path walk or open(2) gives before a file system is asked."""
 
 
-# Outcome: ("ok", value) or ("err", errno name); "skip" when an operation does not apply
-Outcome = tuple[str, Any]
-SKIP: Outcome = ("skip", None)
-
-
 @dataclass
 class Handle:
-    fd: int
+    """The namespace's side of a handle; the real side's handle at the same position of
+    :attr:`Differ.real` is the other."""
+
     fh: int
     ino: int
     writable: bool
-    label: str
     who: str  # the opener: a write clears set-user-ID bits unless the opener is root
-
-
-@dataclass
-class Stats:
-    outcomes: Counter[str] = field(default_factory=Counter)
-
-    def record(self, op: tuple[Any, ...], outcome: Outcome) -> None:
-        kind = op[0] if op[0] != "rename" else f"rename/{op[3]}"
-        self.outcomes[f"{kind} {outcome[0] if outcome[0] != 'err' else outcome[1]}"] += 1
-        if outcome[0] == "err":
-            self.outcomes[f"errno {outcome[1]}"] += 1
-
-
-def is_writable(flags: int) -> bool:
-    return flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
 
 
 class Differ:
@@ -385,19 +115,12 @@ class Differ:
     def __init__(self, ns: Namespace, store: MetaStore, real: Path) -> None:
         self.ns = ns
         self.store = store
-        self.real = str(real)
-        self.ident = Identity.ROOT if SWITCH_USERS else identity("me")  # for inspection
+        self.real = OsSide(str(real))
+        self.ident = Identity.ROOT if "root" in USERS else identity("me")  # for inspection
         self.handles: list[Handle] = []
         self.log: list[str] = []
 
     # -- plumbing --------------------------------------------------------------------------
-    @staticmethod
-    def _err(exc: OSError) -> Outcome:
-        return ("err", errno.errorcode.get(exc.errno or 0, str(exc.errno)))
-
-    def rp(self, path: str) -> str:
-        return os.path.join(self.real, path)
-
     async def parent(self, ident: Identity, path: str) -> tuple[int, bytes]:
         """The namespace parent inode of ``path`` (symlinks followed) and its last name."""
         *dirs, name = path.split("/")
@@ -419,59 +142,9 @@ class Differ:
         inode = await self.ns.resolve(ident, f"{BUCKET}/{path}", follow=follow)
         return inode.ino
 
+
     def handle(self, idx: int) -> Handle | None:
         return self.handles[idx % len(self.handles)] if self.handles else None
-
-    def known(self) -> Known:
-        paths, dirs, xattrs = [], [], []
-        for dirpath, dirnames, filenames in os.walk(self.real):
-            rel = os.path.relpath(dirpath, self.real)
-            for name in sorted(dirnames + filenames):
-                path = name if rel == "." else f"{rel}/{name}"
-                paths.append(path)
-                if name in dirnames and path.count("/") < 2:
-                    dirs.append(path)
-                if os.listxattr(self.rp(path), follow_symlinks=False):
-                    xattrs.append(path)
-        return Known(tuple(paths), tuple(dirs), tuple(xattrs))
-
-    def lstat(self, path: str, follow: bool = False) -> os.stat_result | None:
-        try:
-            return os.stat(self.rp(path), follow_symlinks=follow)
-        except OSError:
-            return None
-
-    def hardened(self, op: tuple[Any, ...]) -> bool:
-        """True when a hardening sysctl could decide this non-root call (the op is skipped)."""
-        who = op[-1]
-        if op[0] in HANDLE_KINDS or USERS[who][0] == 0:
-            return False
-        uid = USERS[who][0]
-        if op[0] == "link" and PROTECTED_HARDLINKS:
-            src = self.lstat(op[1])
-            if src is not None and src.st_uid != uid:
-                return True
-        if op[0] == "open" and PROTECTED_REGULAR and FLAGS[op[2]] & os.O_CREAT:
-            target = self.lstat(op[1])
-            parent = self.lstat(os.path.dirname(op[1]) or ".", follow=True)
-            writable = stat.S_IWOTH | (stat.S_IWGRP if PROTECTED_REGULAR >= 2 else 0)
-            if (
-                target is not None
-                and parent is not None
-                and parent.st_mode & stat.S_ISVTX
-                and parent.st_mode & writable
-                and target.st_uid not in (uid, parent.st_uid)
-            ):
-                return True
-        if PROTECTED_SYMLINKS:  # any symlink a walk could follow in a sticky o+w directory
-            for dirpath, dirs, files in os.walk(self.real):
-                dmode = os.lstat(dirpath)
-                if dmode.st_mode & stat.S_ISVTX and dmode.st_mode & stat.S_IWOTH:
-                    for name in dirs + files:
-                        ls = os.lstat(os.path.join(dirpath, name))
-                        if stat.S_ISLNK(ls.st_mode) and ls.st_uid not in (uid, dmode.st_uid):
-                            return True
-        return False
 
     # -- one step --------------------------------------------------------------------------
     async def step(self, i: int, op: tuple[Any, ...], stats: Stats | None) -> None:
@@ -480,22 +153,18 @@ class Differ:
             self.log.append(f"{i:3}: {op!r}")
             await self.compare_trees(f"after op {i}")
             return
-        if self.hardened(op):
+        if self.real.hardened(op):
             real = nsr = ("skip", "hardening sysctl")
         elif kind == "open":
             real, nsr = await self.do_open(op)
         elif kind == "close":
             real, nsr = await self.do_close(op)
         else:
-            h = self.handle(op[1]) if kind in HANDLE_KINDS else None
-            with as_user(
-                h.who if h is not None else op[-1] if kind not in HANDLE_KINDS else "root"
-            ):
-                real = self.real_op(op)
+            real = self.real.apply(op)
             try:
                 nsr = ("ok", await self.ns_op(op)) if real != SKIP else SKIP
             except OSError as exc:
-                nsr = self._err(exc)
+                nsr = err(exc)
         line = f"{i:3}: {op!r} -> real {real}, ns {nsr}"
         self.log.append(line)
         if stats is not None:
@@ -508,29 +177,19 @@ class Differ:
     async def do_open(self, op: tuple[Any, ...]) -> tuple[Outcome, Outcome]:
         _, path, label, mode, who = op
         flags = FLAGS[label]
-        fd = None
-        try:
-            with as_user(who):
-                fd = os.open(self.rp(path), flags | os.O_NOFOLLOW, mode)
-            is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
-            real: Outcome = ("ok", "dir" if is_dir else "file")
-            if is_dir:
-                os.close(fd)
-                fd = None
-        except OSError as exc:
-            real = self._err(exc)
+        real = self.real.apply(op)  # a file adds a handle (the oldest goes past the limit)
         fh = ino = None
         try:
             nsr, fh, ino = await self.ns_open(identity(who), path, flags, mode)
         except OSError as exc:
-            nsr = self._err(exc)
-        if fd is not None and fh is not None:
+            nsr = err(exc)
+        if real == ("ok", "file") and fh is not None:
             if len(self.handles) >= MAX_HANDLES:
-                await self.close_handle(self.handles[0])
-            self.handles.append(Handle(fd, fh, ino or 0, is_writable(flags), label, who))
-        else:  # a mismatch: do not leak what one side opened
-            if fd is not None:
-                os.close(fd)
+                await self.release(self.handles.pop(0))
+            self.handles.append(Handle(fh, ino or 0, is_writable(flags), who))
+        else:  # a mismatch (reported by step): do not leak what one side opened
+            if real == ("ok", "file"):
+                os.close(self.real.handles.pop().fd)
             if fh is not None:
                 await self.ns.release(fh)
         return real, nsr
@@ -574,82 +233,31 @@ class Differ:
         fh = await ns.open(ident, inode.ino, flags)
         return ("ok", "dir" if inode.is_dir else "file"), fh, inode.ino
 
-    async def do_close(self, op: tuple[Any, ...]) -> tuple[Outcome, Outcome]:
-        h = self.handle(op[1])
-        if h is None:
-            return SKIP, SKIP
-        return await self.close_handle(h)
 
-    async def close_handle(self, h: Handle) -> tuple[Outcome, Outcome]:
+    async def do_close(self, op: tuple[Any, ...]) -> tuple[Outcome, Outcome]:
+        h = self.handle(op[1])  # before the real side drops its own
+        real = self.real.apply(op)
+        if h is None:
+            return real, SKIP
         self.handles.remove(h)
-        try:
-            os.close(h.fd)
-            real: Outcome = ("ok", None)
-        except OSError as exc:
-            real = self._err(exc)
+        return real, await self.release(h)
+
+    async def release(self, h: Handle) -> Outcome:
         try:
             await self.ns.flush(h.fh)
             await self.ns.release(h.fh)
-            nsr: Outcome = ("ok", None)
         except OSError as exc:
-            nsr = self._err(exc)
-        return real, nsr
-
-    async def close_all(self) -> None:
-        for h in list(self.handles):
-            real, nsr = await self.close_handle(h)
-            assert real == nsr, f"closing {h}: real {real}, ns {nsr}"
-
-    # -- everything else -------------------------------------------------------------------
-    def real_op(self, op: tuple[Any, ...]) -> Outcome:
-        kind = op[0]
-        try:
-            if kind in ("write", "read", "ftruncate"):
-                h = self.handle(op[1])
-                if h is None or (kind == "ftruncate" and not h.writable):
-                    return SKIP
-                if kind == "write":
-                    return ("ok", os.pwrite(h.fd, op[3], op[2]))
-                if kind == "read":
-                    return ("ok", os.pread(h.fd, op[3], op[2]))
-                os.ftruncate(h.fd, op[2])
-            elif kind == "truncate":
-                os.truncate(self.rp(op[1]), op[2])
-            elif kind == "mkdir":
-                os.mkdir(self.rp(op[1]), op[2])
-            elif kind == "rmdir":
-                os.rmdir(self.rp(op[1]))
-            elif kind == "unlink":
-                os.unlink(self.rp(op[1]))
-            elif kind == "rename":
-                if op[3] == 0:
-                    os.rename(self.rp(op[1]), self.rp(op[2]))
-                else:
-                    renameat2(self.rp(op[1]), self.rp(op[2]), op[3])
-            elif kind == "link":
-                os.link(self.rp(op[1]), self.rp(op[2]), follow_symlinks=False)
-            elif kind == "symlink":
-                os.symlink(op[1], self.rp(op[2]))
-            elif kind == "setxattr":
-                os.setxattr(self.rp(op[1]), op[2], op[3], op[4], follow_symlinks=False)
-            elif kind == "removexattr":
-                os.removexattr(self.rp(op[1]), op[2], follow_symlinks=False)
-            elif kind == "getxattr":
-                return ("ok", os.getxattr(self.rp(op[1]), op[2], follow_symlinks=False))
-            elif kind == "chmod":
-                os.chmod(self.rp(op[1]), op[2])
-            elif kind == "chown":
-                os.chown(self.rp(op[1]), op[2], op[3])
-            elif kind == "access":
-                os.stat(self.rp(op[1]))  # the errno of the walk; os.access only says no
-                if not os.access(self.rp(op[1]), op[2], effective_ids=True):
-                    return ("err", "EACCES")
-            else:
-                raise AssertionError(f"unknown op {op!r}")
-        except OSError as exc:
-            return self._err(exc)
+            return err(exc)
         return ("ok", None)
 
+    async def close_all(self) -> None:
+        self.real.close_all()
+        for h in list(self.handles):
+            self.handles.remove(h)
+            nsr = await self.release(h)
+            assert nsr == ("ok", None), f"closing {h}: ns {nsr}"
+
+    # -- everything else -------------------------------------------------------------------
     async def ns_op(self, op: tuple[Any, ...]) -> Any:
         ns = self.ns
         kind = op[0]
@@ -693,10 +301,18 @@ class Differ:
             return await ns.getxattr(ident, ino, op[2].encode())
         elif kind == "chmod":
             await ns.setattr(ident, await self.resolve(ident, op[1], True), mode=op[2])
-        elif kind == "chown":
+        elif kind in ("chown", "lchown"):
             uid = None if op[2] == -1 else op[2]
             gid = None if op[3] == -1 else op[3]
-            await ns.setattr(ident, await self.resolve(ident, op[1], True), uid=uid, gid=gid)
+            ino = await self.resolve(ident, op[1], kind == "chown")
+            await ns.setattr(ident, ino, uid=uid, gid=gid)
+        elif kind == "utime":
+            ino = await self.resolve(ident, op[1], True)
+            if op[2]:
+                await ns.setattr(ident, ino, atime_ns=UTIME_NOW, mtime_ns=UTIME_NOW)
+            else:
+                await ns.setattr(ident, ino, atime_ns=UTIME_TIMES[0] * 10**9,
+                                 mtime_ns=UTIME_TIMES[1] * 10**9)
         elif kind == "access":
             await ns.access(ident, await self.resolve(ident, op[1], True), op[2])
         else:
@@ -704,59 +320,13 @@ class Differ:
         return None
 
     # -- trees -----------------------------------------------------------------------------
-    def real_tree(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-
-        def entry(p: str) -> dict[str, Any]:
-            s = os.lstat(p)
-            e: dict[str, Any] = {
-                "type": stat.S_IFMT(s.st_mode),
-                "perm": oct(stat.S_IMODE(s.st_mode)),
-                "nlink": s.st_nlink,
-                "uid": s.st_uid,
-                "gid": s.st_gid,
-                "ino": s.st_ino,
-            }
-            if stat.S_ISREG(s.st_mode):
-                e["size"] = s.st_size
-                with open(p, "rb") as f:
-                    e["data"] = f.read()
-            elif stat.S_ISLNK(s.st_mode):
-                e["size"] = s.st_size
-                e["target"] = os.readlink(os.fsencode(p))
-            e["xattrs"] = {
-                n.encode(): os.getxattr(p, n, follow_symlinks=False)
-                for n in os.listxattr(p, follow_symlinks=False)
-                if n.startswith("user.")
-            }
-            return e
-
-        def walk(d: str, rel: str) -> None:
-            for name in os.listdir(d):
-                p = os.path.join(d, name)
-                r = f"{rel}/{name}" if rel else name
-                out[r] = entry(p)
-                if stat.S_ISDIR(out[r]["type"]):
-                    walk(p, r)
-
-        out[""] = entry(self.real)
-        walk(self.real, "")
-        return out
-
     async def ns_tree(self) -> dict[str, dict[str, Any]]:
         ns, ident = self.ns, self.ident
         out: dict[str, dict[str, Any]] = {}
 
         async def entry(ino: int) -> dict[str, Any]:
             a = await ns.getattr(ident, ino)
-            e: dict[str, Any] = {
-                "type": stat.S_IFMT(a.mode),
-                "perm": oct(stat.S_IMODE(a.mode)),
-                "nlink": a.nlink,
-                "uid": a.uid,
-                "gid": a.gid,
-                "ino": a.ino,
-            }
+            e = tree_entry(a.mode, a.nlink, a.uid, a.gid, a.ino)
             if a.is_reg:
                 e["size"] = a.size
                 fh = await ns.open(ident, ino, os.O_RDONLY)
@@ -798,36 +368,9 @@ class Differ:
 
     async def compare_trees(self, when: str) -> set[int]:
         """Assert both trees agree; the namespace inode numbers in the bucket."""
-        real = self.real_tree()
         mine = await self.ns_tree()
-        ns_inos = {e["ino"] for e in mine.values()}
-
-        def links(tree: dict[str, dict[str, Any]]) -> set[frozenset[str]]:
-            groups: dict[int, set[str]] = {}
-            for path, e in tree.items():
-                groups.setdefault(e.pop("ino"), set()).add(path)
-            return {frozenset(g) for g in groups.values()}
-
-        real_links, ns_links = links(real), links(mine)
-        problems = []
-        for path in sorted(set(real) | set(mine)):
-            if path not in mine:
-                problems.append(f"  {path!r}: missing from the namespace ({real[path]})")
-            elif path not in real:
-                problems.append(f"  {path!r}: only in the namespace ({mine[path]})")
-            else:
-                for key in real[path]:
-                    if real[path][key] != mine[path].get(key):
-                        problems.append(
-                            f"  {path!r} {key}: real {real[path][key]!r}, "
-                            f"ns {mine[path].get(key)!r}"
-                        )
-        if real_links != ns_links:
-            problems.append(f"  hard links: real {real_links}, ns {ns_links}")
-        assert not problems, (
-            f"trees differ {when}:\n" + "\n".join(problems) + "\nops:\n" + "\n".join(self.log)
-        )
-        return ns_inos
+        compare_trees(self.real.tree(), mine, "namespace", when, self.log)
+        return {e["ino"] for e in mine.values()}
 
     async def check_no_leaks(self, tree_inodes: int) -> None:
         """With every handle closed, the store holds exactly the inodes reachable from the
@@ -841,10 +384,11 @@ class Differ:
         )
 
 
+
 async def run_ops(base: Path, ops: Sequence[tuple[Any, ...]], stats: Stats | None,
                   placement: str) -> None:
-    """Apply ``ops`` to both sides, each with its paths resolved against the state the
-    previous ones left."""
+    """Apply the prelude and ``ops`` to both sides, each with its paths resolved against the
+    state the previous ones left."""
     # durable=False: commits are not fdatasynced one by one (durability is not what this test
     # compares, and the suite must stay fast); the engine and its semantics are the same
     store = MetaStore.open_lmdb(base / "meta", sync="durability-points")
@@ -857,15 +401,14 @@ async def run_ops(base: Path, ops: Sequence[tuple[Any, ...]], stats: Stats | Non
         os.chmod(real, 0o777)
         bucket = await ns.mkdir(differ.ident, ROOT_INO, BUCKET.encode(), 0o777)
         await ns.setattr(differ.ident, bucket.ino, mode=0o777)
-        for i, op in enumerate(ops):
-            await differ.step(i, resolve(op, differ.known()), stats)
+        for i, op in enumerate([*PRELUDE, *ops]):
+            await differ.step(i, resolve(op, differ.real.known()), stats)
         await differ.compare_trees("at the end")
         await differ.close_all()
         inos = await differ.compare_trees("after closing every handle")
         await differ.check_no_leaks(len(inos))
     finally:
-        for h in differ.handles:
-            os.close(h.fd)
+        differ.real.close_all()
         await close_namespace(ns)
         store.close()
 
@@ -890,16 +433,17 @@ def bounded_shrinking(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(hypothesis_engine, "MAX_SHRINKING_SECONDS", 60)
 
 
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
 @settings(
-    max_examples=500,
+    max_examples=250,  # per placement: the suite's time stays that of 500 on one
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(st.integers(1, 60).flatmap(lambda n: st.lists(op_strategy(), min_size=n, max_size=n)))
-def test_namespace_matches_the_kernel(ops: list[tuple[Any, ...]]) -> None:
+def test_namespace_matches_the_kernel(placement: str, ops: list[tuple[Any, ...]]) -> None:
     """A failure shows the generated list (paths as <how#index>) and, in the assertion
     message, each operation as it ran, with both sides' outcomes."""
-    run_sequence(ops)
+    run_sequence(ops, placement=placement)
 
 
 # Errnos a good generator must provoke; if the generator drifts so an error path is never
@@ -936,21 +480,19 @@ EXPECTED_SUCCESSES = {
     "getxattr ok",
     "chmod ok",
     "chown ok",
+    "lchown ok",
+    "utime ok",
     "access ok",
 }
 
 
-def random_ops(seed: int, n: int = 40) -> list[tuple[Any, ...]]:
-    picker = RandomPicker(seed)
-    return [gen_op(picker) for _ in range(n)]
-
-
-def test_differential_covers_error_paths() -> None:
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+def test_differential_covers_error_paths(placement: str) -> None:
     """A deterministic run of the same generator: every listed errno and every operation's
     success path occurs (and both sides agree on all of them)."""
     stats = Stats()
     for seed in range(100):
-        run_sequence(random_ops(seed), stats)
+        run_sequence(random_ops(seed), stats, placement)
     seen = {k.split()[1] for k in stats.outcomes if k.startswith("errno ")}
     missing = EXPECTED_ERRNOS - seen
     assert not missing, f"errnos never provoked: {missing}; seen {dict(stats.outcomes)}"
