@@ -18,7 +18,7 @@ PY=${PYTHON:-python3}
 # System packages: what building and running tierd needs (pyfuse3 compiles against libfuse3;
 # fusermount3 and umount unmount), then what only the tests and benchmarks use.
 runtime_apt=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv util-linux)
-test_apt=(attr fio rsync git sqlite3 rclone s3cmd acl systemd chromium)
+test_apt=(attr fio rsync git sqlite3 rclone s3cmd acl systemd chromium postgresql)
 
 say() { echo "dev.sh: $*" >&2; }
 

@@ -338,6 +338,7 @@ NOT_IN_IMAGE = {
     "attr", "acl", "fio", "rsync", "git", "sqlite3", "rclone", "s3cmd",  # tests, benchmarks
     "systemd",  # systemd-analyze verify of deploy/systemd/tierd.service (tests)
     "chromium",  # the status page's browser test (tests/admin/test_status_page.py)
+    "postgresql",  # the server the metadata tests start (tests/meta/pg_server.py)
 }
 
 

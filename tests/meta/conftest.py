@@ -7,10 +7,15 @@ several fresh engines or must reopen one) runs once per entry of :data:`ENGINES`
 To run the whole suite against a new engine, add one entry to :data:`ENGINES`: a function that
 opens the engine at a location (a fresh temporary directory it may use or ignore) and whether
 the data survives a close and reopen at that location.
+
+The ``pg`` engines run against a real PostgreSQL server the session starts once
+(:mod:`tests.meta.pg_server`), each engine in a fresh schema of its own.  Without PostgreSQL
+installed they are skipped, except under ``CI`` (dev.sh installs it), where they fail.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,7 +28,10 @@ from tierd.meta.group_engine import GroupCommitStore
 from tierd.meta.kv import KVStore
 from tierd.meta.lmdb_engine import LmdbStore
 from tierd.meta.memory_engine import MemoryStore
+from tierd.meta.pg_engine import PgStore
 from tierd.meta.store import MetaStore
+
+from .pg_server import PgServer, find_bindir
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,16 @@ class EngineSpec:
     # True: closing and opening again at the same location finds the data (a disk engine).
     # False: the data lives in the engine object; "reopening" hands back the same object.
     persistent: bool
+    # True: needs the session's PostgreSQL server (the pg_server fixture)
+    pg: bool = False
+
+
+#: the session's PostgreSQL server, once the pg_server fixture started it
+_PG: list[PgServer] = []
+
+
+def _pg_url(path: Path) -> str:
+    return _PG[0].url(str(path))
 
 
 ENGINES: dict[str, EngineSpec] = {
@@ -41,7 +59,31 @@ ENGINES: dict[str, EngineSpec] = {
     "group-lmdb": EngineSpec(
         open=lambda path: GroupCommitStore(LmdbStore(path, metasync=True)), persistent=True
     ),
+    "pg": EngineSpec(open=lambda path: PgStore(_pg_url(path)), persistent=True, pg=True),
+    "group-pg": EngineSpec(
+        open=lambda path: GroupCommitStore(PgStore(_pg_url(path))), persistent=True, pg=True
+    ),
 }
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """A PostgreSQL server for the whole session (fsync off: the tests kill clients, never
+    the machine, and a commit still waits for the server's write)."""
+    bindir = find_bindir()
+    if bindir is None:
+        why = ("PostgreSQL is not installed (no initdb on PATH or in /usr/lib/postgresql/*/bin):"
+               " `./dev.sh setup` installs Debian's postgresql package")
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    server = PgServer(bindir, fsync=False)
+    _PG.append(server)
+    try:
+        yield server
+    finally:
+        _PG.remove(server)
+        server.stop()
 
 
 @dataclass
@@ -107,6 +149,8 @@ class EngineFactory:
 @pytest.fixture(params=sorted(ENGINES))
 def engines(request: pytest.FixtureRequest) -> Iterator[EngineFactory]:
     name: str = request.param
+    if ENGINES[name].pg:
+        request.getfixturevalue("pg_server")
     # Not tmp_path: hypothesis tests open many engines per test function, and a directory of
     # our own is cleaned up at once rather than kept for pytest's last three runs.
     with tempfile.TemporaryDirectory(prefix=f"tierd-meta-{name}-") as base:

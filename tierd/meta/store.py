@@ -472,6 +472,26 @@ class MetaStore:
             raise
 
     @classmethod
+    def open_pg(cls, url: str, *, sync: str = "group") -> MetaStore:
+        """The store in a PostgreSQL database (the ``meta_url`` setting; see
+        :mod:`tierd.meta.pg_engine`).  Every commit is durable at the server, so ``sync``
+        only chooses whether commits are grouped in this process first (``group``: the
+        same overlay and flusher as over lmdb) or sent one by one (``commit``,
+        ``durability-points``)."""
+        from tierd.meta.group_engine import GroupCommitStore
+        from tierd.meta.pg_engine import PgStore
+
+        if sync not in SYNC_MODES:
+            raise ValueError(f"meta_sync must be one of {', '.join(SYNC_MODES)}, not {sync!r}")
+        pg = PgStore(url)
+        engine: KVStore = GroupCommitStore(pg) if sync == "group" else pg
+        try:
+            return cls(engine)
+        except BaseException:
+            engine.close()
+            raise
+
+    @classmethod
     def open_memory(cls) -> MetaStore:
         from tierd.meta.memory_engine import MemoryStore
 
