@@ -92,6 +92,15 @@ def _default_pool_socket(c: Config) -> Path:
 # --- the settings table ---------------------------------------------------------------------
 
 
+def parse_meta_url(value: object, ctx: ParseContext) -> str:
+    """``meta_url``: empty (lmdb) or a ``postgresql://`` / ``postgres://`` URL."""
+    s = parse_optional_str(value, ctx)
+    if s and not s.lower().startswith(("postgresql://", "postgres://")):
+        raise ValueError(f"{s.split('://')[0]!r} is not a metadata engine: give a "
+                         "postgresql:// URL, or nothing for the embedded lmdb store")
+    return s
+
+
 @dataclass(frozen=True)
 class Config:
     """Every tierd setting, typed and validated.  Build one with :func:`load_config`.
@@ -205,6 +214,20 @@ class Config:
             "(S3 507 InsufficientStorage) and deletions still work; raise it and restart.  "
             "Never smaller than the store already is.",
             metavar="SIZE",
+        ),
+    )
+    meta_url: str = field(
+        default="",
+        metadata=setting(
+            parse=parse_meta_url,
+            help="Where the metadata lives: empty for the embedded lmdb store in meta_dir "
+            "(the default; no database needed), or a PostgreSQL database, "
+            "postgresql://USER[:PASSWORD]@HOST[:PORT]/DB (libpq URL parameters allowed, e.g. "
+            "?sslmode=require or ?options=-csearch_path%3DSCHEMA).  The database's tables are "
+            "created at the first start.  meta_sync = group still groups commits in memory "
+            "on this node; commit sends every transaction to the database before it returns.",
+            secret=True,  # it may carry a password
+            metavar="postgresql://USER@HOST:PORT/DB",
         ),
     )
     s3_domain: tuple[str, ...] = field(

@@ -206,14 +206,19 @@ class Daemon:
             log.info("data directory locked", extra=kv(data_dir=cfg.data_dir))
             self._make_dirs([cfg.meta_dir, cfg.hot_dir, cfg.warm_dir, cfg.cold_dir])
 
-            # lmdb open/close touch the disk: keep them off the loop.
+            # lmdb open/close touch the disk, PostgreSQL's the network: keep them off the loop.
+            where = "the metadata database (meta_url)" if cfg.meta_url else cfg.meta_dir
             try:
-                self.meta = await asyncio.to_thread(
-                    MetaStore.open_lmdb, cfg.meta_dir, sync=cfg.meta_sync,
-                    map_size=cfg.meta_map_size)
-            except Exception as e:  # lmdb errors, SchemaError: nothing to serve without it
+                if cfg.meta_url:
+                    self.meta = await asyncio.to_thread(
+                        MetaStore.open_pg, cfg.meta_url, sync=cfg.meta_sync)
+                else:
+                    self.meta = await asyncio.to_thread(
+                        MetaStore.open_lmdb, cfg.meta_dir, sync=cfg.meta_sync,
+                        map_size=cfg.meta_map_size)
+            except Exception as e:  # lmdb/psycopg errors, SchemaError: nothing to serve
                 raise StartupError(
-                    f"cannot open the metadata store in {cfg.meta_dir}: {type(e).__name__}: {e}"
+                    f"cannot open the metadata store in {where}: {type(e).__name__}: {e}"
                 ) from e
             stack.push_async_callback(self._close_meta)
             self.placement = await placement_from_config(cfg, self.meta)
