@@ -18,7 +18,11 @@ Every error is JSON ``{"error": code, "message": text}`` with the matching statu
 ``tierctl`` and scripts never have to parse HTML error pages.
 
 The admin door follows the layering rule of the design: it never touches metadata or tiers
-itself.  It asks an :class:`AdminBackend` (the daemon) for what it serves.
+itself.  It asks an :class:`~tierd.admin.backend.AdminBackend` (the daemon) for what it
+serves; that Protocol declares everything the routes may call.  Each module's endpoints are
+module-level handlers on its ``routes`` (:class:`aiohttp.web.RouteTableDef`), which find the
+daemon and the shared state (jobs, policy stores, tokens) under :class:`aiohttp.web.AppKey` keys
+set here.
 
 **Authentication** (:mod:`tierd.admin.auth`): everything but ``/healthz`` needs the admin
 token (``Authorization: Bearer``) or an admin user's SigV4 signature; otherwise 401.
@@ -31,11 +35,12 @@ after :data:`IDLE_TIMEOUT` seconds.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
 
 from aiohttp import web
 
+from tierd.admin import buckets, jobs, mounts, openapi, page, placement, pool, users
 from tierd.admin.auth import AdminAuth, auth_middleware
+from tierd.admin.backend import AUTH, BACKEND, AdminBackend, json_error
 from tierd.logs import get_logger
 
 log = get_logger("admin")
@@ -48,19 +53,6 @@ IDLE_TIMEOUT = 60.0
 LIMITS = {"max_line_size": 8190, "max_field_size": 8190, "max_headers": 100}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class AdminBackend(Protocol):
-    """What the admin API needs from the daemon.  Later issues add methods here."""
-
-    def status(self) -> dict[str, Any]:
-        """The ``/v1/status`` document."""
-        ...
-
-
-def json_error(status: int, code: str, message: str) -> web.Response:
-    """The admin API's error answer, ``{"error": code, "message": text}`` (every module's)."""
-    return web.json_response({"error": code, "message": message}, status=status)
 
 
 _CODES = {
@@ -96,49 +88,35 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         return json_error(500, "internal", "internal error; see the tierd log")
 
 
+routes = web.RouteTableDef()
+
+
+@routes.get("/healthz")
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+@routes.get("/v1/status")
+async def status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[BACKEND].status())
+
+
 def make_admin_app(backend: AdminBackend, auth: AdminAuth) -> web.Application:
-    """Build the admin application served on ``admin_listen``, guarded by ``auth``."""
-
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def status(request: web.Request) -> web.Response:
-        return web.json_response(backend.status())
-
+    """Build the admin application served on ``admin_listen``, guarded by ``auth``: every
+    module's routes (module-level handlers on its ``routes`` table), with the daemon and
+    the shared state under their :class:`aiohttp.web.AppKey` keys."""
     app = web.Application(middlewares=[_json_errors, auth_middleware(auth)],
                           client_max_size=MAX_BODY,
                           handler_args={"keepalive_timeout": IDLE_TIMEOUT, **LIMITS})
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/v1/status", status)
-    from tierd.admin.mounts import add_mount_routes
-
-    add_mount_routes(app, backend)  # the FUSE mount, attached while running
-    from tierd.admin.openapi import add_openapi_route
-
-    add_openapi_route(app)
-    from tierd.admin.page import add_status_page
-
-    add_status_page(app, backend, auth)  # GET /: the status page for browsers
-    # placement (docs/placement.md): only when the backend has it (the daemon does)
-    placement_ops = getattr(backend, "placement_ops", None)
-    if placement_ops is not None:
-        from tierd.admin.placement import add_placement_routes
-
-        add_placement_routes(app, placement_ops)
-        from tierd.admin.jobs import add_job_routes
-
-        add_job_routes(app, placement_ops)
-    memory = getattr(backend, "memory_door", None)
-    if memory is not None:
-        from tierd.admin.pool import add_pool_routes
-
-        add_pool_routes(app, memory)
-    directory = getattr(backend, "directory", None)
-    if directory is not None:
-        from tierd.admin.users import add_user_routes
-
-        add_user_routes(app, directory)
-        from tierd.admin.buckets import add_bucket_routes
-
-        add_bucket_routes(app, directory, lambda: getattr(backend, "namespace", None))
+    app[BACKEND] = backend
+    app[AUTH] = auth
+    app[jobs.JOBS] = manager = jobs.JobManager(backend.placement_ops)
+    app[buckets.POLICY_STORES] = buckets.PolicyStores()
+    app.on_startup.append(page.load_read_token)
+    app.on_startup.append(openapi.prepare)  # after every route is added
+    app.on_shutdown.append(manager.shutdown)
+    app.add_routes(routes)
+    for module in (mounts, openapi, page, placement, jobs, pool, users, buckets):
+        app.add_routes(module.routes)
     return app
+

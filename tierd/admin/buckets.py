@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import errno
 import json
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -49,8 +48,9 @@ from tierd.acl.authorize import PolicyStore
 from tierd.acl.modes import anonymous_bits
 from tierd.acl.policy import MalformedPolicy, parse_policy
 from tierd.acl.users import Directory, DirectoryError
-from tierd.admin.app import json_error as _err
 from tierd.admin.auth import identity
+from tierd.admin.backend import BACKEND, ready
+from tierd.admin.backend import json_error as _err
 from tierd.errors import FsError
 from tierd.logs import get_logger, kv
 from tierd.meta import Bucket, Inode, MetaStore
@@ -59,10 +59,6 @@ if TYPE_CHECKING:
     from tierd.namespace.api import NamespaceAPI
 
 log = get_logger("admin")
-
-GetDirectory = Callable[[], Directory | None]
-GetNamespace = Callable[[], "NamespaceAPI | None"]
-
 
 def _no_bucket(name: str) -> web.Response:
     return _err(404, "no_such_bucket", f"no such bucket {name!r}")
@@ -95,161 +91,181 @@ def bucket_doc(b: Bucket, inode: Inode | None, store: PolicyStore,
     }
 
 
-def add_bucket_routes(app: web.Application, get_directory: GetDirectory,
-                      get_namespace: GetNamespace = lambda: None) -> None:
-    stores: list[PolicyStore] = []  # made on first use: the directory comes up with the daemon
+routes = web.RouteTableDef()
 
-    def directory() -> Directory:
-        d = get_directory()
-        if d is None:
-            raise web.HTTPServiceUnavailable(reason="the metadata store is not ready")
-        return d
 
-    def namespace() -> NamespaceAPI:
-        ns = get_namespace()
-        if ns is None:
-            raise web.HTTPServiceUnavailable(reason="the namespace is not ready")
-        return ns
+class PolicyStores:
+    """The :class:`PolicyStore` of the daemon's metadata store, made on first use (the
+    directory comes up with the daemon) and kept, so policies are parsed once per text."""
 
-    def store() -> PolicyStore:
-        meta: MetaStore = directory().meta
-        if not stores or stores[0].meta is not meta:
-            stores[:] = [PolicyStore(meta)]
-        return stores[0]
+    def __init__(self) -> None:
+        self._store: PolicyStore | None = None
 
-    def owners() -> dict[int, str]:
-        names: dict[int, str] = {}
-        for user, _ in directory().list_users():
-            names.setdefault(user.uid, user.name)
-        return names
+    def of(self, meta: MetaStore) -> PolicyStore:
+        if self._store is None or self._store.meta is not meta:
+            self._store = PolicyStore(meta)
+        return self._store
 
-    async def get_bucket(name: str) -> Bucket | None:
-        """The bucket's record, read through the namespace (None: no such bucket)."""
-        try:
-            return await namespace().get_bucket(name)
-        except FsError as e:
-            if e.errno == errno.ENOENT:
-                return None
+
+#: the application's policy stores
+POLICY_STORES: web.AppKey[PolicyStores] = web.AppKey("tierd.admin.buckets.policies")
+
+
+def _directory(request: web.Request) -> Directory:
+    return ready(request.app[BACKEND].directory(), "the metadata store is not ready")
+
+
+def _namespace(request: web.Request) -> NamespaceAPI:
+    return ready(request.app[BACKEND].namespace, "the namespace is not ready")
+
+
+def _store(request: web.Request) -> PolicyStore:
+    return request.app[POLICY_STORES].of(_directory(request).meta)
+
+
+def _owners(request: web.Request) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for user, _ in _directory(request).list_users():
+        names.setdefault(user.uid, user.name)
+    return names
+
+
+async def _get_bucket(request: web.Request, name: str) -> Bucket | None:
+    """The bucket's record, read through the namespace (None: no such bucket)."""
+    try:
+        return await _namespace(request).get_bucket(name)
+    except FsError as e:
+        if e.errno == errno.ENOENT:
+            return None
+        raise
+
+
+async def _described(request: web.Request, b: Bucket, s: PolicyStore,
+                     names: dict[int, str]) -> dict[str, Any]:
+    """:func:`bucket_doc` of ``b`` with its directory's inode read through the namespace."""
+    try:
+        inode: Inode | None = await _namespace(request).getattr(Identity.ROOT, b.ino)
+    except FsError as e:
+        if e.errno != errno.ENOENT:
             raise
+        inode = None
+    return bucket_doc(b, inode, s, names)
 
-    async def described(b: Bucket, s: PolicyStore, names: dict[int, str]) -> dict[str, Any]:
-        """:func:`bucket_doc` of ``b`` with its directory's inode read through the namespace."""
+
+@routes.get("/v1/buckets")
+async def listing(request: web.Request) -> web.Response:
+    s = _store(request)
+    buckets = await _namespace(request).list_buckets(Identity.ROOT)
+    names = _owners(request)
+    return web.json_response({"buckets": [await _described(request, b, s, names)
+                                          for b in sorted(buckets, key=lambda b: b.name)]})
+
+
+@routes.post("/v1/buckets")
+async def create(request: web.Request) -> web.Response:
+    try:
+        doc = await request.json()
+    except (ValueError, RecursionError):
+        doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
+        return _err(400, "bad_request", 'the body must be {"name": BUCKET, "owner": USER?}')
+    unknown = sorted(set(doc) - {"name", "owner"})
+    if unknown:
+        return _err(400, "bad_request", f"unknown field {unknown[0]!r} (expected name, "
+                    "owner)")
+    name, owner = doc["name"], doc.get("owner")
+    ident = Identity.ROOT
+    if owner is not None:
         try:
-            inode: Inode | None = await namespace().getattr(Identity.ROOT, b.ino)
-        except FsError as e:
-            if e.errno != errno.ENOENT:
-                raise
-            inode = None
-        return bucket_doc(b, inode, s, names)
+            user = _directory(request).get_user(str(owner))
+        except DirectoryError as e:
+            return _err(404, "no_such_user", f"{e} (tierctl user list shows the users)")
+        ident = Identity(user.uid, user.gid, frozenset(user.groups))
+    try:
+        await _namespace(request).create_bucket(ident, name)
+    except FsError as e:
+        if e.errno == errno.EEXIST:
+            return _err(409, "bucket_exists", f"bucket {name!r} exists already")
+        if e.errno == errno.EINVAL:
+            return _err(400, "invalid_bucket_name", e.message)
+        return _fs_refused(e)
+    log.info("bucket created", extra=kv(identity=identity(request), bucket=name,
+                                        owner_uid=ident.uid))
+    s = _store(request)
+    b = await _get_bucket(request, name)
+    if b is None:  # removed again in between
+        return _no_bucket(name)
+    return web.json_response(await _described(request, b, s, _owners(request)), status=201,
+                             headers={"Location": f"/v1/buckets/{name}"})
 
-    async def listing(request: web.Request) -> web.Response:
-        s = store()
-        buckets = await namespace().list_buckets(Identity.ROOT)
-        names = owners()
-        return web.json_response({"buckets": [await described(b, s, names)
-                                              for b in sorted(buckets, key=lambda b: b.name)]})
 
-    async def one(request: web.Request) -> web.Response:
-        s, name = store(), request.match_info["name"]
-        b = await get_bucket(name)
-        if b is None:
+@routes.get("/v1/buckets/{name}")
+async def one(request: web.Request) -> web.Response:
+    s, name = _store(request), request.match_info["name"]
+    b = await _get_bucket(request, name)
+    if b is None:
+        return _no_bucket(name)
+    return web.json_response(await _described(request, b, s, _owners(request)))
+
+
+@routes.delete("/v1/buckets/{name}")
+async def delete(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    try:
+        await _namespace(request).delete_bucket(Identity.ROOT, name)
+    except FsError as e:
+        if e.errno == errno.ENOENT:
             return _no_bucket(name)
-        return web.json_response(await described(b, s, owners()))
+        if e.errno == errno.ENOTEMPTY:
+            return _err(409, "bucket_not_empty", f"bucket {name!r} is not empty: remove "
+                        "its objects first (through S3 or the mount)")
+        return _fs_refused(e)
+    log.info("bucket deleted", extra=kv(identity=identity(request), bucket=name))
+    return web.json_response({"bucket": name, "deleted": True})
 
-    async def create(request: web.Request) -> web.Response:
-        try:
-            doc = await request.json()
-        except (ValueError, RecursionError):
-            doc = None
-        if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
-            return _err(400, "bad_request", 'the body must be {"name": BUCKET, "owner": USER?}')
-        unknown = sorted(set(doc) - {"name", "owner"})
-        if unknown:
-            return _err(400, "bad_request", f"unknown field {unknown[0]!r} (expected name, "
-                        "owner)")
-        name, owner = doc["name"], doc.get("owner")
-        ident = Identity.ROOT
-        if owner is not None:
-            try:
-                user = directory().get_user(str(owner))
-            except DirectoryError as e:
-                return _err(404, "no_such_user", f"{e} (tierctl user list shows the users)")
-            ident = Identity(user.uid, user.gid, frozenset(user.groups))
-        try:
-            await namespace().create_bucket(ident, name)
-        except FsError as e:
-            if e.errno == errno.EEXIST:
-                return _err(409, "bucket_exists", f"bucket {name!r} exists already")
-            if e.errno == errno.EINVAL:
-                return _err(400, "invalid_bucket_name", e.message)
-            return _fs_refused(e)
-        log.info("bucket created", extra=kv(identity=identity(request), bucket=name,
-                                            owner_uid=ident.uid))
-        s = store()
-        b = await get_bucket(name)
-        if b is None:  # removed again in between
-            return _no_bucket(name)
-        return web.json_response(await described(b, s, owners()), status=201,
-                                 headers={"Location": f"/v1/buckets/{name}"})
 
-    async def delete(request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        try:
-            await namespace().delete_bucket(Identity.ROOT, name)
-        except FsError as e:
-            if e.errno == errno.ENOENT:
-                return _no_bucket(name)
-            if e.errno == errno.ENOTEMPTY:
-                return _err(409, "bucket_not_empty", f"bucket {name!r} is not empty: remove "
-                            "its objects first (through S3 or the mount)")
-            return _fs_refused(e)
-        log.info("bucket deleted", extra=kv(identity=identity(request), bucket=name))
-        return web.json_response({"bucket": name, "deleted": True})
+def _policy_answer(name: str, s: PolicyStore) -> web.Response:
+    policy = s.lookup(name, guarded=False)[1]  # its own, not a public access block's
+    if policy is None:
+        return _err(404, "no_such_policy", f"bucket {name!r} has no policy")
+    return web.json_response({"bucket": name, "policy": json.loads(policy.text),
+                              "public": policy.public})
 
-    def policy_answer(name: str, s: PolicyStore) -> web.Response:
-        policy = s.lookup(name, guarded=False)[1]  # its own, not a public access block's
-        if policy is None:
-            return _err(404, "no_such_policy", f"bucket {name!r} has no policy")
-        return web.json_response({"bucket": name, "policy": json.loads(policy.text),
-                                  "public": policy.public})
 
-    async def policy_get(request: web.Request) -> web.Response:
-        s, name = store(), request.match_info["name"]
-        if await get_bucket(name) is None:
-            return _no_bucket(name)
-        return policy_answer(name, s)
+@routes.get("/v1/buckets/{name}/policy")
+async def policy_get(request: web.Request) -> web.Response:
+    s, name = _store(request), request.match_info["name"]
+    if await _get_bucket(request, name) is None:
+        return _no_bucket(name)
+    return _policy_answer(name, s)
 
-    async def policy_put(request: web.Request) -> web.Response:
-        s, name = store(), request.match_info["name"]
-        raw = await request.read()
-        if await get_bucket(name) is None:
-            return _no_bucket(name)
-        try:
-            policy = parse_policy(raw, name)
-        except MalformedPolicy as e:
-            return _err(400, "malformed_policy", str(e))
-        try:
-            await s.put(name, policy)
-        except FsError:
-            return _no_bucket(name)
-        log.info("bucket policy set", extra=kv(identity=identity(request), bucket=name,
-                                               public=policy.public))
-        return policy_answer(name, s)
 
-    async def policy_delete(request: web.Request) -> web.Response:
-        s, name = store(), request.match_info["name"]
-        try:
-            had = await s.delete(name)
-        except FsError:
-            return _no_bucket(name)
-        log.info("bucket policy deleted", extra=kv(identity=identity(request), bucket=name,
-                                                   had_policy=had))
-        return web.json_response({"bucket": name, "deleted": had})
+@routes.put("/v1/buckets/{name}/policy")
+async def policy_put(request: web.Request) -> web.Response:
+    s, name = _store(request), request.match_info["name"]
+    raw = await request.read()
+    if await _get_bucket(request, name) is None:
+        return _no_bucket(name)
+    try:
+        policy = parse_policy(raw, name)
+    except MalformedPolicy as e:
+        return _err(400, "malformed_policy", str(e))
+    try:
+        await s.put(name, policy)
+    except FsError:
+        return _no_bucket(name)
+    log.info("bucket policy set", extra=kv(identity=identity(request), bucket=name,
+                                           public=policy.public))
+    return _policy_answer(name, s)
 
-    app.router.add_get("/v1/buckets", listing)
-    app.router.add_post("/v1/buckets", create)
-    app.router.add_get("/v1/buckets/{name}", one)
-    app.router.add_delete("/v1/buckets/{name}", delete)
-    app.router.add_get("/v1/buckets/{name}/policy", policy_get)
-    app.router.add_put("/v1/buckets/{name}/policy", policy_put)
-    app.router.add_delete("/v1/buckets/{name}/policy", policy_delete)
+
+@routes.delete("/v1/buckets/{name}/policy")
+async def policy_delete(request: web.Request) -> web.Response:
+    s, name = _store(request), request.match_info["name"]
+    try:
+        had = await s.delete(name)
+    except FsError:
+        return _no_bucket(name)
+    log.info("bucket policy deleted", extra=kv(identity=identity(request), bucket=name,
+                                               had_policy=had))
+    return web.json_response({"bucket": name, "deleted": had})

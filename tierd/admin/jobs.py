@@ -53,8 +53,8 @@ from typing import Any, TypeVar, cast
 
 from aiohttp import web
 
-from tierd.admin.app import json_error as _err
 from tierd.admin.auth import identity
+from tierd.admin.backend import json_error as _err
 from tierd.admin.prefix import NoSuchBucket, check_prefix, prefix_error
 from tierd.errors import FsError
 from tierd.logs import get_logger, kv
@@ -354,55 +354,60 @@ class JobManager:
             await asyncio.wait(tasks, timeout=SHUTDOWN_WAIT)
 
 
-def add_job_routes(app: web.Application, get_ops: Ops) -> None:
-    manager = JobManager(get_ops)
-    app[JOBS] = manager
-    app.on_shutdown.append(manager.shutdown)
+routes = web.RouteTableDef()
 
-    def find(request: web.Request) -> Job | web.Response:
-        job = manager.jobs.get(request.match_info["id"])
-        if job is None:
-            return _err(404, "not_found", f"no job {request.match_info['id']!r} (finished "
-                        "jobs are kept until a restart, the last "
-                        f"{KEEP_FINISHED} of them)")
+
+def _manager(request: web.Request) -> JobManager:
+    return request.app[JOBS]
+
+
+def _find(request: web.Request) -> Job | web.Response:
+    job = _manager(request).jobs.get(request.match_info["id"])
+    if job is None:
+        return _err(404, "not_found", f"no job {request.match_info['id']!r} (finished "
+                    "jobs are kept until a restart, the last "
+                    f"{KEEP_FINISHED} of them)")
+    return job
+
+
+@routes.post("/v1/jobs")
+async def create(request: web.Request) -> web.Response:
+    try:
+        doc = await request.json()
+    except (ValueError, RecursionError):
+        return _err(400, "bad_request", "the body must be a JSON object")
+    if not isinstance(doc, dict):
+        return _err(400, "bad_request", "the body must be a JSON object")
+    try:
+        job = _manager(request).create(doc, identity(request))
+    except (ValueError, NoSuchBucket) as e:
+        return prefix_error(e)
+    except OverflowError as e:
+        return _err(429, "too_many_jobs", str(e))
+    return web.json_response(job.doc(), status=202,
+                             headers={"Location": f"/v1/jobs/{job.id}"})
+
+
+@routes.get("/v1/jobs")
+async def listing(request: web.Request) -> web.Response:
+    state = request.query.get("state")
+    if state is not None and state not in STATES:
+        return _err(400, "bad_request", f"state must be one of {', '.join(STATES)}")
+    jobs = [j.doc() for j in reversed(_manager(request).jobs.values())
+            if state is None or j.state == state]
+    return web.json_response({"jobs": jobs})
+
+
+@routes.get("/v1/jobs/{id}")
+async def get(request: web.Request) -> web.Response:
+    job = _find(request)
+    return job if isinstance(job, web.Response) else web.json_response(job.doc())
+
+
+@routes.delete("/v1/jobs/{id}")
+async def cancel(request: web.Request) -> web.Response:
+    job = _find(request)
+    if isinstance(job, web.Response):
         return job
-
-    async def create(request: web.Request) -> web.Response:
-        try:
-            doc = await request.json()
-        except (ValueError, RecursionError):
-            return _err(400, "bad_request", "the body must be a JSON object")
-        if not isinstance(doc, dict):
-            return _err(400, "bad_request", "the body must be a JSON object")
-        try:
-            job = manager.create(doc, identity(request))
-        except (ValueError, NoSuchBucket) as e:
-            return prefix_error(e)
-        except OverflowError as e:
-            return _err(429, "too_many_jobs", str(e))
-        return web.json_response(job.doc(), status=202,
-                                 headers={"Location": f"/v1/jobs/{job.id}"})
-
-    async def listing(request: web.Request) -> web.Response:
-        state = request.query.get("state")
-        if state is not None and state not in STATES:
-            return _err(400, "bad_request", f"state must be one of {', '.join(STATES)}")
-        jobs = [j.doc() for j in reversed(manager.jobs.values())
-                if state is None or j.state == state]
-        return web.json_response({"jobs": jobs})
-
-    async def get(request: web.Request) -> web.Response:
-        job = find(request)
-        return job if isinstance(job, web.Response) else web.json_response(job.doc())
-
-    async def cancel(request: web.Request) -> web.Response:
-        job = find(request)
-        if isinstance(job, web.Response):
-            return job
-        await manager.cancel(job, identity(request))
-        return web.json_response(job.doc())
-
-    app.router.add_post("/v1/jobs", create)
-    app.router.add_get("/v1/jobs", listing)
-    app.router.add_get("/v1/jobs/{id}", get)
-    app.router.add_delete("/v1/jobs/{id}", cancel)
+    await _manager(request).cancel(job, identity(request))
+    return web.json_response(job.doc())

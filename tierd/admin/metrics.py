@@ -20,14 +20,20 @@ from tierd.metrics import CONTENT_TYPE, Metrics, admin_operation, request_middle
 REQUEST_ID_HEADER = "X-Request-Id"
 
 
+#: the registry ``GET /metrics`` renders
+METRICS: web.AppKey[Metrics] = web.AppKey("tierd.admin.metrics")
+
+
+async def scrape(request: web.Request) -> web.Response:
+    """``GET /metrics``: the Prometheus exposition of the daemon's registry."""
+    body = await request.app[METRICS].render()
+    # CONTENT_TYPE carries its own charset parameter: set the header whole
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
 def instrument_admin(app: web.Application, metrics: Metrics) -> None:
     """Serve ``GET /metrics`` and count every admin request (before the app is frozen)."""
-
-    async def scrape(request: web.Request) -> web.Response:
-        body = await metrics.render()
-        # CONTENT_TYPE carries its own charset parameter: set the header whole
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
-
+    app[METRICS] = metrics
     app.router.add_get("/metrics", scrape)
     app.middlewares.insert(0, request_middleware(metrics, "admin", admin_operation,
                                                  header=REQUEST_ID_HEADER))

@@ -27,16 +27,16 @@ from typing import Any
 
 from aiohttp import web
 
-from tierd.admin.app import json_error
 from tierd.admin.auth import identity
+from tierd.admin.backend import BACKEND, AdminBackend, json_error
 from tierd.logs import get_logger, kv
 
 log = get_logger("admin")
 
 
-def mounts_doc(backend: Any) -> dict[str, Any]:
-    """The ``GET /v1/mounts`` document (backends without a FUSE door list none)."""
-    fuse = getattr(backend, "fuse", None)
+def mounts_doc(backend: AdminBackend) -> dict[str, Any]:
+    """The ``GET /v1/mounts`` document (none while the daemon serves no mount)."""
+    fuse = backend.fuse
     found = [] if fuse is None else [{"door": "fuse", "mountpoint": str(fuse.mountpoint),
                                       "source": "/"}]
     return {"mounts": found}
@@ -69,58 +69,58 @@ def _check_dir(path: Path) -> str | None:
     return None
 
 
-def add_mount_routes(app: web.Application, backend: Any) -> None:
-    """The routes; ``backend`` is the daemon: its ``fuse`` door (None without a mount),
-    ``attach_mount(path)`` and ``detach_mount()`` (:class:`tierd.daemon.Daemon`)."""
+routes = web.RouteTableDef()
 
-    async def listing(request: web.Request) -> web.Response:
-        return web.json_response(mounts_doc(backend))
 
-    async def add(request: web.Request) -> web.Response:
-        try:
-            doc = await request.json()
-        except (ValueError, RecursionError):
-            doc = None
-        if not isinstance(doc, dict) or set(doc) - {"mountpoint"}:
-            return json_error(400, "bad_request", 'the body must be {"mountpoint": "/dir"}')
-        try:
-            path = _mountpoint(doc.get("mountpoint"))
-        except ValueError as e:
-            return json_error(400, "bad_request", str(e))
-        if not callable(getattr(backend, "attach_mount", None)):
-            return json_error(503, "unavailable", "this daemon cannot attach mounts")
-        if getattr(backend, "fuse", None) is not None:
-            return json_error(409, "mount_refused", "this tierd already serves a mount at "
-                              f"{backend.fuse.mountpoint} (one per daemon): remove it first")
-        why = await asyncio.to_thread(_check_dir, path)
-        if why is not None:
-            return json_error(400, "bad_request", why)
-        try:  # the FUSE door needs pyfuse3 and libfuse3 only when a mount is asked for
-            from tierd_fuse import MountError
-        except ImportError as e:
-            return json_error(503, "unavailable", f"the FUSE door is not installed: {e}")
-        try:
-            await backend.attach_mount(path)
-        except MountError as e:
-            return json_error(409, "mount_refused", str(e))
-        log.info("mount attached", extra=kv(identity=identity(request), mountpoint=str(path)))
-        (mount,) = mounts_doc(backend)["mounts"]
-        return web.json_response(mount, status=201)
+@routes.get("/v1/mounts")
+async def listing(request: web.Request) -> web.Response:
+    return web.json_response(mounts_doc(request.app[BACKEND]))
 
-    async def remove(request: web.Request) -> web.Response:
-        try:
-            path = _mountpoint(request.query.get("mountpoint"))
-        except ValueError as e:
-            return json_error(400, "bad_request", str(e))
-        fuse = getattr(backend, "fuse", None)
-        if fuse is None or Path(fuse.mountpoint) != path:
-            have = "none" if fuse is None else str(fuse.mountpoint)
-            return json_error(404, "not_mounted", f"this tierd has no mount at {path} "
-                              f"(its mount: {have})")
-        await backend.detach_mount()
-        log.info("mount removed", extra=kv(identity=identity(request), mountpoint=str(path)))
-        return web.json_response({"mountpoint": str(path), "unmounted": True})
 
-    app.router.add_get("/v1/mounts", listing)
-    app.router.add_post("/v1/mounts", add)
-    app.router.add_delete("/v1/mounts", remove)
+@routes.post("/v1/mounts")
+async def add(request: web.Request) -> web.Response:
+    backend = request.app[BACKEND]
+    try:
+        doc = await request.json()
+    except (ValueError, RecursionError):
+        doc = None
+    if not isinstance(doc, dict) or set(doc) - {"mountpoint"}:
+        return json_error(400, "bad_request", 'the body must be {"mountpoint": "/dir"}')
+    try:
+        path = _mountpoint(doc.get("mountpoint"))
+    except ValueError as e:
+        return json_error(400, "bad_request", str(e))
+    if backend.fuse is not None:
+        return json_error(409, "mount_refused", "this tierd already serves a mount at "
+                          f"{backend.fuse.mountpoint} (one per daemon): remove it first")
+    why = await asyncio.to_thread(_check_dir, path)
+    if why is not None:
+        return json_error(400, "bad_request", why)
+    try:  # the FUSE door needs pyfuse3 and libfuse3 only when a mount is asked for
+        from tierd_fuse import MountError
+    except ImportError as e:
+        return json_error(503, "unavailable", f"the FUSE door is not installed: {e}")
+    try:
+        await backend.attach_mount(path)
+    except MountError as e:
+        return json_error(409, "mount_refused", str(e))
+    log.info("mount attached", extra=kv(identity=identity(request), mountpoint=str(path)))
+    (mount,) = mounts_doc(backend)["mounts"]
+    return web.json_response(mount, status=201)
+
+
+@routes.delete("/v1/mounts")
+async def remove(request: web.Request) -> web.Response:
+    backend = request.app[BACKEND]
+    try:
+        path = _mountpoint(request.query.get("mountpoint"))
+    except ValueError as e:
+        return json_error(400, "bad_request", str(e))
+    fuse = backend.fuse
+    if fuse is None or Path(fuse.mountpoint) != path:
+        have = "none" if fuse is None else str(fuse.mountpoint)
+        return json_error(404, "not_mounted", f"this tierd has no mount at {path} "
+                          f"(its mount: {have})")
+    await backend.detach_mount()
+    log.info("mount removed", extra=kv(identity=identity(request), mountpoint=str(path)))
+    return web.json_response({"mountpoint": str(path), "unmounted": True})

@@ -482,12 +482,16 @@ def served(app: web.Application) -> Schema:
     return doc
 
 
-def add_openapi_route(app: web.Application) -> None:
-    cache: list[Schema] = []
+routes = web.RouteTableDef()
+#: the document as this app serves it, made at start-up (the routes are all there by then)
+_SERVED: web.AppKey[Schema] = web.AppKey("tierd.admin.openapi")
 
-    async def openapi(request: web.Request) -> web.Response:
-        if not cache:  # the router is frozen once serving: compute once
-            cache.append(served(request.app))
-        return web.json_response(cache[0])
 
-    app.router.add_get("/v1/openapi.json", openapi)
+async def prepare(app: web.Application) -> None:
+    """At start-up, once every route is added: the document :func:`openapi` answers."""
+    app[_SERVED] = served(app)
+
+
+@routes.get("/v1/openapi.json")
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(request.app[_SERVED])

@@ -29,7 +29,6 @@ import base64
 import hashlib
 import html
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
@@ -40,6 +39,7 @@ from tierd.admin.auth import (
     AdminAuth,
     bootstrap_read_token,
 )
+from tierd.admin.backend import AUTH, BACKEND
 from tierd.logs import get_logger, kv
 
 log = get_logger("admin")
@@ -341,52 +341,54 @@ def _session(request: web.Request, auth: AdminAuth) -> web.Response:
     return resp
 
 
-def add_status_page(app: web.Application, backend: Any, auth: AdminAuth) -> None:
-    """Serve ``GET /`` and ``POST /login``; load the read-only token at start-up when the
-    backend has a data directory (the daemon does)."""
-    found = getattr(getattr(backend, "config", None), "data_dir", None)
-    data_dir = None if found is None else Path(found)
+routes = web.RouteTableDef()
 
-    async def load_read_token(app: web.Application) -> None:
-        assert data_dir is not None
-        try:
-            auth.read_token = await asyncio.to_thread(bootstrap_read_token, data_dir)
-        except OSError as e:  # a convenience, not a reason to refuse to start
-            log.warning("cannot read or write the read-only token; the status page takes "
-                        "the admin token until the next start", extra=kv(
-                            file=str(data_dir / READ_TOKEN_FILE), error=e.strerror or str(e)))
 
-    if data_dir is not None:
-        app.on_startup.append(load_read_token)
+async def load_read_token(app: web.Application) -> None:
+    """At start-up: the read-only token of the daemon's data directory (made on first
+    start), which the status page's links carry."""
+    data_dir = Path(app[BACKEND].config.data_dir)
+    auth = app[AUTH]
+    try:
+        auth.read_token = await asyncio.to_thread(bootstrap_read_token, data_dir)
+    except OSError as e:  # a convenience, not a reason to refuse to start
+        log.warning("cannot read or write the read-only token; the status page takes "
+                    "the admin token until the next start", extra=kv(
+                        file=str(data_dir / READ_TOKEN_FILE), error=e.strerror or str(e)))
 
-    def refused(request: web.Request, why: str) -> None:
-        log.info("status page login refused", extra=kv(remote=request.remote, why=why))
 
-    async def page(request: web.Request) -> web.Response:
-        token = request.query.get("token")
-        if token is not None:
-            kind = auth.token_kind(token)
-            if kind == "read":
-                return _session(request, auth)
-            if kind == "admin":
-                refused(request, "admin token in a URL")
-                return login_page(400, "The admin token is never taken from a URL (URLs end "
-                                  "up in logs and history). Paste it below, or use the "
-                                  "read-only token in the link.")
-            refused(request, "wrong token in the URL")
-            return login_page(401, "That token is wrong.")
-        if IDENTITY in request:
-            return status_page()
-        return login_page(401)
+def _refused(request: web.Request, why: str) -> None:
+    log.info("status page login refused", extra=kv(remote=request.remote, why=why))
 
-    async def login(request: web.Request) -> web.Response:
-        form = await request.post()
-        token = form.get("token")
-        if isinstance(token, str) and auth.token_kind(token) is not None:
-            log.info("status page login", extra=kv(remote=request.remote))
+
+@routes.get("/")
+async def page(request: web.Request) -> web.Response:
+    """``GET /``: the status page for browsers (a login form until a token is given)."""
+    auth = request.app[AUTH]
+    token = request.query.get("token")
+    if token is not None:
+        kind = auth.token_kind(token)
+        if kind == "read":
             return _session(request, auth)
-        refused(request, "wrong token")
+        if kind == "admin":
+            _refused(request, "admin token in a URL")
+            return login_page(400, "The admin token is never taken from a URL (URLs end "
+                              "up in logs and history). Paste it below, or use the "
+                              "read-only token in the link.")
+        _refused(request, "wrong token in the URL")
         return login_page(401, "That token is wrong.")
+    if IDENTITY in request:
+        return status_page()
+    return login_page(401)
 
-    app.router.add_get("/", page)
-    app.router.add_post("/login", login)
+
+@routes.post("/login")
+async def login(request: web.Request) -> web.Response:
+    auth = request.app[AUTH]
+    form = await request.post()
+    token = form.get("token")
+    if isinstance(token, str) and auth.token_kind(token) is not None:
+        log.info("status page login", extra=kv(remote=request.remote))
+        return _session(request, auth)
+    _refused(request, "wrong token")
+    return login_page(401, "That token is wrong.")

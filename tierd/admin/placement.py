@@ -18,15 +18,14 @@ from typing import Any
 
 from aiohttp import web
 
-from tierd.admin.app import json_error as _err
+from tierd.admin.backend import BACKEND, ready
+from tierd.admin.backend import json_error as _err
 from tierd.admin.prefix import check_prefix, prefix_error
 from tierd.admin.residency import ls_doc, parse_limit
 from tierd.errors import FsError
 from tierd.meta import PlacementPolicy
 from tierd.placement.ops import PlacementOps
 from tierd.tiers import TierError
-
-Ops = Callable[[], PlacementOps | None]
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -41,134 +40,145 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return doc
 
 
-def add_placement_routes(app: web.Application, get_ops: Ops) -> None:
-    def ops() -> PlacementOps:
-        o = get_ops()
-        if o is None:
-            raise web.HTTPServiceUnavailable(reason="placement is not running")
-        return o
+routes = web.RouteTableDef()
 
-    async def guarded(fn: Callable[[], Any]) -> web.Response:
+
+def _ops(request: web.Request) -> PlacementOps:
+    return ready(request.app[BACKEND].placement_ops(), "placement is not running")
+
+
+async def _guarded(fn: Callable[[], Any]) -> web.Response:
+    try:
+        return web.json_response(await fn())
+    except ValueError as e:
+        return _err(400, "bad_request", str(e))
+    except (TierError, FsError) as e:
+        return _err(503, "cold_unavailable", str(e))
+
+
+async def _prefixed(request: web.Request, doc: Any, fn: Callable[[PlacementOps, str], Any],
+                    need_bucket: bool = True) -> web.Response:
+    """``fn(ops, prefix)`` once the prefix of ``doc`` passed :func:`check_prefix`."""
+    o = _ops(request)
+    try:
+        prefix = check_prefix(o.p.meta, doc.get("prefix", ""), need_bucket)
+    except (ValueError, LookupError) as e:
+        return prefix_error(e)
+    return await _guarded(lambda: fn(o, prefix))
+
+
+@routes.get("/v1/tiers")
+async def tiers(request: web.Request) -> web.Response:
+    return web.json_response(tiers_doc(_ops(request)))
+
+
+@routes.get("/v1/placement/du")
+async def du(request: web.Request) -> web.Response:
+    return await _prefixed(request, request.query, lambda o, prefix: _ready(o.du(prefix)))
+
+
+@routes.get("/v1/placement/ls")
+async def ls(request: web.Request) -> web.Response:
+    try:
+        limit = parse_limit(request.query.get("limit"))
+    except ValueError as e:
+        return _err(400, "bad_request", str(e))
+    return await _prefixed(request, request.query,
+                           lambda o, prefix: _ready(ls_doc(o, prefix, limit)))
+
+
+@routes.post("/v1/placement/evict")
+async def evict(request: web.Request) -> web.Response:
+    doc = await _body(request)
+    tier = str(doc.get("tier") or "all")
+    return await _prefixed(request, doc, lambda o, prefix: o.evict(prefix, tier))
+
+
+@routes.post("/v1/placement/pin")
+@routes.post("/v1/placement/unpin")
+async def pin(request: web.Request) -> web.Response:
+    on = request.path.endswith("/pin")
+    return await _prefixed(request, await _body(request),
+                           lambda o, prefix: _ready(o.set_policy(prefix, pin=on)),
+                           need_bucket=on)  # unpin may clean up after a removed bucket
+
+
+@routes.get("/v1/placement/policy")
+async def policy_get(request: web.Request) -> web.Response:
+    return web.json_response({"policies": _ops(request).policies()})
+
+
+@routes.put("/v1/placement/policy")
+async def policy_set(request: web.Request) -> web.Response:
+    doc = await _body(request)
+    return await _prefixed(request, doc, lambda o, prefix: _ready(o.set_policy(
+        prefix, mode=doc.get("mode"), pin=doc.get("pin"), tier=doc.get("tier"))))
+
+
+@routes.delete("/v1/placement/policy")
+async def policy_delete(request: web.Request) -> web.Response:
+    o = _ops(request)
+    prefix = request.query.get("prefix", "")
+    if prefix not in o.p.policies:
+        return _err(404, "no_such_policy", f"no placement policy for prefix {prefix!r} "
+                    "(tierctl policy get lists them)")
+    default = PlacementPolicy(prefix)  # set_policy drops a policy equal to the default
+    o.set_policy(prefix, mode=default.mode, pin=default.pin, tier=default.tier)
+    return web.json_response({"prefix": prefix, "deleted": True})
+
+
+@routes.post("/v1/placement/persist")
+async def persist(request: web.Request) -> web.Response:
+    doc = await _body(request)
+    timeout = doc.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool)
+                                or not isinstance(timeout, int | float)
+                                or not 0 <= timeout <= 1e9):
+        return _err(400, "bad_request", "timeout must be a number of seconds (0 to 1e9)")
+    return await _prefixed(request, doc, lambda o, prefix: o.persist_wait(
+        prefix, float(timeout) if timeout is not None else None))
+
+
+@routes.post("/v1/placement/import")
+async def import_(request: web.Request) -> web.Response:
+    return await _prefixed(request, await _body(request),
+                           lambda o, prefix: o.import_prefix(prefix))
+
+
+@routes.post("/v1/placement/warmup")
+async def warmup(request: web.Request) -> web.StreamResponse:
+    body = await _body(request)
+    tier = str(body["tier"]) if body.get("tier") else None
+    o = _ops(request)
+    try:
+        prefix = check_prefix(o.p.meta, body.get("prefix", ""))
+    except (ValueError, LookupError) as e:
+        return prefix_error(e)
+    if tier is not None:
         try:
-            return web.json_response(await fn())
+            o.check_tier(tier)
         except ValueError as e:
             return _err(400, "bad_request", str(e))
-        except (TierError, FsError) as e:
-            return _err(503, "cold_unavailable", str(e))
-
-    async def prefixed(doc: Any, fn: Callable[[PlacementOps, str], Any],
-                       need_bucket: bool = True) -> web.Response:
-        """``fn(ops, prefix)`` once the prefix of ``doc`` passed :func:`check_prefix`."""
-        o = ops()
-        try:
-            prefix = check_prefix(o.p.meta, doc.get("prefix", ""), need_bucket)
-        except (ValueError, LookupError) as e:
-            return prefix_error(e)
-        return await guarded(lambda: fn(o, prefix))
-
-    async def du(request: web.Request) -> web.Response:
-        return await prefixed(request.query, lambda o, prefix: _ready(o.du(prefix)))
-
-    async def ls(request: web.Request) -> web.Response:
-        try:
-            limit = parse_limit(request.query.get("limit"))
-        except ValueError as e:
-            return _err(400, "bad_request", str(e))
-        return await prefixed(request.query,
-                              lambda o, prefix: _ready(ls_doc(o, prefix, limit)))
-
-    async def evict(request: web.Request) -> web.Response:
-        doc = await _body(request)
-        tier = str(doc.get("tier") or "all")
-        return await prefixed(doc, lambda o, prefix: o.evict(prefix, tier))
-
-    async def pin(request: web.Request) -> web.Response:
-        on = request.path.endswith("/pin")
-        return await prefixed(await _body(request),
-                              lambda o, prefix: _ready(o.set_policy(prefix, pin=on)),
-                              need_bucket=on)  # unpin may clean up after a removed bucket
-
-    async def policy_get(request: web.Request) -> web.Response:
-        return web.json_response({"policies": ops().policies()})
-
-    async def policy_set(request: web.Request) -> web.Response:
-        doc = await _body(request)
-        return await prefixed(doc, lambda o, prefix: _ready(o.set_policy(
-            prefix, mode=doc.get("mode"), pin=doc.get("pin"), tier=doc.get("tier"))))
-
-    async def policy_delete(request: web.Request) -> web.Response:
-        o = ops()
-        prefix = request.query.get("prefix", "")
-        if prefix not in o.p.policies:
-            return _err(404, "no_such_policy", f"no placement policy for prefix {prefix!r} "
-                        "(tierctl policy get lists them)")
-        default = PlacementPolicy(prefix)  # set_policy drops a policy equal to the default
-        o.set_policy(prefix, mode=default.mode, pin=default.pin, tier=default.tier)
-        return web.json_response({"prefix": prefix, "deleted": True})
-
-    async def persist(request: web.Request) -> web.Response:
-        doc = await _body(request)
-        timeout = doc.get("timeout")
-        if timeout is not None and (isinstance(timeout, bool)
-                                    or not isinstance(timeout, int | float)
-                                    or not 0 <= timeout <= 1e9):
-            return _err(400, "bad_request", "timeout must be a number of seconds (0 to 1e9)")
-        return await prefixed(doc, lambda o, prefix: o.persist_wait(
-            prefix, float(timeout) if timeout is not None else None))
-
-    async def import_(request: web.Request) -> web.Response:
-        return await prefixed(await _body(request),
-                              lambda o, prefix: o.import_prefix(prefix))
-
-    async def warmup(request: web.Request) -> web.StreamResponse:
-        body = await _body(request)
-        tier = str(body["tier"]) if body.get("tier") else None
-        o = ops()
-        try:
-            prefix = check_prefix(o.p.meta, body.get("prefix", ""))
-        except (ValueError, LookupError) as e:
-            return prefix_error(e)
-        if tier is not None:
-            try:
-                o.check_tier(tier)
-            except ValueError as e:
-                return _err(400, "bad_request", str(e))
-        # the first document (the import of the prefix, the count) before the 200: a
-        # failure there is still an error status, not a line inside a successful answer
-        gen = o.warmup(prefix, tier)
-        try:
-            first = await anext(gen)
-        except (TierError, FsError) as e:
-            return _err(503, "cold_unavailable", str(e))
-        except ValueError as e:
-            return _err(400, "bad_request", str(e))
-        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await resp.prepare(request)
-        await resp.write(json.dumps(first).encode() + b"\n")
-        try:
-            async for doc in gen:
-                await resp.write(json.dumps(doc).encode() + b"\n")
-        except (TierError, FsError) as e:
-            await resp.write(json.dumps({"error": "cold_unavailable",
-                                         "message": str(e)}).encode() + b"\n")
-        await resp.write_eof()
-        return resp
-
-    async def tiers(request: web.Request) -> web.Response:
-        return web.json_response(tiers_doc(ops()))
-
-    app.router.add_get("/v1/tiers", tiers)
-    app.router.add_get("/v1/placement/du", du)
-    app.router.add_get("/v1/placement/ls", ls)
-    app.router.add_post("/v1/placement/evict", evict)
-    app.router.add_post("/v1/placement/pin", pin)
-    app.router.add_post("/v1/placement/unpin", pin)
-    app.router.add_get("/v1/placement/policy", policy_get)
-    app.router.add_put("/v1/placement/policy", policy_set)
-    app.router.add_delete("/v1/placement/policy", policy_delete)
-    app.router.add_post("/v1/placement/persist", persist)
-    app.router.add_post("/v1/placement/import", import_)
-    app.router.add_post("/v1/placement/warmup", warmup)
+    # the first document (the import of the prefix, the count) before the 200: a
+    # failure there is still an error status, not a line inside a successful answer
+    gen = o.warmup(prefix, tier)
+    try:
+        first = await anext(gen)
+    except (TierError, FsError) as e:
+        return _err(503, "cold_unavailable", str(e))
+    except ValueError as e:
+        return _err(400, "bad_request", str(e))
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await resp.prepare(request)
+    await resp.write(json.dumps(first).encode() + b"\n")
+    try:
+        async for doc in gen:
+            await resp.write(json.dumps(doc).encode() + b"\n")
+    except (TierError, FsError) as e:
+        await resp.write(json.dumps({"error": "cold_unavailable",
+                                     "message": str(e)}).encode() + b"\n")
+    await resp.write_eof()
+    return resp
 
 
 def _ratio(hits: int, misses: int) -> float | None:

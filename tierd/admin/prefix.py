@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from tierd.admin.app import json_error
+from tierd.admin.backend import json_error
 from tierd.meta import MetaStore
 
 

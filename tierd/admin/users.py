@@ -15,22 +15,21 @@ caller's identity (the auth middleware logs the request; these lines say what ch
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from tierd.acl.users import Directory, DirectoryError, key_doc, user_doc
 from tierd.admin.auth import identity
+from tierd.admin.backend import BACKEND, ready
 from tierd.logs import get_logger, kv
 from tierd.meta import MetaStore
 
 log = get_logger("admin")
 
 _STATUS = {"invalid": 400, "not_found": 404, "conflict": 409}
-
-GetDirectory = Callable[[], Directory | None]
-
 
 def _err(e: DirectoryError) -> web.Response:
     return web.json_response({"error": e.code, "message": str(e)},
@@ -51,97 +50,114 @@ async def _durable(meta: MetaStore) -> None:
     await meta.flush()
 
 
-def add_user_routes(app: web.Application, get_directory: GetDirectory) -> None:
-    def directory() -> Directory:
-        d = get_directory()
-        if d is None:
-            raise web.HTTPServiceUnavailable(reason="the user directory is not ready")
-        return d
+routes = web.RouteTableDef()
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-    def guarded(fn: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
-        async def run(request: web.Request) -> web.StreamResponse:
-            try:
-                resp: web.StreamResponse = await fn(request)
-                return resp
-            except DirectoryError as e:
-                return _err(e)
-        return run
 
-    async def users_list(request: web.Request) -> web.Response:
-        return web.json_response({"users": [user_doc(u, n)
-                                            for u, n in directory().list_users()]})
+def _directory(request: web.Request) -> Directory:
+    return ready(request.app[BACKEND].directory(), "the user directory is not ready")
 
-    async def user_add(request: web.Request) -> web.Response:
-        d = directory()
-        doc = await _body(request)
-        user = d.add_user(doc.get("name"), doc.get("uid"), doc.get("gid"),
-                          doc.get("groups", []), doc.get("admin", False))
-        await _durable(d.meta)
-        log.info("user added", extra=kv(identity=identity(request), user=user.name,
-                                        uid=user.uid, gid=user.gid, admin=user.admin))
-        return web.json_response(user_doc(user, 0), status=201)
 
-    async def user_get(request: web.Request) -> web.Response:
-        d = directory()
-        name = request.match_info["name"]
-        user = d.get_user(name)
-        keys = d.list_keys(name)
-        doc = user_doc(user, len(keys))
-        doc["key_list"] = [key_doc(k) for k in keys]
-        return web.json_response(doc)
+def _guarded(fn: _Handler) -> _Handler:
+    """``fn`` with a :class:`DirectoryError` answered as its JSON error."""
+    @functools.wraps(fn)
+    async def run(request: web.Request) -> web.StreamResponse:
+        try:
+            return await fn(request)
+        except DirectoryError as e:
+            return _err(e)
+    return run
 
-    async def user_delete(request: web.Request) -> web.Response:
-        d = directory()
-        name = request.match_info["name"]
-        removed = d.delete_user(name)
-        await _durable(d.meta)
-        log.info("user deleted", extra=kv(identity=identity(request), user=name,
-                                          keys_removed=",".join(removed) or "-"))
-        return web.json_response({"deleted": name, "keys_removed": removed})
 
-    async def keys_list(request: web.Request) -> web.Response:
-        user = request.query.get("user")
-        return web.json_response({"keys": [key_doc(k)
-                                           for k in directory().list_keys(user or None)]})
+@routes.get("/v1/users")
+@_guarded
+async def users_list(request: web.Request) -> web.Response:
+    return web.json_response({"users": [user_doc(u, n)
+                                        for u, n in _directory(request).list_users()]})
 
-    async def key_add(request: web.Request) -> web.Response:
-        d = directory()
-        doc = await _body(request)
-        user = doc.get("user")
-        if not isinstance(user, str):
-            raise DirectoryError("invalid", "the body needs \"user\": the key's user name")
-        new = d.add_key(user, doc.get("access_key"), doc.get("secret"))
-        await _durable(d.meta)
-        log.info("access key added", extra=kv(identity=identity(request), user=user,
-                                              access_key=new.key.access_key))
-        out = key_doc(new.key)
-        out["secret"] = new.secret
-        return web.json_response(out, status=201)
 
-    async def key_toggle(request: web.Request) -> web.Response:
-        d = directory()
-        ak = request.match_info["key"]
-        enabled = request.match_info["action"] == "enable"
-        key = d.set_enabled(ak, enabled)
-        await _durable(d.meta)
-        log.info("access key " + ("enabled" if enabled else "disabled"),
-                 extra=kv(identity=identity(request), user=key.user, access_key=ak))
-        return web.json_response(key_doc(key))
+@routes.post("/v1/users")
+@_guarded
+async def user_add(request: web.Request) -> web.Response:
+    d = _directory(request)
+    doc = await _body(request)
+    user = d.add_user(doc.get("name"), doc.get("uid"), doc.get("gid"),
+                      doc.get("groups", []), doc.get("admin", False))
+    await _durable(d.meta)
+    log.info("user added", extra=kv(identity=identity(request), user=user.name,
+                                    uid=user.uid, gid=user.gid, admin=user.admin))
+    return web.json_response(user_doc(user, 0), status=201)
 
-    async def key_delete(request: web.Request) -> web.Response:
-        d = directory()
-        ak = request.match_info["key"]
-        key = d.delete_key(ak)
-        await _durable(d.meta)
-        log.info("access key deleted", extra=kv(identity=identity(request), user=key.user,
-                                                access_key=ak))
-        return web.json_response({"deleted": ak, "user": key.user})
 
-    app.router.add_get("/v1/users", guarded(users_list))
-    app.router.add_post("/v1/users", guarded(user_add))
-    app.router.add_get("/v1/users/{name}", guarded(user_get))
-    app.router.add_delete("/v1/users/{name}", guarded(user_delete))
-    app.router.add_get("/v1/keys", guarded(keys_list))
-    app.router.add_post("/v1/keys", guarded(key_add))
-    app.router.add_post("/v1/keys/{key}/{action:enable|disable}", guarded(key_toggle))
-    app.router.add_delete("/v1/keys/{key}", guarded(key_delete))
+@routes.get("/v1/users/{name}")
+@_guarded
+async def user_get(request: web.Request) -> web.Response:
+    d = _directory(request)
+    name = request.match_info["name"]
+    user = d.get_user(name)
+    keys = d.list_keys(name)
+    doc = user_doc(user, len(keys))
+    doc["key_list"] = [key_doc(k) for k in keys]
+    return web.json_response(doc)
+
+
+@routes.delete("/v1/users/{name}")
+@_guarded
+async def user_delete(request: web.Request) -> web.Response:
+    d = _directory(request)
+    name = request.match_info["name"]
+    removed = d.delete_user(name)
+    await _durable(d.meta)
+    log.info("user deleted", extra=kv(identity=identity(request), user=name,
+                                      keys_removed=",".join(removed) or "-"))
+    return web.json_response({"deleted": name, "keys_removed": removed})
+
+
+@routes.get("/v1/keys")
+@_guarded
+async def keys_list(request: web.Request) -> web.Response:
+    user = request.query.get("user")
+    return web.json_response({"keys": [key_doc(k)
+                                       for k in _directory(request).list_keys(user or None)]})
+
+
+@routes.post("/v1/keys")
+@_guarded
+async def key_add(request: web.Request) -> web.Response:
+    d = _directory(request)
+    doc = await _body(request)
+    user = doc.get("user")
+    if not isinstance(user, str):
+        raise DirectoryError("invalid", "the body needs \"user\": the key's user name")
+    new = d.add_key(user, doc.get("access_key"), doc.get("secret"))
+    await _durable(d.meta)
+    log.info("access key added", extra=kv(identity=identity(request), user=user,
+                                          access_key=new.key.access_key))
+    out = key_doc(new.key)
+    out["secret"] = new.secret
+    return web.json_response(out, status=201)
+
+
+@routes.post("/v1/keys/{key}/{action:enable|disable}")
+@_guarded
+async def key_toggle(request: web.Request) -> web.Response:
+    d = _directory(request)
+    ak = request.match_info["key"]
+    enabled = request.match_info["action"] == "enable"
+    key = d.set_enabled(ak, enabled)
+    await _durable(d.meta)
+    log.info("access key " + ("enabled" if enabled else "disabled"),
+             extra=kv(identity=identity(request), user=key.user, access_key=ak))
+    return web.json_response(key_doc(key))
+
+
+@routes.delete("/v1/keys/{key}")
+@_guarded
+async def key_delete(request: web.Request) -> web.Response:
+    d = _directory(request)
+    ak = request.match_info["key"]
+    key = d.delete_key(ak)
+    await _durable(d.meta)
+    log.info("access key deleted", extra=kv(identity=identity(request), user=key.user,
+                                            access_key=ak))
+    return web.json_response({"deleted": ak, "user": key.user})
