@@ -25,9 +25,11 @@ SMALL = ALIGN // 2
 
 
 def align_up(n: int) -> int:
-    """The bytes a region of ``n`` bytes holds of the pool."""
-    unit = PAGE if n < SMALL else ALIGN
-    return (max(n, 1) + unit - 1) // unit * unit
+    """The bytes a region of ``n`` bytes holds of the pool: whole pages while that stays
+    under :data:`SMALL` (packed), else whole units.  Every result is either below SMALL or
+    a multiple of ALIGN, so large extents stay on the unit grid that slabs are found by."""
+    pages = (max(n, 1) + PAGE - 1) // PAGE * PAGE
+    return pages if pages < SMALL else (pages + ALIGN - 1) // ALIGN * ALIGN
 
 
 class _Range:

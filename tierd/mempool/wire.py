@@ -54,15 +54,15 @@ def frame_length(header: bytes) -> int:
 
 
 def recv_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """Blocking receive of one message and the descriptors that came with it."""
+    """Blocking receive of one message and the descriptors that came with it.  It reads
+    no byte past the message: the next one (a pipelined reply) stays in the socket."""
     fds: list[int] = []
     buf = bytearray()
     need = HEADER.size
     body_len = -1
     while True:
         while len(buf) < need:
-            data, got, _flags, _addr = socket.recv_fds(sock, max(need - len(buf), 4096),
-                                                       MAX_FDS)
+            data, got, _flags, _addr = socket.recv_fds(sock, need - len(buf), MAX_FDS)
             fds.extend(got)
             if not data:
                 for fd in fds:
