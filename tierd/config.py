@@ -8,9 +8,8 @@ precedence::
 **The settings table is the dataclass.**  Each :class:`Config` field is declared as
 ``field(default=..., metadata=setting(parse=..., help=...))``; the environment variable
 (``TIERD_<KEY>``), the CLI flag (``--<key-with-dashes>``), the TOML key and the reference in
-``docs/config.md`` all follow from the field name.  A later issue adds a setting (tiers, the
-cold URL, policies) by adding one field here (and a paragraph to ``docs/config.md``; a test
-checks the doc mentions every setting).
+``docs/config.md`` all follow from the field name.  A new setting is one more field here
+(and a paragraph in ``docs/config.md``; a test checks the doc mentions every setting).
 
 Every value from every source goes through the same parser, so a bad value is rejected the
 same way wherever it came from, with a :class:`ConfigError` naming the key and the source
@@ -69,7 +68,7 @@ ENV_PREFIX = "TIERD_"
 NON_SETTING_ENV: frozenset[str] = frozenset(
     {
         "TIERD_CONFIG",  # path of the TOML config file
-        "TIERD_ROOT_ACCESS_KEY",  # bootstrap S3 credentials (S3 gateway issue)
+        "TIERD_ROOT_ACCESS_KEY",  # bootstrap S3 credentials of the root user
         "TIERD_ROOT_SECRET_KEY",
         "TIERD_ADMIN_URL",  # tierctl: where the admin API listens
         "TIERD_ADMIN_TOKEN",  # admin API bearer token (tierd.admin.auth, tierctl)

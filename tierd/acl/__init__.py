@@ -1,4 +1,5 @@
-"""Authorization: identities and the one function that decides access (mode bits for now)."""
+"""Authorization: identities and the one function that decides access (mode bits, POSIX
+ACLs, bucket policies and canned ACLs; see :mod:`tierd.acl.authorize`)."""
 
 from tierd.acl.identity import Identity
 from tierd.acl.modes import (

@@ -66,7 +66,7 @@ class Inode(Record):
     version: int = 0  # content generation: changes whenever the bytes change
     etag: str = ""  # MD5 hex of the content ("" until computed), or md5-N for multipart
     state: int = STATE_NONE
-    # tier name -> bitmap of present blocks (bit i = block i); filled by the tiers issue
+    # tier name -> bitmap of present blocks (bit i = block i), kept by tierd.placement
     blocks: dict[str, bytes] = field(default_factory=dict)
     rdev: int = 0
     parent: int = 0  # directories only: the one parent, for ".." and rename cycle checks
@@ -115,7 +115,7 @@ class Bucket(Record):
     owner_uid: int
     created_ns: int
     region: str = "us-east-1"
-    policy: str = ""  # bucket policy JSON (ACL issue)
+    policy: str = ""  # bucket policy JSON (tierd.s3.bucket_policy, tierd.acl.policy)
     acl: str = "private"
     #: the bucket's other S3 sub-resources (versioning, cors, tagging, lifecycle,
     #: publicAccessBlock, ownershipControls, ...): name -> the document as stored by the
@@ -125,7 +125,7 @@ class Bucket(Record):
 
 @dataclass(slots=True)
 class AccessKey(Record):
-    """An S3 access key and the identity it maps to (placeholder until the ACL issue)."""
+    """An S3 access key and the identity it maps to (kept by :mod:`tierd.acl.users`)."""
 
     access_key: str
     secret: str
