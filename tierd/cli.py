@@ -1,4 +1,5 @@
-"""The ``tierd`` command: ``tierd serve`` runs the daemon, ``tierd version`` prints the version.
+"""The ``tierd`` command: ``tierd serve`` runs the daemon, ``tierd version`` prints the version,
+``tierd meta dump|load`` moves the metadata between engines (:mod:`tierd.meta.transfer`).
 
 ``serve`` has one flag per setting, generated from the settings table in
 :mod:`tierd.config`, so a new setting gets its flag (and its ``TIERD_*`` variable) for free.
@@ -143,6 +144,77 @@ def umount(mountpoint: str, lazy: bool) -> None:
     from tierd_fuse.cli import umount_cli
 
     sys.exit(umount_cli(mountpoint, lazy))
+
+
+@cli.group()
+def meta() -> None:
+    """Move the metadata between engines (lmdb <-> PostgreSQL) while the daemon is stopped.
+
+    The engine is the one the settings name: meta_url, else lmdb in meta_dir.
+    """
+
+
+def _run_transfer(config_file: str | None, settings: dict[str, str | None],
+                  action: Callable[[Any], int]) -> int:
+    """Load the settings, take the data directory's lock, open the raw engine, run
+    ``action`` on it; exit 2 for bad settings, 1 for anything else that fails."""
+    from tierd.daemon import DataDirLock
+    from tierd.meta.transfer import open_engine
+
+    try:
+        config = load_config(cli=settings, config_file=config_file)
+    except ConfigError as e:
+        click.echo(f"tierd: configuration error: {e}", err=True)
+        sys.exit(EXIT_CONFIG)
+    try:
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        lock = DataDirLock(config.lock_file)
+        lock.acquire()
+        try:
+            engine = open_engine(config.meta_url, config.meta_dir)
+            try:
+                return action(engine)
+            finally:
+                engine.close()
+        finally:
+            lock.release()
+    except Exception as e:  # StartupError (the lock), DumpError, lmdb's, psycopg's
+        click.echo(f"tierd: {type(e).__name__}: {e}", err=True)
+        sys.exit(EXIT_STARTUP)
+
+
+_config_option = click.option("--config", "config_file", default=None, metavar="FILE",
+                              help="TOML config file [env: TIERD_CONFIG].")
+
+
+@meta.command("dump")
+@click.argument("file", type=click.Path(dir_okay=False))
+@_config_option
+@_setting_options
+def meta_dump(file: str, config_file: str | None, **settings: str | None) -> None:
+    """Write every metadata key to FILE (one snapshot, streamed)."""
+    from pathlib import Path
+
+    from tierd.meta.transfer import dump_file
+
+    n = _run_transfer(config_file, settings, lambda engine: dump_file(engine, Path(file)))
+    click.echo(f"dumped {n} keys to {file}")
+
+
+@meta.command("load")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@_config_option
+@_setting_options
+def meta_load(file: str, config_file: str | None, **settings: str | None) -> None:
+    """Load FILE (from `tierd meta dump`) into the empty store, in one transaction."""
+    from tierd.meta.transfer import load
+
+    def action(engine: Any) -> int:
+        with open(file, "rb") as f:
+            return load(engine, f)
+
+    n = _run_transfer(config_file, settings, action)
+    click.echo(f"loaded {n} keys from {file}")
 
 
 @cli.command()

@@ -64,6 +64,9 @@ PG_SCHEMA_VERSION = 1
 #: entries costs one small query and a full scan few round trips
 _SCAN_FIRST = 64
 _SCAN_MAX = 2048
+#: puts buffered before they are sent anyway, so a transaction of millions (tierd meta load)
+#: holds a bounded amount of memory
+_PENDING_MAX = 4096
 #: no lmdb-like map: the database's own limits apply; the group commit only needs a figure
 #: far larger than a group (headroom is what admission compares with)
 _HEADROOM = 1 << 50
@@ -150,6 +153,12 @@ class PgTxn(KVTxn):
         if not self.write:
             raise PermissionError("write in a read-only transaction")
         self._pending[bytes(key)] = bytes(value)
+        if len(self._pending) >= _PENDING_MAX:  # a huge transaction (a load) streams
+            try:
+                self._send_puts()
+            except psycopg.Error as e:
+                self._fail()
+                raise _io_error(e, "writing keys") from e
 
     def delete(self, key: bytes) -> bool:
         self._check()
