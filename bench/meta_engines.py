@@ -48,7 +48,7 @@ def key(i: int) -> bytes:
     return b"I%08d" % i
 
 
-def rate(fn: Callable[[int], None], seconds: float) -> tuple[float, list[float]]:
+def rate(fn: Callable[[int], object], seconds: float) -> tuple[float, list[float]]:
     """Calls of ``fn`` per second over ``seconds``, and each call's duration."""
     times: list[float] = []
     start = time.perf_counter()
