@@ -140,12 +140,13 @@ class Config:
         ),
     )
     fuse_backend: str = field(
-        default="pyfuse3",
+        default="kernel",
         metadata=setting(
-            parse=parse_choice("pyfuse3", "kernel"),
-            help="How the mount talks to the kernel: pyfuse3 (libfuse) or kernel (the "
-            "daemon speaks the FUSE protocol on /dev/fuse itself; docs/fuse.md).",
-            metavar="pyfuse3|kernel",
+            parse=parse_choice("kernel", "pyfuse3"),
+            help="How the mount talks to the kernel: kernel (the daemon speaks the FUSE "
+            "protocol on /dev/fuse itself) or pyfuse3 (libfuse, the fallback; "
+            "docs/fuse.md).",
+            metavar="kernel|pyfuse3",
         ),
     )
     fuse_passthrough: bool = field(

@@ -54,8 +54,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
-#: settings the suite hands on to its daemons: ``TIERD_FUSE_BACKEND=kernel`` runs the FUSE
-#: tests on the kernel-protocol backend (docs/fuse.md), ``TIERD_FUSE_PASSTHROUGH=true`` with it
+#: settings the suite hands on to its daemons: ``TIERD_FUSE_BACKEND=pyfuse3`` runs the FUSE
+#: tests on the pyfuse3 backend instead of the kernel-protocol one (docs/fuse.md),
+#: ``TIERD_FUSE_PASSTHROUGH=true`` turns passthrough on
 PASSED_ON = frozenset({"TIERD_FUSE_BACKEND", "TIERD_FUSE_PASSTHROUGH"})
 
 

@@ -2,8 +2,8 @@
 suite: a few core tests of the other modules run again against a daemon that speaks the
 FUSE protocol itself (with passthrough on), plus what only this backend does -- read-only
 passthrough of hot files, the writer rule that comes with it, and invalidations written to
-the device.  The whole FUSE suite runs on it with ``TIERD_FUSE_BACKEND=kernel``
-(tests/fuse/conftest.py).
+the device.  The whole FUSE suite runs on this backend by default, and on pyfuse3 with
+``TIERD_FUSE_BACKEND=pyfuse3`` (tests/fuse/conftest.py).
 """
 
 from __future__ import annotations
