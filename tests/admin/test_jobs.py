@@ -25,9 +25,9 @@ SIZES = [BLOCK_SIZE + 1, 100, 2 * BLOCK_SIZE, 3, BLOCK_SIZE // 2]
 def jd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Admin, Path]]:
     base = tmp_path_factory.mktemp("jobs")
     cold = base / "cold"
-    (cold / "ds").mkdir(parents=True)
+    (cold / "dset").mkdir(parents=True)
     for i, size in enumerate(SIZES):
-        (cold / "ds" / f"f{i}.bin").write_bytes(os.urandom(size))
+        (cold / "dset" / f"f{i}.bin").write_bytes(os.urandom(size))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
     env.update(TIERD_ROOT_ACCESS_KEY=ROOT_KEY, TIERD_ROOT_SECRET_KEY=ROOT_SECRET,
                TIERD_COLD_URL=f"file://{cold}", TIERD_WARM_ENABLED="true",
@@ -67,37 +67,37 @@ def test_warmup_evict_pin_jobs_report_progress_and_place_data(
         jd: tuple[Admin, Path]) -> None:
     a, _ = jd
     total = sum(SIZES)
-    job = wait(a, start(a, kind="warmup", prefix="ds/")["id"])
+    job = wait(a, start(a, kind="warmup", prefix="dset/")["id"])
     assert job["state"] == "done", job
     assert job["done"] == job["total"] == total
     assert job["files_done"] == job["files"] == len(SIZES)
     assert job["eta_s"] is None and job["error"] is None and job["bytes_per_s"] > 0
     assert job["started"] >= job["created"] and job["finished"] >= job["started"]
-    assert job["result"] == {"prefix": "ds/", "warmed": total, "files": len(SIZES),
+    assert job["result"] == {"prefix": "dset/", "warmed": total, "files": len(SIZES),
                              "copied": {"hot": total}}
-    assert du(a, "ds/")["hot"] == total
+    assert du(a, "dset/")["hot"] == total
 
-    job = wait(a, start(a, kind="evict", prefix="ds/", tier="hot")["id"])
+    job = wait(a, start(a, kind="evict", prefix="dset/", tier="hot")["id"])
     assert job["state"] == "done" and job["done"] == total and job["files_done"] == 5, job
     assert job["result"]["tiers"]["hot"] == total
-    tiers = du(a, "ds/")
+    tiers = du(a, "dset/")
     assert tiers["hot"] == 0 and tiers["warm"] == total  # demoted, not dropped
 
-    job = wait(a, start(a, kind="evict", prefix="ds/")["id"])  # tier: all
+    job = wait(a, start(a, kind="evict", prefix="dset/")["id"])  # tier: all
     assert job["state"] == "done" and job["result"]["evicted"] == total, job
-    assert du(a, "ds/")["warm"] == 0
+    assert du(a, "dset/")["warm"] == 0
 
-    job = wait(a, start(a, kind="pin", prefix="ds/")["id"])
+    job = wait(a, start(a, kind="pin", prefix="dset/")["id"])
     assert job["state"] == "done" and job["done"] == total, job
     assert job["result"]["policy"]["pin"] is True
-    assert du(a, "ds/")["hot"] == total
+    assert du(a, "dset/")["hot"] == total
     _, pol = a.call("GET", "/v1/placement/policy")
-    assert {"prefix": "ds/", "mode": "write-back", "pin": True, "tier": "hot"} in pol[
+    assert {"prefix": "dset/", "mode": "write-back", "pin": True, "tier": "hot"} in pol[
         "policies"], pol
-    job = wait(a, start(a, kind="evict", prefix="ds/")["id"])
+    job = wait(a, start(a, kind="evict", prefix="dset/")["id"])
     assert job["state"] == "done" and job["result"]["evicted"] == 0, job  # pinned
-    assert du(a, "ds/")["hot"] == total
-    status, _ = a.call("POST", "/v1/placement/unpin", {"prefix": "ds/"})
+    assert du(a, "dset/")["hot"] == total
+    status, _ = a.call("POST", "/v1/placement/unpin", {"prefix": "dset/"})
     assert status == 200
 
     status, listing = a.call("GET", "/v1/jobs?state=done")
@@ -130,7 +130,7 @@ def test_persist_job_done_failed_and_cancelled(jd: tuple[Admin, Path]) -> None:
     stuck = [start(a, kind="persist", prefix="wbk/stuck/")["id"] for _ in range(MAX_RUNNING)]
     for jid in stuck:
         wait(a, jid, until=("running",))
-    queued = start(a, kind="warmup", prefix="ds/")
+    queued = start(a, kind="warmup", prefix="dset/")
     time.sleep(0.2)
     status, doc = a.call("GET", f"/v1/jobs/{queued['id']}")
     assert doc["state"] == "queued" and doc["started"] is None, doc

@@ -15,7 +15,7 @@ import pytest
 from admin.conftest import Admin, start_admin
 from s3.conftest import ROOT_KEY, ROOT_SECRET
 
-#: the data set in cold (key under the "ds" bucket -> size)
+#: the data set in cold (key under the "dset" bucket -> size)
 FILES = {"set/a.bin": 300_000, "set/b.bin": 1_000, "set/sub/c.bin": 70_000}
 
 
@@ -24,7 +24,7 @@ def ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Admin, Path]
     base = tmp_path_factory.mktemp("cli")
     cold = base / "cold"
     for key, size in FILES.items():
-        path = cold / "ds" / key
+        path = cold / "dset" / key
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(os.urandom(size))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}

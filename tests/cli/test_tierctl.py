@@ -22,7 +22,7 @@ from tierd_client.cli_common import human_bytes
 
 from .conftest import FILES, run_ctl
 
-DS = "ds/set/"
+DS = "dset/set/"
 TOTAL = sum(FILES.values())
 
 
@@ -154,7 +154,7 @@ def test_placement_commands_and_jobs(ctl: tuple[Admin, Path]) -> None:
     # a detached job, then followed and inspected
     ok(a, "evict", DS)
     out = ok(a, "warmup", DS, "--detach")
-    m = re.fullmatch(r"started job ([0-9a-f]+) \(warmup ds/set/\): tierctl job show \1\n", out)
+    m = re.fullmatch(r"started job ([0-9a-f]+) \(warmup dset/set/\): tierctl job show \1\n", out)
     assert m, out
     jid = m.group(1)
     job = json.loads(ok(a, "job", "show", jid, "--wait", "--json"))

@@ -45,7 +45,7 @@ def test_buckets_and_their_policies(ctl: tuple[Admin, Path], tmp_path: Path) -> 
     rows = keyed(table(ok(a, "bucket", "list")))
     assert rows["NAME"] == ["NAME", "OWNER", "CREATED", "ACL", "POLICY"]
     assert rows["made-by-ctl"][1] == "root" and rows["made-by-ctl"][4] == "-"
-    assert "ds" in rows  # the bucket the cold store had
+    assert "dset" in rows  # the bucket the cold store had
     assert json.loads(ok(a, "bucket", "list", "--json")) == api(a, "/v1/buckets")
     line = fails(a.tierctl("bucket", "create", "made-by-ctl"), 1)
     assert "exists already" in line
@@ -87,12 +87,12 @@ def test_ls_shows_where_each_file_is(ctl: tuple[Admin, Path]) -> None:
     rows = table(ok(a, "ls", DS))
     assert rows[0] == ["KEY", "SIZE", "STATE", "MEM", "HOT", "WARM", "COLD", "PIN"]
     files = keyed(rows[1:])
-    assert set(files) == {"ds/set/a.bin", "ds/set/b.bin", "ds/set/sub/c.bin"}
-    assert files["ds/set/a.bin"][2:] == ["clean", "-", "-", "-", "100%", "no"]
-    ok(a, "warmup", "ds/set/a.bin")
-    assert keyed(table(ok(a, "ls", DS)))["ds/set/a.bin"][4] == "100%"  # on hot now
+    assert set(files) == {"dset/set/a.bin", "dset/set/b.bin", "dset/set/sub/c.bin"}
+    assert files["dset/set/a.bin"][2:] == ["clean", "-", "-", "-", "100%", "no"]
+    ok(a, "warmup", "dset/set/a.bin")
+    assert keyed(table(ok(a, "ls", DS)))["dset/set/a.bin"][4] == "100%"  # on hot now
     doc = json.loads(ok(a, "ls", DS, "--json"))
-    assert doc == api(a, "/v1/placement/ls?prefix=ds/set/")
+    assert doc == api(a, "/v1/placement/ls?prefix=dset/set/")
     r = a.tierctl("ls", DS, "--limit", "1")
     assert r.returncode == 0 and len(table(r.stdout)) == 2
     assert "the first 1 files" in r.stderr
@@ -100,11 +100,11 @@ def test_ls_shows_where_each_file_is(ctl: tuple[Admin, Path]) -> None:
 
 def test_policy_rm(ctl: tuple[Admin, Path]) -> None:
     a, _ = ctl
-    ok(a, "policy", "set", "ds/set/sub/", "--mode", "write-through")
-    assert "ds/set/sub/" in keyed(table(ok(a, "policy", "get")))
-    assert ok(a, "policy", "rm", "ds/set/sub/") == "removed the policy of ds/set/sub/\n"
-    assert "ds/set/sub/" not in keyed(table(ok(a, "policy", "get")))
-    assert "no placement policy" in fails(a.tierctl("policy", "rm", "ds/set/sub/"), 1)
+    ok(a, "policy", "set", "dset/set/sub/", "--mode", "write-through")
+    assert "dset/set/sub/" in keyed(table(ok(a, "policy", "get")))
+    assert ok(a, "policy", "rm", "dset/set/sub/") == "removed the policy of dset/set/sub/\n"
+    assert "dset/set/sub/" not in keyed(table(ok(a, "policy", "get")))
+    assert "no placement policy" in fails(a.tierctl("policy", "rm", "dset/set/sub/"), 1)
 
 
 def test_ckpt_list_every_run_and_rm(ctl: tuple[Admin, Path]) -> None:
