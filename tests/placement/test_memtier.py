@@ -112,7 +112,7 @@ async def test_hot_refilled_from_the_pool_not_cold(env: Env) -> None:
         await until(lambda: mem.get(ino) is not None)
         assert await p.drain(timeout=30)
         assert await p.evict_file(ino, "hot") == len(data)
-        fetched = p.stats["fetched_bytes"]
+        fetched = p.stats.fetched_bytes
         assert await read_file(ns, ino) == data  # the FUSE path: straight from the pool
         reader = await ns.get_object(ROOT, "mem", "x")  # the S3 path needs the hot file
         try:
@@ -120,8 +120,8 @@ async def test_hot_refilled_from_the_pool_not_cold(env: Env) -> None:
         finally:
             await reader.close()
         assert got == data
-        assert p.stats["filled_hot_from_mem"] == len(data)
-        assert p.stats["fetched_bytes"] == fetched  # cold was not asked
+        assert p.stats.filled["hot", "mem"] == len(data)
+        assert p.stats.fetched_bytes == fetched  # cold was not asked
 
 
 async def test_spill_to_hot_when_the_pool_cannot_hold_a_file(file_env: Env) -> None:
