@@ -39,6 +39,14 @@ R = TypeVar("R")
 #: holding only buckets, an ownership rule, a name too long): the program sees a bare errno,
 #: so the log says why
 EXPLAINED = frozenset({errno.EINVAL, errno.EPERM, errno.ENAMETOOLONG, errno.EOPNOTSUPP})
+#: handlers whose subject is an inode the kernel reached through a cached entry: when that
+#: inode is gone, its name was replaced or removed through another door (an S3 PUT over a
+#: key makes a new inode) before the kernel's entry was invalidated -- the invalidation
+#: travels on its own.  ENOENT there would fail an open or stat of a name that exists;
+#: ESTALE makes the VFS walk the path again with every entry revalidated (a fresh LOOKUP),
+#: as it does for NFS, so the caller sees the new file, or ENOENT if the name is gone too
+STALE_OPS = frozenset({"getattr", "setattr", "open", "opendir", "access", "readlink",
+                       "getxattr", "setxattr", "listxattr", "removexattr"})
 
 
 class RefusalLog:
@@ -81,6 +89,8 @@ def fs_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, 
         except OSError as e:
             if isinstance(e, FsError) and e.errno in EXPLAINED:
                 refusals(op, e, args)
+            if e.errno == errno.ENOENT and op in STALE_OPS:
+                raise pyfuse3.FUSEError(errno.ESTALE) from None
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
         except Exception:
             log.exception("FUSE %s failed", op)

@@ -35,6 +35,7 @@ from test_fuse_posix import (  # noqa: F401
     test_setattr_chmod_chown_truncate_utimens,
     test_xattrs,
 )
+from test_fuse_pyfuse3 import overwrite_and_read
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -207,3 +208,10 @@ def test_mmap_of_a_passthrough_file_reads_the_hot_file(daemon: Daemon, work: Pat
                                                           prot=mmap.PROT_READ) as m:
         assert m[:] == data
     assert fuse_reads(daemon) == before
+
+
+def test_s3_overwrites_are_seen_at_once_through_the_kernel_backend(daemon: Daemon, work: Path,
+                                                                   s3: Any) -> None:
+    """As on pyfuse3 (test_fuse_pyfuse3.overwrite_and_read): a stale cached entry after an
+    S3 overwrite costs the kernel a fresh lookup (ESTALE), never an ENOENT."""
+    overwrite_and_read(daemon, work, s3)
