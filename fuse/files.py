@@ -49,9 +49,7 @@ class FileOps(OpsBase):
             # execve(): the caller's right to execute, as the namespace decides it (the
             # kernel checks the same mode bits and ACL from its cache)
             await self.ns.access(ident, inode, X_OK)
-        fh = await self.ns.open(ident, inode, flags)
-        # TODO(namespace): open() returning the inode would save this read
-        attrs = await self.ns.getattr(Identity.ROOT, inode)
+        fh, attrs = await self.ns.open_file(ident, inode, flags)
         return self._file_info(fh, attrs, flags)
 
     @fs_errors
@@ -99,32 +97,26 @@ class FileOps(OpsBase):
         return await self.ns.write(fh, off, buf)
 
     # -- durability ------------------------------------------------------------------------------
-    async def _committed(self, fh: int) -> None:
+    def _committed(self, fh: int, version: int | None) -> None:
         """The kernel's pages hold what this handle wrote: remember the new version."""
         st = self.files.get(fh)
         if st is None or not st.wrote:
             return
         st.wrote = False
-        try:
-            attrs = await self.ns.getattr(Identity.ROOT, st.ino)
-        except OSError:
-            return
-        self.kcache.cached(st.ino, attrs.version)
+        if version is not None:
+            self.kcache.cached(st.ino, version)
 
     @fs_errors
     async def flush(self, fh: int) -> None:
-        await self.ns.flush(fh)
-        await self._committed(fh)
+        self._committed(fh, await self.ns.flush(fh))
 
     @fs_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
-        await self.ns.fsync(fh, datasync)
-        await self._committed(fh)
+        self._committed(fh, await self.ns.fsync(fh, datasync))
 
     @fs_errors
     async def release(self, fh: int) -> None:
         try:
-            await self.ns.release(fh)
-            await self._committed(fh)
+            self._committed(fh, await self.ns.release(fh))
         finally:
             self.files.pop(fh, None)

@@ -203,6 +203,10 @@ class NamespaceAPI(Protocol):
         """Open an existing file (O_TRUNC truncates); a file handle."""
         ...
 
+    async def open_file(self, ident: Identity, ino: int, flags: int) -> tuple[int, Inode]:
+        """:meth:`open`, with the inode as the new handle sees it (its content version)."""
+        ...
+
     async def read(self, fh: int, offset: int, size: int) -> bytes | bytearray:
         """Bytes of an open file (read back from cold first where hot lacks them)."""
         ...
@@ -211,16 +215,19 @@ class NamespaceAPI(Protocol):
         """Write through a handle; durable at the next flush, fsync or release."""
         ...
 
-    async def flush(self, fh: int) -> None:
-        """close(2) of a descriptor: the handle's writes become durable."""
+    async def flush(self, fh: int) -> int | None:
+        """close(2) of a descriptor: the handle's writes become durable; the committed
+        content version (None once the inode is gone)."""
         ...
 
-    async def fsync(self, fh: int, datasync: bool = False) -> None:
-        """fsync(2): the file's writes and metadata become durable."""
+    async def fsync(self, fh: int, datasync: bool = False) -> int | None:
+        """fsync(2): the file's writes and metadata become durable; the committed content
+        version (None once the inode is gone)."""
         ...
 
-    async def release(self, fh: int) -> None:
-        """The last close of a handle: durable, then the handle is gone."""
+    async def release(self, fh: int) -> int | None:
+        """The last close of a handle: durable, then the handle is gone; the committed
+        content version (None once the inode is gone)."""
         ...
 
     def advise_read(self, fh: int, offset: int, length: int) -> None:

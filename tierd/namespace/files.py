@@ -71,6 +71,12 @@ class FileOps(EntryOps):
         return inode, fh
 
     async def open(self, ident: Identity, ino: int, flags: int) -> int:
+        fh, _ = await self.open_file(ident, ino, flags)
+        return fh
+
+    async def open_file(self, ident: Identity, ino: int, flags: int) -> tuple[int, Inode]:
+        """:meth:`open`, with the inode as the handle sees it (after ``O_TRUNC``): the
+        FUSE door decides from its version whether the kernel's cached pages still hold."""
         readable, writable = _access_mask(flags)
         with self.meta.snapshot() as tx:
             inode = self._get(tx, ino)
@@ -91,7 +97,9 @@ class FileOps(EntryOps):
             except BaseException:
                 await self.release(fh)
                 raise
-        return fh
+            with self.meta.snapshot() as tx:
+                inode = self._get(tx, ino)
+        return fh, self._live(inode)
 
     async def read(self, fh: int, offset: int, size: int) -> bytes | bytearray:
         """Bytes of an open file; a ``bytearray`` when that saves a copy (read-only use)."""
@@ -157,14 +165,24 @@ class FileOps(EntryOps):
                 await asyncio.shield(of.hash_tail)
         return n
 
-    async def flush(self, fh: int) -> None:
-        """close(2) of a descriptor: the design's durability point for FUSE writers."""
-        await self._durable(self._handle(fh).ofile)
+    async def flush(self, fh: int) -> int | None:
+        """close(2) of a descriptor: the design's durability point for FUSE writers.
+        The inode's committed content version (None once the inode is gone)."""
+        of = self._handle(fh).ofile
+        await self._durable(of)
+        return self._committed_version(of.ino)
 
-    async def fsync(self, fh: int, datasync: bool = False) -> None:
-        await self._durable(self._handle(fh).ofile)
+    async def fsync(self, fh: int, datasync: bool = False) -> int | None:
+        of = self._handle(fh).ofile
+        await self._durable(of)
+        return self._committed_version(of.ino)
 
-    async def release(self, fh: int) -> None:
+    def _committed_version(self, ino: int) -> int | None:
+        with self.meta.snapshot() as tx:
+            inode = tx.get_inode(ino)
+        return None if inode is None else inode.version
+
+    async def release(self, fh: int) -> int | None:
         h = self._handles.pop(fh, None)
         if h is None:
             raise FsError(errno.EBADF, f"file handle {fh} is not open")
@@ -172,12 +190,14 @@ class FileOps(EntryOps):
         try:
             if of.dirty or of.synced_gen != of.gen or of.intent:
                 await self._durable(of)
+            version = self._committed_version(of.ino)
         finally:
             of.refs -= 1
             if of.refs == 0 and self._open.get(of.ino) is of:
                 del self._open[of.ino]
                 of.close_fd()
                 self._reap_if_orphan(of.ino)
+        return version
 
     def _reap_if_orphan(self, ino: int) -> None:
         with self.meta.write() as tx:
