@@ -62,7 +62,13 @@ def test_four_ranks_one_daemon_save_reshard_load_and_a_rank_killed(tierd: Tierd,
         assert all(got[n]["parts"] == 4 and got[n]["parts_here"] == [0, 1, 2, 3]
                    for n in got)
         assert ck.wait_persisted("ranks", 11, timeout=120) == "persisted"
-    assert len(ckpt_regions(tierd)) >= 4  # a region per rank
+    # a region per rank: still in the pool, or given back to a pool about to refuse an
+    # allocation (the regions of a run with no client connected are a cache, and the
+    # daemon's file copies compete for the pool with them; checkpoint/reclaim.py)
+    log = tierd.d.log.read_text(errors="replace")
+    reclaimed = sum(1 for line in log.splitlines()
+                    if "pool copy of a checkpoint reclaimed" in line and "ckr/ranks" in line)
+    assert len(ckpt_regions(tierd)) + reclaimed >= 4
     s3 = tierd.d.client()
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket="ckr", Prefix="ranks/step-10/")
             ["Contents"]}

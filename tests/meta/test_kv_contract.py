@@ -444,8 +444,11 @@ def test_scan_is_lazy(engine: KVStore) -> None:
         t_head = best(lambda: first_few(b""), 30)
         t_mid = best(lambda: first_few(big_key(BIG // 2)), 30)
         t_tail = best(lambda: first_few(b"", reverse=True), 30)
+        # an eager scan costs about what the full scan does; a lazy one, a page of it.
+        # PostgreSQL's round trips put its head at ~1/40 of a 20,000-key scan on a loaded
+        # machine (seen: 1.1 ms against 41 ms), so the margin is 10, not more
         for t in (t_head, t_mid, t_tail):
-            assert t * 50 < t_full, (t_head, t_mid, t_tail, t_full)
+            assert t * 10 < t_full, (t_head, t_mid, t_tail, t_full)
     finally:
         tx.abort()
 
