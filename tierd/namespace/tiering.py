@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from tierd.namespace.base import NamespaceBase
 
 if TYPE_CHECKING:
-    from tierd.placement import Placement
+    pass
 
 
 def _willneed(fd: int, offset: int, length: int) -> None:
@@ -34,12 +34,6 @@ def _ignore_result(fut: asyncio.Future[None]) -> None:
 
 
 class TieringOps(NamespaceBase):
-    def _engine(self) -> Placement:
-        """The placement engine (the daemon always gives the namespace one)."""
-        p = self.placement
-        assert p is not None, "these calls need the namespace's placement engine"
-        return p
-
     # -- open files ------------------------------------------------------------------------
     def advise_read(self, fh: int, offset: int, length: int) -> None:
         """Ask the hot data file of open file ``fh`` to read ``[offset, offset+length)``
@@ -57,7 +51,7 @@ class TieringOps(NamespaceBase):
         (the kernel's read passthrough can serve it), else None.  It stays the namespace's:
         valid until the handle's release, never to be closed by the caller."""
         h = self._handles.get(fh)
-        if h is None or not self._engine().hot_complete(h.ino):
+        if h is None or not self.placement.hot_complete(h.ino):
             return None
         return h.ofile.fd
 
@@ -72,7 +66,7 @@ class TieringOps(NamespaceBase):
         """Files under ``prefix`` (``bucket/key-prefix/``) are written only to be renamed:
         the persister leaves them alone until the block ends (one upload, under the final
         key)."""
-        with self._engine().publishing(prefix):
+        with self.placement.publishing(prefix):
             yield
 
     # -- whole files held on hot ---------------------------------------------------------
@@ -82,7 +76,7 @@ class TieringOps(NamespaceBase):
         against eviction until :meth:`release_held`; the caller closes the descriptor."""
         with self.meta.snapshot() as tx:
             size = self._live(self._get(tx, ino)).size
-        p = self._engine()
+        p = self.placement
         where = "hot"
         p.acquire(ino)
         try:
@@ -97,21 +91,21 @@ class TieringOps(NamespaceBase):
 
     def hold(self, ino: int) -> None:
         """Keep the file's bytes on hot (no eviction) until :meth:`release_held`."""
-        self._engine().acquire(ino)
+        self.placement.acquire(ino)
 
     def release_held(self, ino: int) -> None:
         """Let go of one hold that :meth:`open_held` or :meth:`hold` took."""
-        self._engine().release(ino)
+        self.placement.release(ino)
 
     async def evict_hot(self, ino: int) -> None:
         """Drop the file's bytes from hot when cold has them (a retention pass: no demotion
         to warm)."""
-        await self._engine().evict_file(ino, "hot", demote=False)
+        await self.placement.evict_file(ino, "hot", demote=False)
 
     # -- persistence -----------------------------------------------------------------------
     async def wait_persisted(self, ino: int) -> None:
         """Return once the file's current content is in cold."""
-        await self._engine().wait_persisted(ino)
+        await self.placement.wait_persisted(ino)
 
     def all_persisted(self, inos: list[int]) -> bool:
         """Whether ``inos`` is not empty and none of them waits for the persister (read from
@@ -123,18 +117,18 @@ class TieringOps(NamespaceBase):
     async def cold_size(self, key: str) -> int | None:
         """The size of ``bucket/key`` in the cold store (written there by any node), or None
         when it has no such object."""
-        info = await self._engine().cold.head(key)
+        info = await self.placement.cold.head(key)
         return None if info is None else info.size
 
     async def cold_read(self, key: str, offset: int, length: int) -> bytes:
         """Bytes of ``bucket/key`` as the cold store has them (a small object: a manifest)."""
-        return await self._engine().cold.get_range(key, offset, length)
+        return await self.placement.cold.get_range(key, offset, length)
 
     async def import_prefix(self, prefix: str) -> None:
         """Make what the cold store holds under ``bucket/prefix`` (another node's files)
         names here now, rather than at the next TTL-limited listing."""
-        await self._engine().importer.import_prefix(prefix)
-        await self._engine().forget_dropped()
+        await self.placement.importer.import_prefix(prefix)
+        await self.placement.forget_dropped()
 
     # -- memory pool quotas ----------------------------------------------------------------
     def pool_quotas(self) -> dict[int, int]:
