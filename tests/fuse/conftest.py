@@ -143,9 +143,13 @@ def public_tmp() -> Iterator[Path]:
                         unmount(p, lazy=True)
 
 
-@pytest.fixture(scope="session")
-def daemon(public_tmp: Path) -> Iterator[Daemon]:
-    d = start_daemon(public_tmp / "data", public_tmp / "mnt", public_tmp / "tierd.log")
+@contextlib.contextmanager
+def serving(public_tmp: Path, prefix: str, *args: str) -> Iterator[Daemon]:
+    """A daemon on ``public_tmp/<prefix>data`` mounted at ``<prefix>mnt`` (extra ``serve``
+    arguments: ``args``) with the shared bucket made, stopped at the end (its log printed
+    if it exited badly)."""
+    d = start_daemon(public_tmp / f"{prefix}data", public_tmp / f"{prefix}mnt",
+                     public_tmp / f"{prefix}tierd.log", *args)
     try:
         (d.mnt / BUCKET).mkdir()
         (d.mnt / BUCKET).chmod(0o777)
@@ -154,6 +158,12 @@ def daemon(public_tmp: Path) -> Iterator[Daemon]:
         code = stop_daemon(d)
         if code not in (0, None):
             print(f"tierd exited with {code}; log:\n{d.log}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def daemon(public_tmp: Path) -> Iterator[Daemon]:
+    with serving(public_tmp, "") as d:
+        yield d
 
 
 def s3_client(daemon: Daemon, **config: Any) -> Any:

@@ -14,7 +14,6 @@ import mmap
 import os
 import re
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -22,20 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BUCKET, Daemon, start_daemon, stop_daemon
-from test_fuse_acl import local_root, pair, test_setfacl_getfacl_round_trip  # noqa: F401
-from test_fuse_permissions import home, test_read_write_by_owner_group_other  # noqa: F401
-from test_fuse_posix import (  # noqa: F401
-    test_links_symlinks_and_nodes,
-    test_lookup_getattr_and_errnos,
-    test_mount_read_ahead_is_raised,
-    test_open_flags,
-    test_readdir_stable_offsets_under_changes,
-    test_rename_flags,
-    test_setattr_chmod_chown_truncate_utimens,
-    test_xattrs,
-)
-from test_fuse_pyfuse3 import overwrite_and_read
+from conftest import BUCKET, Daemon, serving
+from core_tests import *  # noqa: F403  (the core tests, run again on this backend)
+from core_tests import overwrite_and_read
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -48,16 +36,9 @@ pytestmark = [
 def daemon(public_tmp: Path) -> Iterator[Daemon]:
     """This module's own daemon, on the kernel backend with passthrough (overrides the
     session's: every fixture built on ``daemon`` here uses it)."""
-    d = start_daemon(public_tmp / "kdata", public_tmp / "kmnt", public_tmp / "ktierd.log",
-                     "--fuse-backend", "kernel", "--fuse-passthrough", "true")
-    try:
-        (d.mnt / BUCKET).mkdir()
-        (d.mnt / BUCKET).chmod(0o777)
+    with serving(public_tmp, "k", "--fuse-backend", "kernel",
+                 "--fuse-passthrough", "true") as d:
         yield d
-    finally:
-        code = stop_daemon(d)
-        if code not in (0, None):
-            print(f"tierd exited with {code}; log:\n{d.log}", file=sys.stderr)
 
 
 def admin(d: Daemon, method: str, path: str, doc: dict[str, Any]) -> Any:
