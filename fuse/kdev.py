@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, cast
 import pyfuse3
 
 from . import kproto as K
-from .base import fs_errors
 from .kpass import Passthrough
 
 if TYPE_CHECKING:
@@ -140,16 +139,6 @@ def readdir_reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_i
 
 def install_readdir_reply() -> None:
     pyfuse3.readdir_reply = readdir_reply
-
-
-@fs_errors
-async def setxattr(ops: TierdOps, ino: int, name: bytes, value: bytes, flags: int,
-                   ctx: pyfuse3.RequestContext) -> None:
-    """SETXATTR with its XATTR_CREATE/XATTR_REPLACE flags handed to the namespace, which
-    checks permission first (pyfuse3 tests the flags with a GETXATTR before the call,
-    so there a refused caller saw EEXIST/ENODATA instead of EACCES)."""
-    ops.no_caps.discard(ino)
-    await ops.ns.setxattr(ops.ident(ctx), ino, name, value, flags)
 
 
 @dataclass(slots=True)
@@ -557,7 +546,7 @@ class KernelSession:
         size, flags = K.SETXATTR_IN.unpack_from(req.body)
         rest = bytes(req.body[K.SETXATTR_IN.size:])
         name, _, value = rest.partition(b"\0")
-        await setxattr(self.ops, req.nodeid, name, value[:size], flags, self._ctx(req))
+        await self.ops.setxattr(req.nodeid, name, value[:size], self._ctx(req), flags)
         return []
 
     @staticmethod

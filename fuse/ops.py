@@ -238,11 +238,13 @@ class TierdOps(FileOps):
 
     @fs_errors
     async def setxattr(
-        self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext
+        self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext,
+        flags: int = 0,
     ) -> None:
-        # pyfuse3 checks XATTR_CREATE/XATTR_REPLACE with getxattr before calling this
+        # pyfuse3 checks XATTR_CREATE/XATTR_REPLACE with getxattr before calling this (flags
+        # 0); the kernel backend hands them on, and the namespace checks permission first
         self.no_caps.discard(inode)
-        await self.ns.setxattr(self.ident(ctx), inode, name, value, 0)
+        await self.ns.setxattr(self.ident(ctx), inode, name, value, flags)
 
     @fs_errors
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
