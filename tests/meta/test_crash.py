@@ -161,10 +161,12 @@ def assert_consistent(tx: MetaTxn) -> int:
     return n
 
 
-def run_and_kill(path: Path, at_least: int, delay: float, mode: str = "commit") -> int:
-    """Run COMMIT_LOOP until it has reported ``at_least`` commits, wait ``delay`` seconds,
+def run_and_kill(path: Path | str, at_least: int, delay: float, mode: str = "commit",
+                 *, script: str = COMMIT_LOOP) -> int:
+    """Run ``script`` (COMMIT_LOOP, or a copy over another engine: ``path`` is where its
+    store lives) until it has reported ``at_least`` commits, wait ``delay`` seconds,
     SIGKILL it; return the last commit number it reported."""
-    proc = spawn(COMMIT_LOOP, str(path), str(NFILES), mode)
+    proc = spawn(script, str(path), str(NFILES), mode)
     last = 0
     for _ in range(at_least):
         last = int(read_line(proc))

@@ -27,11 +27,11 @@ from .pg_server import PgServer
 from .test_crash import (
     COMMIT_LOOP,
     HOLD_OPEN_WRITE,
-    NFILES,
     PARENT,
     assert_consistent,
     kill,
     read_line,
+    run_and_kill,
     spawn,
 )
 
@@ -117,14 +117,7 @@ def test_killed_writer_leaves_last_committed_state(url: str, mode: str) -> None:
     one; group: each one a sync covered)."""
     done = 0
     for at_least, delay in [(20, 0.0), (23, 0.002), (17, 0.0003)]:
-        proc = spawn(PG_COMMIT_LOOP, url, str(NFILES), mode)
-        last = 0
-        for _ in range(at_least):
-            last = int(read_line(proc))
-        time.sleep(delay)
-        for line in kill(proc).splitlines(keepends=True):
-            if line.endswith("\n"):
-                last = int(line)
+        last = run_and_kill(url, at_least, delay, mode, script=PG_COMMIT_LOOP)
         assert last >= done + at_least
         store = MetaStore(PgStore(url))
         try:
