@@ -84,9 +84,6 @@ class HotDir:
             os.makedirs(os.path.dirname(p), exist_ok=True)
             return os.open(p, flags, 0o600)
 
-    def create_empty(self, ino: int) -> None:
-        os.close(self.open(ino))
-
     def remove(self, ino: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(ino))
