@@ -69,7 +69,7 @@ class HotDir:
     def sync_all(self) -> None:
         """Everything written to the tier's file system so far made durable (``syncfs``;
         blocking: a thread)."""
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             syncfs(fd)
         finally:
