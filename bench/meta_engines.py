@@ -33,6 +33,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "meta"))
+sys.path.insert(0, str(REPO / "tests"))  # pg_server imports moto_server
 
 from pg_server import PgServer, find_bindir  # noqa: E402
 

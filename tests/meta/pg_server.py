@@ -3,7 +3,8 @@
 ``initdb`` into a temporary directory, ``pg_ctl start`` on a free TCP port of 127.0.0.1 (with
 its Unix socket in that directory too), a fresh schema per engine.  PostgreSQL refuses to
 run as root, so as root the server runs as the ``postgres`` user (Debian's package creates
-it), which owns the directory.  Used by ``tests/meta/conftest.py`` and ``bench/meta_engines.py``.
+it), which owns the directory.  Used by ``tests/meta/conftest.py`` and ``bench/meta_engines.py``
+(both with ``tests/`` on ``sys.path``, for ``moto_server.free_port``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import hashlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from moto_server import free_port
 
 #: where Debian's postgresql package puts the server programs (newest first)
 _SEARCH = ("/usr/lib/postgresql/*/bin",)
@@ -35,12 +37,6 @@ def find_bindir() -> Path | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PgServer:
     """One running server; :meth:`url` names a database on it (created on first use)."""
 
@@ -48,7 +44,7 @@ class PgServer:
         self.bindir = bindir
         self.root = Path(tempfile.mkdtemp(prefix="tierd-pg-"))
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self._user: str | None = None
         if os.geteuid() == 0:  # postgres will not run as root
             self._user = "postgres"
