@@ -99,12 +99,16 @@ class Operation:
 
     def matches(self, query: Mapping[str, str], headers: Container[str]) -> bool:
         """Whether the request's query and headers select this record (step 3)."""
-        if self.query and not any(
-                query.get(name) == value if sep else name in query
-                for name, sep, value in (p.partition("=") for p in self.query)):
-            return False
-        if any(name in query for name in self.without):
-            return False
+        if self.query:
+            for wanted in self.query:
+                name, sep, value = wanted.partition("=")
+                if (query.get(name) == value) if sep else name in query:
+                    break
+            else:
+                return False
+        for name in self.without:
+            if name in query:
+                return False
         return self.header is None or self.header in headers
 
 
@@ -208,6 +212,24 @@ OPERATIONS: tuple[Operation, ...] = (
 _CLAIMS: tuple[str, ...] = tuple(dict.fromkeys(op.sub for op in OPERATIONS if op.sub))
 
 
+def _index(key: Callable[[Operation], tuple[str | None, str] | None]
+           ) -> dict[tuple[str | None, str], tuple[Operation, ...]]:
+    """The records grouped by ``key`` (None: left out), each group in declaration order."""
+    groups: dict[tuple[str | None, str], list[Operation]] = {}
+    for op in OPERATIONS:
+        k = key(op)
+        if k is not None:
+            groups.setdefault(k, []).append(op)
+    return {k: tuple(ops) for k, ops in groups.items()}
+
+
+#: (sub-resource, level) -> the records it claims; (level, method) -> the records step 3
+#: tries: made once, so finding an operation on every request is a few dict lookups, not
+#: a walk over every record
+_CLAIMED = _index(lambda op: (op.sub, op.level) if op.sub else None)
+_BY_METHOD = _index(lambda op: None if op.sub else (op.level, op.method))
+
+
 def _not_implemented(what: str) -> S3Error:
     return S3Error("NotImplemented", f"{what} is not implemented by tierd")
 
@@ -229,13 +251,13 @@ def find(method: str, level: Level, query: Mapping[str, str],
          headers: Container[str]) -> Operation:
     """The operation of a ``method`` request at ``level`` with this query and these headers
     (header names as ``headers`` compares them: the request's are case-insensitive)."""
-    unsupported = sorted(UNSUPPORTED & query.keys())
-    if unsupported and level != "service":
+    if query and level != "service" and not UNSUPPORTED.isdisjoint(query):
+        unsupported = sorted(UNSUPPORTED & query.keys())
         raise _not_implemented(f"the ?{unsupported[0]} sub-resource")
-    for sub in _CLAIMS:
+    for sub in _CLAIMS if query else ():
         if sub not in query:
             continue
-        claimed = [op for op in OPERATIONS if op.sub == sub and op.level == level]
+        claimed = _CLAIMED.get((sub, level))
         if not claimed:
             if level == "object" and sub in BUCKET_ONLY:
                 raise _not_implemented(f"?{sub} on an object (it is a bucket sub-resource)")
@@ -244,9 +266,8 @@ def find(method: str, level: Level, query: Mapping[str, str],
             if op.method == method:
                 return op
         raise _method_not_allowed(method, level)
-    for op in OPERATIONS:
-        if (op.sub is None and op.level == level and op.method == method
-                and op.matches(query, headers)):
+    for op in _BY_METHOD.get((level, method), ()):
+        if op.matches(query, headers):
             return op
     raise _unmatched(method, level, query)
 
