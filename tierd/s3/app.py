@@ -32,8 +32,7 @@ from tierd.acl.keys import KeyStore
 from tierd.errors import NO_SPACE, FsError
 from tierd.logs import REQUEST_ID, new_request_id
 from tierd.metrics import OPERATION, Metrics, request_middleware, s3_operation
-from tierd.namespace import Namespace
-from tierd.namespace.names import split_key
+from tierd.namespace.api import NamespaceAPI, split_key
 from tierd.s3 import bucket_controls, cors, multipart, objects
 from tierd.s3.access import authorize_request
 from tierd.s3.auth import Authenticator
@@ -48,6 +47,7 @@ log = logging.getLogger("tierd.s3")
 #: bodies arrive in 1 MiB pieces (tierd.s3.body): a smaller buffer pauses and resumes the
 #: socket many times per piece, and each pause is an epoll change and a loop iteration.
 READ_BUFSIZE = 1 << 20
+
 
 def locate(request: web.Request, domains: tuple[str, ...]) -> tuple[str, str, bool]:
     """(bucket, key, virtual_host) of a request."""
@@ -114,7 +114,7 @@ def error_response(ctx: Ctx, e: S3Error) -> web.Response:
     return resp
 
 
-def make_s3_app(ns: Namespace, keys: KeyStore, *, region: str = "us-east-1",
+def make_s3_app(ns: NamespaceAPI, keys: KeyStore, *, region: str = "us-east-1",
                 domains: tuple[str, ...] = (), max_skew: float = 900.0,
                 policies: PolicyStore | None = None,
                 metrics: Metrics | None = None,
