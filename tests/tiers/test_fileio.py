@@ -141,13 +141,21 @@ def test_copy_range_across_file_systems(tmp_path: Path) -> None:
 
 
 def test_copy_range_passes_other_errors(tmp_path: Path) -> None:
-    """An error that is not "no copy_file_range here" (a destination opened read-only is
-    EBADF, which falls back; a closed source is not) reaches the caller."""
+    """An error of ``copy_file_range`` that is not "no copy_file_range here" (a directory
+    as the source: EISDIR) reaches the caller as it is, without a try through the buffer
+    (whose ``pread`` would fail the same way: hence the read that counts)."""
     src = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     dst = os.open(tmp_path / "dst", os.O_RDWR | os.O_CREAT, 0o600)
+    reads: list[int] = []
+
+    def read(fd: int, n: int, pos: int) -> bytes:
+        reads.append(n)
+        return os.pread(fd, n, pos)
+
     try:
         with pytest.raises(IsADirectoryError):
-            fileio.copy_range(src, dst, 10, 0, 0)
+            fileio.copy_range(src, dst, 10, 0, 0, read=read)
+        assert reads == []
     finally:
         os.close(src)
         os.close(dst)
