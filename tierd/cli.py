@@ -171,7 +171,7 @@ def _run_transfer(config_file: str | None, settings: dict[str, str | None],
         lock = DataDirLock(config.lock_file)
         lock.acquire()
         try:
-            engine = open_engine(config.meta_url, config.meta_dir)
+            engine = open_engine(config.meta_url, config.meta_dir, config.meta_map_size)
             try:
                 return action(engine)
             finally:

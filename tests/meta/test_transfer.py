@@ -99,7 +99,7 @@ def test_lmdb_to_pg_to_lmdb_round_trip(pg_server: PgServer, tmp_path: Path) -> N
         back.close()
 
 
-def test_truncated_dump_loads_nothing(pg_server: PgServer, tmp_path: Path) -> None:
+def test_load_that_cannot_finish_loads_nothing(pg_server: PgServer, tmp_path: Path) -> None:
     url = pg_server.url(str(tmp_path))
     make_namespace(tmp_path / "a")
     r = tierd("meta", "dump", str(tmp_path / "full.dump"), "--data-dir", str(tmp_path / "a"))
@@ -118,3 +118,14 @@ def test_truncated_dump_loads_nothing(pg_server: PgServer, tmp_path: Path) -> No
     r = tierd("meta", "load", str(tmp_path / "junk.dump"), "--data-dir", str(tmp_path / "b"),
               "--meta-url", url)
     assert r.returncode == 1 and "not a tierd metadata dump" in r.stderr, r.stderr
+
+    # into lmdb, the load honours meta_map_size: a map too small for the dump fills up
+    # (a load ignoring it would take the default 64 GiB map, whatever the operator set)
+    r = tierd("meta", "load", str(tmp_path / "full.dump"), "--data-dir", str(tmp_path / "c"),
+              "--meta-map-size", "1M")
+    assert r.returncode == 1 and "meta_map_size" in r.stderr, r.stderr
+    back = LmdbStore(tmp_path / "c" / "meta")
+    try:
+        assert everything(back) == []
+    finally:
+        back.close()

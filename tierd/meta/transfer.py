@@ -36,16 +36,17 @@ class DumpError(ValueError):
     """The file is not a complete dump this tierd reads."""
 
 
-def open_engine(meta_url: str, meta_dir: Path) -> KVStore:
+def open_engine(meta_url: str, meta_dir: Path, map_size: int = 0) -> KVStore:
     """The engine the settings name, without group commit: PostgreSQL for a ``meta_url``,
-    else lmdb in ``meta_dir`` (durable commits)."""
+    else lmdb in ``meta_dir`` (durable commits) with the ``meta_map_size`` map (0: the
+    default), as the daemon opens it."""
     if meta_url:
         from tierd.meta.pg_engine import PgStore
 
         return PgStore(meta_url)
-    from tierd.meta.lmdb_engine import LmdbStore
+    from tierd.meta.lmdb_engine import DEFAULT_MAP_SIZE, LmdbStore
 
-    return LmdbStore(meta_dir)
+    return LmdbStore(meta_dir, map_size or DEFAULT_MAP_SIZE)
 
 
 def dump(engine: KVStore, out: BinaryIO) -> int:
