@@ -22,7 +22,7 @@ from aiohttp import web
 
 from tierd.acl import Identity
 from tierd.acl.users import MAX_ID
-from tierd.admin.backend import BACKEND, ready
+from tierd.admin.backend import BACKEND, json_error, ready
 from tierd.admin.prefix import NoSuchBucket, prefix_error
 from tierd.errors import FsError
 from tierd.mempool.pool import PoolError
@@ -38,8 +38,7 @@ DEFAULT_BUCKET = "checkpoints"
 
 def _err(e: OSError) -> web.Response:
     name = errno.errorcode.get(e.errno or 0, "EIO")
-    return web.json_response({"error": name.lower(), "message": e.strerror or str(e)},
-                             status=_STATUS.get(name, 400))
+    return json_error(_STATUS.get(name, 400), name.lower(), e.strerror or str(e))
 
 
 routes = web.RouteTableDef()
@@ -64,9 +63,8 @@ async def quota(request: web.Request) -> web.Response:
             raise ValueError(f"tenant is 0 to {MAX_ID}, bytes 0 to 2^63-1")
         return web.json_response(_door(request).set_quota(tenant, nbytes))
     except (ValueError, KeyError, TypeError) as e:
-        return web.json_response({"error": "bad_request", "message": f"need a numeric "
-                                  f"tenant and a JSON body {{\"bytes\": N}}: {e}"},
-                                 status=400)
+        return json_error(400, "bad_request",
+                          f"need a numeric tenant and a JSON body {{\"bytes\": N}}: {e}")
 
 
 @routes.delete("/v1/pool/regions/{rid}")
@@ -74,8 +72,7 @@ async def free(request: web.Request) -> web.Response:
     try:
         return web.json_response(_door(request).free_region(int(request.match_info["rid"])))
     except ValueError:
-        return web.json_response({"error": "bad_request", "message": "region ids are "
-                                  "numbers"}, status=400)
+        return json_error(400, "bad_request", "region ids are numbers")
     except PoolError as e:
         return _err(e)
 
@@ -127,8 +124,8 @@ async def ckpt_delete(request: web.Request) -> web.Response:
     try:
         step = int(q.get("step", ""))
     except ValueError:
-        return web.json_response({"error": "bad_request", "message": "step must be a "
-                                  "number (and run= names the run)"}, status=400)
+        return json_error(400, "bad_request",
+                          "step must be a number (and run= names the run)")
     d = _door(request)
     if (refused := await _missing_bucket(d, q.get("bucket") or None)) is not None:
         return refused

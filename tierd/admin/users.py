@@ -23,7 +23,7 @@ from aiohttp import web
 
 from tierd.acl.users import Directory, DirectoryError, key_doc, user_doc
 from tierd.admin.auth import identity
-from tierd.admin.backend import BACKEND, ready
+from tierd.admin.backend import BACKEND, json_error, ready
 from tierd.logs import get_logger, kv
 from tierd.meta import MetaStore
 
@@ -31,9 +31,9 @@ log = get_logger("admin")
 
 _STATUS = {"invalid": 400, "not_found": 404, "conflict": 409}
 
+
 def _err(e: DirectoryError) -> web.Response:
-    return web.json_response({"error": e.code, "message": str(e)},
-                             status=_STATUS.get(e.code, 400))
+    return json_error(_STATUS.get(e.code, 400), e.code, str(e))
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
