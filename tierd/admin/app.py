@@ -119,4 +119,3 @@ def make_admin_app(backend: AdminBackend, auth: AdminAuth) -> web.Application:
     for module in (mounts, openapi, page, placement, jobs, pool, users, buckets):
         app.add_routes(module.routes)
     return app
-
