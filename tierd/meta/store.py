@@ -442,6 +442,11 @@ class MetaTxn:
                 for k, v in self.kv.scan(b"U", prefix_end(b"U"))}
 
 
+def _check_sync(sync: str) -> None:
+    if sync not in SYNC_MODES:
+        raise ValueError(f"meta_sync must be one of {', '.join(SYNC_MODES)}, not {sync!r}")
+
+
 class MetaStore:
     """The metadata of one tierd namespace, over a pluggable engine."""
 
@@ -457,19 +462,12 @@ class MetaStore:
         ``commit`` (every transaction fdatasynced before it returns) or
         ``durability-points`` (lmdb without sync: scratch only); ``map_size`` is
         ``meta_map_size`` (0: lmdb_engine's default)."""
-        from tierd.meta.group_engine import GroupCommitStore
         from tierd.meta.lmdb_engine import DEFAULT_MAP_SIZE, LmdbStore
 
-        if sync not in SYNC_MODES:
-            raise ValueError(f"meta_sync must be one of {', '.join(SYNC_MODES)}, not {sync!r}")
-        lmdb_store = LmdbStore(path, map_size or DEFAULT_MAP_SIZE,
-                               durable=sync != "durability-points", metasync=sync == "group")
-        engine: KVStore = GroupCommitStore(lmdb_store) if sync == "group" else lmdb_store
-        try:
-            return cls(engine)
-        except BaseException:  # SchemaError: do not leave the environment open
-            engine.close()
-            raise
+        _check_sync(sync)
+        return cls._over(LmdbStore(path, map_size or DEFAULT_MAP_SIZE,
+                                   durable=sync != "durability-points",
+                                   metasync=sync == "group"), sync)
 
     @classmethod
     def open_pg(cls, url: str, *, sync: str = "group") -> MetaStore:
@@ -478,16 +476,21 @@ class MetaStore:
         only chooses whether commits are grouped in this process first (``group``: the
         same overlay and flusher as over lmdb) or sent one by one (``commit``,
         ``durability-points``)."""
-        from tierd.meta.group_engine import GroupCommitStore
         from tierd.meta.pg_engine import PgStore
 
-        if sync not in SYNC_MODES:
-            raise ValueError(f"meta_sync must be one of {', '.join(SYNC_MODES)}, not {sync!r}")
-        pg = PgStore(url)
-        engine: KVStore = GroupCommitStore(pg) if sync == "group" else pg
+        _check_sync(sync)
+        return cls._over(PgStore(url), sync)
+
+    @classmethod
+    def _over(cls, inner: KVStore, sync: str) -> MetaStore:
+        """The store over the engine ``inner`` opened, behind group commit for ``sync =
+        group``; the engine is closed again when the store refuses it (SchemaError)."""
+        from tierd.meta.group_engine import GroupCommitStore
+
+        engine: KVStore = GroupCommitStore(inner) if sync == "group" else inner
         try:
             return cls(engine)
-        except BaseException:
+        except BaseException:  # do not leave the environment or the pool open
             engine.close()
             raise
 
