@@ -24,7 +24,7 @@ import os
 import stat
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import pyfuse3
 
@@ -102,7 +102,8 @@ def attr_out(a: pyfuse3.EntryAttributes) -> bytes:
 
 class DirToken:
     """Stands in for ``pyfuse3.ReaddirToken``: collects the entries of one READDIR(PLUS)
-    reply up to the kernel's buffer size (:func:`readdir_reply` fills it)."""
+    reply up to the kernel's buffer size (:meth:`add` is the ops' ``readdir_reply`` on
+    this backend)."""
 
     def __init__(self, size: int, plus: bool) -> None:
         self.size = size
@@ -123,22 +124,6 @@ class DirToken:
         if name not in (b".", b".."):
             self.inos.append(a.st_ino)
         return True
-
-
-_pyfuse3_readdir_reply = pyfuse3.readdir_reply
-
-
-def readdir_reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
-    """``pyfuse3.readdir_reply`` for both backends: :meth:`TierdOps.readdir` calls it by
-    module attribute, so the kernel backend's token is served here and pyfuse3's own
-    token goes to pyfuse3 (one backend runs per process; both may be imported)."""
-    if isinstance(token, DirToken):
-        return token.add(name, attr, next_id)
-    return bool(_pyfuse3_readdir_reply(token, name, attr, next_id))
-
-
-def install_readdir_reply() -> None:
-    pyfuse3.readdir_reply = readdir_reply
 
 
 @dataclass(slots=True)
@@ -171,7 +156,7 @@ class KernelSession:
         self._reading = False
         self._done: asyncio.Future[None] | None = None
         self._handlers: dict[int, Handler] = self._table()
-        install_readdir_reply()
+        ops.readdir_reply = DirToken.add  # readdir fills this backend's tokens
 
     # -- the loop ------------------------------------------------------------------------------
     async def serve(self) -> None:

@@ -188,21 +188,20 @@ class TierdOps(FileOps):
                                             limit=READDIR_BATCH)
             for name, inode in entries:
                 attrs = entry_attributes(inode, timeout, self.attr_timeout)
-                if not pyfuse3.readdir_reply(token, name, attrs, dh.offset_after(name)):
+                if not self.readdir_reply(token, name, attrs, dh.offset_after(name)):
                     return
                 self.kcache.looked_up(inode.ino)
                 marker = name
             if len(entries) < READDIR_BATCH:
                 return
 
-    @staticmethod
-    def _dot(token: pyfuse3.ReaddirToken, name: bytes, ino: int, next_id: int) -> bool:
+    def _dot(self, token: pyfuse3.ReaddirToken, name: bytes, ino: int, next_id: int) -> bool:
         """'.' and '..' (the kernel does not link them from readdirplus: no lookup count)."""
         a = pyfuse3.EntryAttributes()
         a.st_ino = ino
         a.st_mode = stat.S_IFDIR | 0o755
         a.entry_timeout = a.attr_timeout = 0
-        return pyfuse3.readdir_reply(token, name, a, next_id)
+        return self.readdir_reply(token, name, a, next_id)
 
     async def releasedir(self, fh: int) -> None:
         self.dirs.pop(fh, None)
