@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict, MultiDict
 
+from tierd.acl.policy import BUCKET_ACTIONS, OBJECT_ACTIONS, SERVICE_ACTIONS
 from tierd.s3.errors import S3Error
 from tierd.s3.operations import COPY_SOURCE, OPERATIONS, UNSUPPORTED, Level, Operation, find
 
@@ -68,6 +69,15 @@ def test_actions_follow_the_record() -> None:
         "GetBucketOwnershipControls", "PutBucketOwnershipControls",
         "DeleteBucketOwnershipControls"}
 
+
+
+@pytest.mark.parametrize("op", [op for op in OPERATIONS if op.action],
+                         ids=lambda op: op.name)
+def test_actions_are_policy_actions_of_their_level(op: Operation) -> None:
+    """A record's action is one a bucket policy can name, of its own kind (an object action
+    for an object operation): a misspelt or misplaced one could never be granted."""
+    kinds = {"service": SERVICE_ACTIONS, "bucket": BUCKET_ACTIONS, "object": OBJECT_ACTIONS}
+    assert op.action in kinds[op.level]
 
 def test_precedence() -> None:
     # a claiming sub-resource wins over the selectors of the method, and over later claims
