@@ -10,6 +10,7 @@ import contextlib
 import errno
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +123,28 @@ async def test_hot_refilled_from_the_pool_not_cold(env: Env) -> None:
         assert got == data
         assert p.stats.filled["hot", "mem"] == len(data)
         assert p.stats.fetched_bytes == fetched  # cold was not asked
+
+
+async def test_a_failed_refill_from_the_pool_raises_its_os_error(
+        file_env: Env, tmp_path: Path) -> None:
+    """A refill whose write into the tier fails (ENOSPC in life; here a descriptor open
+    for reading: EBADF) raises that OSError, which the read path answers (evict and retry
+    on ENOSPC) -- not a BufferError from closing the copy's mapping while the failed
+    write's traceback still held a view of it."""
+    async with _pooled(file_env, 64 * MiB) as (_ns, _p, _pool, mem):
+        data = os.urandom(MiB)
+        ino = await _put(file_env, "refill", data)
+        await until(lambda: mem.get(ino) is not None)
+        copy = mem.get(ino)
+        assert copy is not None
+        (tmp_path / "ro").write_bytes(b"")
+        fd = os.open(tmp_path / "ro", os.O_RDONLY)
+        try:
+            with pytest.raises(OSError) as ei:
+                await asyncio.to_thread(mem.copy_out, ino, copy.version, fd, 0, len(data))
+            assert ei.value.errno == errno.EBADF
+        finally:
+            os.close(fd)
 
 
 async def test_spill_to_hot_when_the_pool_cannot_hold_a_file(file_env: Env) -> None:

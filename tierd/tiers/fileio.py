@@ -143,12 +143,20 @@ async def pwrite(fd: int, data: bytes | memoryview, offset: int) -> int:
 
 
 def pwrite_all(fd: int, data: Buffer, offset: int) -> None:
-    """All of ``data`` at ``offset``, whatever short writes happen (blocking)."""
+    """All of ``data`` at ``offset``, whatever short writes happen (blocking).  A failure
+    leaves no view of ``data`` in this frame: the traceback keeps the frame, and a buffer
+    with a view alive cannot be released (a caller writing from an ``mmap`` would get a
+    BufferError from closing it instead of this OSError)."""
     view = memoryview(data)
-    while view.nbytes:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
+    del data
+    try:
+        while view.nbytes:
+            n = os.pwrite(fd, view, offset)
+            view = view[n:]
+            offset += n
+    except BaseException:
+        view.release()
+        raise
 
 
 def pwritev_all(fd: int, bufs: Sequence[Buffer], offset: int) -> None:
