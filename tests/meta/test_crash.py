@@ -179,6 +179,17 @@ def run_and_kill(path: Path | str, at_least: int, delay: float, mode: str = "com
     return last
 
 
+def committed_state(store: MetaStore) -> int:
+    """The commit number of the state ``store`` holds, checked to be exactly that
+    transaction's (:func:`assert_consistent`) under the current schema; closes ``store``."""
+    try:
+        assert store.schema_version() == SCHEMA_VERSION
+        with store.read() as tx:
+            return assert_consistent(tx)
+    finally:
+        store.close()
+
+
 def test_killed_writer_leaves_last_committed_state(tmp_path: Path) -> None:
     """Several rounds on one store: each round resumes from the state the last kill left,
     runs ≥ 200 more commits and is killed at a different point."""
@@ -187,13 +198,7 @@ def test_killed_writer_leaves_last_committed_state(tmp_path: Path) -> None:
     for at_least, delay in [(200, 0.0), (211, 0.0005), (233, 0.002), (257, 0.0001), (203, 0.01)]:
         last = run_and_kill(path, at_least, delay)
         assert last >= done + at_least
-        store = MetaStore.open_lmdb(path)
-        try:
-            assert store.schema_version() == SCHEMA_VERSION
-            with store.read() as tx:
-                n = assert_consistent(tx)
-        finally:
-            store.close()
+        n = committed_state(MetaStore.open_lmdb(path))
         # the kill may land after a commit and before its report, never before a report
         assert n in (last, last + 1), (n, last)
         done = n
@@ -208,12 +213,7 @@ def test_group_commit_kill_keeps_every_synced_commit(tmp_path: Path) -> None:
     for at_least, delay in [(30, 0.0), (31, 0.0005), (33, 0.003), (29, 0.0001)]:
         last = run_and_kill(path, at_least, delay, mode="group")
         assert last >= done + 8 * at_least
-        store = MetaStore.open_lmdb(path)
-        try:
-            with store.read() as tx:
-                n = assert_consistent(tx)
-        finally:
-            store.close()
+        n = committed_state(MetaStore.open_lmdb(path))
         assert n >= last, (n, last)
         done = n
 
