@@ -48,3 +48,15 @@ def test_protected_before_the_directory_check(nsenv: NsEnv) -> None:
     d = env.run(ns.mkdir(ALICE, b, b"closed", 0o755)).ino
     env.err(errno.EPERM, ns.link(BOB, f, d, b"g"))
     env.err(errno.EACCES, ns.link(BOB, env.write_file(BOB, b, b"mine", b"y"), d, b"g"))
+
+
+def test_an_existing_name_answers_eexist_first(nsenv: NsEnv) -> None:
+    """As Linux's ``filename_create`` comes before ``may_linkat``: a link onto a name that
+    exists is EEXIST even when the rule would refuse the source (found by the
+    differential test once it compared links of another's file)."""
+    env, ns = nsenv, nsenv.ns
+    b = env.bucket()
+    f = env.write_file(ALICE, b, b"f", b"x", mode=0o600)
+    env.write_file(BOB, b, b"taken", b"y")
+    env.err(errno.EEXIST, ns.link(BOB, f, b, b"taken"))
+    env.err(errno.EEXIST, ns.link(BOB, f, b, b"."))

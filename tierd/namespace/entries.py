@@ -210,6 +210,14 @@ class EntryOps(ResizeOps):
     def _creatable(self, tx: MetaTxn, ident: Identity, parent: int, name: bytes) -> Inode:
         """The parent directory, after the checks every create shares (EEXIST first, as the
         kernel's lookup comes before the permission check)."""
+        d = self._absent(tx, ident, parent, name)
+        check_access(ident, d, W_OK | X_OK, f"directory inode {parent}")
+        return d
+
+    def _absent(self, tx: MetaTxn, ident: Identity, parent: int, name: bytes) -> Inode:
+        """The parent directory, once ``name`` is known not to be in it (the kernel's
+        ``filename_create``: search permission, then EEXIST); its write permission is
+        still to be checked (:meth:`_creatable`)."""
         d = self._dir(tx, parent)
         if name in (b".", b".."):
             raise FsError(errno.EEXIST, f"{name.decode()!r} always exists")
@@ -217,7 +225,6 @@ class EntryOps(ResizeOps):
         check_access(ident, d, X_OK, f"directory inode {parent}")
         if tx.lookup(parent, name) is not None:
             raise FsError(errno.EEXIST, f"{name.decode(errors='replace')!r} already exists")
-        check_access(ident, d, W_OK | X_OK, f"directory inode {parent}")
         return d
 
     @staticmethod
@@ -289,13 +296,15 @@ class EntryOps(ResizeOps):
 
     async def link(self, ident: Identity, ino: int, new_parent: int, new_name: bytes) -> Inode:
         """A new name for ``ino``.  Where the host sets ``fs.protected_hardlinks`` its rule
-        (:func:`tierd.acl.modes.may_hardlink`) is checked first, for every door, as the
-        kernel checks it before the directory's permissions (EPERM)."""
+        (:func:`tierd.acl.modes.may_hardlink`) is checked for every door where the kernel's
+        ``do_linkat`` checks it: after the new name's lookup (EEXIST), before the
+        directory's write permission (EPERM, not EACCES)."""
         with self.meta.write() as tx:
+            d = self._absent(tx, ident, new_parent, new_name)
             if protected_hardlinks() and not may_hardlink(ident, self._get(tx, ino)):
                 raise FsError(errno.EPERM, "fs.protected_hardlinks: only the owner may link a "
                               "file the caller cannot both read and write")
-            d = self._creatable(tx, ident, new_parent, new_name)
+            check_access(ident, d, W_OK | X_OK, f"directory inode {new_parent}")
             inode = self._get(tx, ino)
             if inode.is_dir:
                 raise FsError(errno.EPERM, "hard links to directories are not allowed")
