@@ -305,7 +305,6 @@ def sysctl(name: str) -> int:
 
 # Linux hardening sysctls change answers for non-root callers in ways that are policy, not
 # file-system semantics (:meth:`OsSide.hardened`).
-PROTECTED_HARDLINKS = sysctl("protected_hardlinks")
 PROTECTED_SYMLINKS = sysctl("protected_symlinks")
 PROTECTED_REGULAR = sysctl("protected_regular")
 
@@ -496,14 +495,12 @@ class OsSide:
 
     def hardened(self, op: tuple[Any, ...]) -> bool:
         """True when a hardening sysctl could decide this non-root call: a file system that
-        does not apply them (the namespace on its own) skips it."""
+        does not apply them (the namespace on its own) skips it.  ``protected_hardlinks``
+        is not among them: the namespace applies it (:func:`tierd.acl.modes.may_hardlink`),
+        so its links are compared too."""
         if op[0] in HANDLE_KINDS or op[0] == "check" or USERS[op[-1]][0] == 0:
             return False
         uid = USERS[op[-1]][0]
-        if op[0] == "link" and PROTECTED_HARDLINKS:
-            src = self.lstat(op[1])
-            if src is not None and src.st_uid != uid:
-                return True
         if op[0] == "open" and PROTECTED_REGULAR and FLAGS[op[2]] & os.O_CREAT:
             target = self.lstat(op[1])
             parent = self.lstat(os.path.dirname(op[1]) or ".", follow=True)
