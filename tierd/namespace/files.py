@@ -252,7 +252,7 @@ class FileOps(EntryOps):
     async def _write_through(self, ino: int) -> None:
         """Under a write-through policy the durability point waits for cold."""
         p = self.placement
-        if p is None or not any(q.mode == "write-through" for q in p.policies.values()):
+        if not any(q.mode == "write-through" for q in p.policies.values()):
             return
         with self.meta.snapshot() as tx:
             policy = file_policy(tx, ino, p.policy_for)

@@ -43,7 +43,7 @@ class ObjectReader:
     inode: Inode
     fd: int
     _closed: bool = False
-    # with placement: fetches missing blocks of a range, and releases the eviction hold
+    # fetches missing blocks of a range from cold, and releases the eviction hold
     _ensure: Callable[[int, int], Awaitable[None]] | None = None
     _release: Callable[[], None] | None = None
 
@@ -243,7 +243,7 @@ class ObjectOps(FileOps):
     async def get_object(
         self, ident: Identity, bucket: str, key: str, *, ensure: bool = True
     ) -> ObjectReader:
-        """An open object.  With placement and ``ensure`` (the default) the whole content
+        """An open object.  With ``ensure`` (the default) the whole content
         is on the hot tier when this returns, so ``reader.fd`` can be sent as is; a door
         serving ranges passes ``ensure=False`` and calls ``await reader.ensure(off, n)``
         before reading ``fd`` itself (``iter`` ensures per chunk)."""
@@ -257,8 +257,6 @@ class ObjectOps(FileOps):
         if inode.is_dir:
             return ObjectReader(inode, -1)
         p = self.placement
-        if p is None:
-            return ObjectReader(inode, self.hot.open(inode.ino))
         ino = inode.ino
         p.acquire(ino)  # no eviction under a reader (a door may sendfile from fd)
         reader = ObjectReader(inode, self.hot.open(ino),

@@ -15,12 +15,8 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from tierd.namespace.base import NamespaceBase
-
-if TYPE_CHECKING:
-    pass
 
 
 def _willneed(fd: int, offset: int, length: int) -> None:
