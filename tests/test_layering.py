@@ -33,8 +33,10 @@ DOORS = ("fuse", "tierd/s3", "tierd/admin", "tierd/checkpoint", "tierd/mempool",
 #: what outside tierd/namespace is checked for reaching behind a namespace
 SOURCES = ("tierd", "fuse", "clients")
 PUBLIC = frozenset({"tierd.namespace", "tierd.namespace.api", "tierd.namespace.names"})
-ENGINES = frozenset({"tierd.meta.lmdb_engine", "tierd.meta.memory_engine",
-                     "tierd.meta.group_engine", "tierd.meta.kv"})
+#: the metadata engines (every ``tierd/meta/*_engine.py``: a new one is covered too) and
+#: the key-value layer under them
+ENGINES = frozenset({f"tierd.meta.{p.stem}" for p in (ROOT / "tierd/meta").glob("*_engine.py")}
+                    | {"tierd.meta.kv"})
 #: attributes of a namespace that are the namespace's own business
 BEHIND = frozenset({"meta", "hot", "placement"})
 #: names a namespace is held under: ``ns``, ``namespace``, and ``<anything>.ns``
@@ -150,6 +152,7 @@ def test_the_api_declares_what_doors_call() -> None:
     ("from tierd.namespace import versions\n", "imports tierd.namespace.versions"),
     ("import tierd.namespace.base\n", "imports tierd.namespace.base"),
     ("from tierd.meta.lmdb_engine import LmdbKV\n", "metadata engine"),
+    ("from tierd.meta.pg_engine import PgStore\n", "metadata engine"),
 ])
 def test_import_check_finds_a_planted_violation(source: str, what: str) -> None:
     found = import_violations(source, "planted.py")
