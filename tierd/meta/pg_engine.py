@@ -50,7 +50,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from tierd.errors import FsError
@@ -308,8 +307,8 @@ class PgStore(KVStore):
     def stat(self) -> dict[str, int]:
         try:
             with self._pool.connection() as conn:
-                row = conn.execute(sql.SQL(
-                    "SELECT (SELECT count(*) FROM kv), pg_total_relation_size('kv')")).fetchone()
+                row = conn.execute("SELECT (SELECT count(*) FROM kv), "
+                                   "pg_total_relation_size('kv')").fetchone()
         except psycopg.Error:
             return {}
         return {} if row is None else {"entries": int(row[0]), "used_bytes": int(row[1])}
