@@ -216,12 +216,9 @@ class CheckpointService:
                     if name.decode(errors="replace") in (DATA, MANIFEST)
                     or name.startswith(PART_PREFIX.encode())]
         s.inos = inos
-        if self._all_clean(inos):
+        if self.ns.all_persisted(inos):
             s.state = PERSISTED
             s.persisted.set()
-
-    def _all_clean(self, inos: list[int]) -> bool:
-        return self.ns.all_persisted(inos)
 
     # -- saving ------------------------------------------------------------------------
     async def _hello(self, peer: Peer, msg: dict[str, Any]) -> Reply:
@@ -455,7 +452,7 @@ class CheckpointService:
         """A run's committed steps and where each is (``tierctl ckpt list``)."""
         run = await self.run(ident, msg)
         for s in run.steps.values():
-            if s.state == LOCAL and s.inos and self._all_clean(s.inos):
+            if s.state == LOCAL and s.inos and self.ns.all_persisted(s.inos):
                 s.state = PERSISTED
         steps = [s.describe() for n, s in sorted(run.steps.items()) if s.state != STAGING]
         return {"bucket": run.bucket, "run": run.name, "steps": steps,
