@@ -49,6 +49,32 @@ def test_sigterm_unmounts_cleanly_and_data_persists(place: Path) -> None:
         assert stop_daemon(d) == 0
 
 
+def test_sigterm_on_a_busy_mount_detaches_it(place: Path) -> None:
+    """A process working inside the mount makes it busy: the daemon's plain unmount fails,
+    it ends the session and detaches the mount (lazily), and exits cleanly; what was
+    written before stays."""
+    d = start_daemon(place / "data", place / "mnt", place / "log")
+    try:
+        (d.mnt / "bkt").mkdir()
+        (d.mnt / "bkt" / "f").write_bytes(b"held")
+        busy = subprocess.Popen(["sleep", "60"], cwd=d.mnt / "bkt")
+        try:
+            d.proc.send_signal(signal.SIGTERM)
+            assert d.proc.wait(60) == 0, d.log
+            assert find_mount(d.mnt) is None, d.log
+        finally:
+            busy.kill()
+            busy.wait()
+    finally:
+        stop_daemon(d)
+    assert "detaching the mount" in d.log and "unmounted" in d.log
+    d = start_daemon(place / "data", place / "mnt", place / "log")
+    try:
+        assert (d.mnt / "bkt" / "f").read_bytes() == b"held"
+    finally:
+        assert stop_daemon(d) == 0
+
+
 def test_stale_mount_after_kill_is_cleared_at_next_start(place: Path) -> None:
     d = start_daemon(place / "data", place / "mnt", place / "log")
     (d.mnt / "bkt").mkdir()
