@@ -4,8 +4,9 @@
 * :func:`prepare_mountpoint` runs before mounting: a stale tierd mount (its daemon was
   killed; ``stat`` fails with ENOTCONN) is lazily unmounted; a live mount of anything is
   refused with a message naming it (a second mount would hide the first one's files).
-* :class:`FuseDoor` mounts with pyfuse3, serves requests as tasks of the daemon's loop, and
-  unmounts at shutdown.  When the mount disappears from outside (``tierd umount``,
+* :class:`FuseDoor` mounts (pyfuse3, or :func:`kernel_device` for the kernel backend's
+  :class:`~tierd_fuse.kdev.KernelSession`), serves requests as tasks of the daemon's loop,
+  and unmounts at shutdown.  When the mount disappears from outside (``tierd umount``,
   ``fusermount3 -u``), the door closes and calls ``on_unmounted``.
 """
 
@@ -17,11 +18,11 @@ import ctypes
 import errno
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyfuse3
 import pyfuse3.asyncio
@@ -30,10 +31,8 @@ from tierd.logs import get_logger, kv
 from tierd.metrics import Metrics
 from tierd.namespace.api import NamespaceAPI
 
+from .kdev import KernelSession
 from .ops import TierdOps
-
-if TYPE_CHECKING:
-    from .kmount import KernelBackend
 
 log = get_logger("fuse")
 
@@ -235,6 +234,39 @@ def mount_posixacl(mountpoint: Path, allow_other: bool) -> int | None:
     return fd
 
 
+def fusermount_fd(mountpoint: Path, opts: set[str]) -> int:
+    """Mount through ``fusermount3`` (no root needed) and return the ``/dev/fuse``
+    descriptor it sends back over a socket (``_FUSE_COMMFD``, libfuse's own protocol)."""
+    if shutil.which("fusermount3") is None:
+        raise MountError("the kernel FUSE backend needs root or fusermount3")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        env = dict(os.environ, _FUSE_COMMFD=str(theirs.fileno()))
+        r = subprocess.run(["fusermount3", "-o", ",".join(sorted(opts)), "--", str(mountpoint)],
+                           env=env, pass_fds=(theirs.fileno(),), capture_output=True,
+                           text=True, timeout=30, stdin=subprocess.DEVNULL)
+        theirs.close()
+        if r.returncode != 0:
+            raise MountError(f"fusermount3 cannot mount {mountpoint}: "
+                             f"{(r.stderr or r.stdout).strip()}")
+        _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+    finally:
+        ours.close()
+        theirs.close()
+    if not fds:
+        raise MountError(f"fusermount3 mounted {mountpoint} but sent no descriptor")
+    return fds[0]
+
+
+def kernel_device(mountpoint: Path, opts: set[str]) -> int:
+    """Mount for the kernel backend and return the session's ``/dev/fuse`` descriptor
+    (blocking: run it in a thread): by itself with MS_POSIXACL as root
+    (:func:`mount_posixacl`), else through ``fusermount3``.  Requests wait in the kernel
+    until the session answers INIT."""
+    fd = mount_posixacl(mountpoint, "allow_other" in opts)
+    return fd if fd is not None else fusermount_fd(mountpoint, opts)
+
+
 def _user_allow_other() -> bool:
     try:
         with open("/etc/fuse.conf") as f:
@@ -268,7 +300,7 @@ class FuseDoor:
         #: "kernel": the door speaks the FUSE protocol itself (tierd_fuse.kdev), else pyfuse3
         self.backend = backend
         self.passthrough = passthrough
-        self._kernel: KernelBackend | None = None
+        self._kernel: KernelSession | None = None
         self._session = False
         self._stopping = False
 
@@ -280,13 +312,10 @@ class FuseDoor:
         self.ops.after_init = lambda: set_read_ahead(mountpoint)
         try:
             if self.backend == "kernel":
-                from .kmount import KernelBackend
-
-                kb = KernelBackend(self.ops, self.mountpoint, passthrough=self.passthrough,
-                                   max_tasks=self.max_tasks)
-                await asyncio.to_thread(kb.mount, opts)
-                self._kernel = kb
-                self.invalidator.notifier = kb.session
+                fd = await asyncio.to_thread(kernel_device, self.mountpoint, opts)
+                self._kernel = KernelSession(self.ops, fd, passthrough=self.passthrough,
+                                             max_tasks=self.max_tasks)
+                self.invalidator.notifier = self._kernel
             else:
                 pyfuse3.asyncio.enable()
                 await asyncio.to_thread(self._init, opts)
@@ -373,9 +402,12 @@ class FuseDoor:
         self.ns.unsubscribe(self.invalidator.on_change)  # a later mount subscribes its own
         await asyncio.to_thread(self.invalidator.stop)
         if self._kernel is not None:
-            await asyncio.to_thread(self._kernel.close, unmount)
-            return
-        await asyncio.to_thread(pyfuse3.close, unmount)
+            # the kernel fails what is still pending with ENOTCONN.  On the loop: it drops
+            # the passthrough opens' eviction holds, which are the namespace's state; the
+            # plain unmount was tried by stop() already, so a busy mount is detached below
+            self._kernel.close()
+        else:
+            await asyncio.to_thread(pyfuse3.close, unmount)
         if unmount and find_mount(self.mountpoint) is not None:
             # still there (busy): detach it
             with contextlib.suppress(MountError):
