@@ -1039,3 +1039,18 @@ def test_memory_engine_namespace_works_too(nsenv_factory: Any) -> None:
     env.bucket()
     env.put(ROOT, "bkt", "k", b"v")
     assert env.get(ROOT, "bkt", "k") == b"v"
+
+
+def test_a_pool_quota_is_durable_when_set(nsenv: NsEnv) -> None:
+    """The admin API acknowledges a quota as set: its record is in the engine under the
+    group commit's memory (what survives a machine crash) when the call returns.  Before,
+    it waited for the next group flush like a change nobody waits for."""
+    ns = nsenv.ns
+    nsenv.run(ns.set_pool_quota(7, 1 << 20))
+    engine = ns.meta.engine
+    inner = getattr(engine, "inner", engine)  # under group commit: the engine below it
+    with inner.begin() as tx:
+        assert tx.get(b"U" + (7).to_bytes(8, "big")) == (1 << 20).to_bytes(8, "big")
+    assert ns.pool_quotas() == {7: 1 << 20}
+    nsenv.run(ns.set_pool_quota(7, 0))
+    assert ns.pool_quotas() == {}

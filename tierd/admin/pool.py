@@ -61,7 +61,7 @@ async def quota(request: web.Request) -> web.Response:
         nbytes = int(doc["bytes"])
         if not (0 <= tenant <= MAX_ID and 0 <= nbytes < 1 << 63):
             raise ValueError(f"tenant is 0 to {MAX_ID}, bytes 0 to 2^63-1")
-        return web.json_response(_door(request).set_quota(tenant, nbytes))
+        return web.json_response(await _door(request).set_quota(tenant, nbytes))
     except (ValueError, KeyError, TypeError) as e:
         return json_error(400, "bad_request",
                           f"need a numeric tenant and a JSON body {{\"bytes\": N}}: {e}")

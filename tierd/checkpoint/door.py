@@ -80,7 +80,7 @@ class MemoryDoor:
         doc["region_list"] = [r.describe() for r in self.pool.regions.values()]
         return doc
 
-    def set_quota(self, tenant: int, nbytes: int) -> dict[str, Any]:
+    async def set_quota(self, tenant: int, nbytes: int) -> dict[str, Any]:
         if tenant < 0 or nbytes < 0:
             raise ValueError("tenant and bytes must be non-negative")
         if nbytes > self.pool.capacity:
@@ -88,7 +88,7 @@ class MemoryDoor:
             raise ValueError(f"a quota of {nbytes} bytes is larger than the pool "
                              f"({self.pool.capacity} bytes, pool_capacity): use at most that, "
                              "or 0 for the whole pool")
-        self.ns.set_pool_quota(tenant, nbytes)
+        await self.ns.set_pool_quota(tenant, nbytes)
         if nbytes == 0:
             self.pool.quotas.pop(tenant, None)
         else:

@@ -514,8 +514,8 @@ class NamespaceAPI(Protocol):
         """The memory pool's stored per-tenant (uid) quotas, in bytes."""
         ...
 
-    def set_pool_quota(self, tenant: int, nbytes: int) -> None:
-        """Store a tenant's pool quota (``0`` removes it)."""
+    async def set_pool_quota(self, tenant: int, nbytes: int) -> None:
+        """Store a tenant's pool quota (``0`` removes it); durable on return."""
         ...
 
 

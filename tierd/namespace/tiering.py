@@ -132,10 +132,12 @@ class TieringOps(NamespaceBase):
         with self.meta.snapshot() as tx:
             return tx.list_pool_quotas()
 
-    def set_pool_quota(self, tenant: int, nbytes: int) -> None:
-        """Store tenant ``tenant``'s pool quota (``0``: remove it, the default applies)."""
+    async def set_pool_quota(self, tenant: int, nbytes: int) -> None:
+        """Store tenant ``tenant``'s pool quota (``0``: remove it, the default applies),
+        durable on return: the admin API acknowledges it as set."""
         with self.meta.write() as tx:
             if nbytes == 0:
                 tx.delete_pool_quota(tenant)
             else:
                 tx.put_pool_quota(tenant, nbytes)
+        await self._sync_meta()
