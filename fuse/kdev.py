@@ -132,7 +132,7 @@ class Request:
     unique: int
     nodeid: int
     ctx: KContext
-    body: memoryview | bytes
+    body: memoryview | bytearray
 
 
 Handler = Callable[[Request], Awaitable[Sequence[Buffer] | None]]
@@ -223,12 +223,12 @@ class KernelSession:
     def _dispatch(self, buf: bytearray, n: int) -> None:
         _, opcode, unique, nodeid, uid, gid, pid, extlen, _ = K.IN_HEADER.unpack_from(buf)
         end = n - extlen * 8
-        body: memoryview | bytes
+        body: memoryview | bytearray
         keep = opcode == K.WRITE
         if keep:  # the payload is written from this buffer: no copy
             body = memoryview(buf)[K.IN_HEADER.size:end]
-        else:
-            body = bytes(buf[K.IN_HEADER.size:end])
+        else:  # one copy of the small body, and the buffer is free again
+            body = buf[K.IN_HEADER.size:end]
             self._free.append(buf)
         req = Request(opcode, unique, nodeid, KContext(uid, gid, pid), body)
         if opcode == K.INIT:
@@ -336,8 +336,8 @@ class KernelSession:
             K.RELEASE: self._release, K.FSYNC: self._fsync, K.SETXATTR: self._setxattr,
             K.GETXATTR: self._getxattr, K.LISTXATTR: self._listxattr,
             K.REMOVEXATTR: self._removexattr, K.FLUSH: self._flush, K.OPENDIR: self._opendir,
-            K.READDIR: self._readdir, K.READDIRPLUS: self._readdirplus,
-            K.RELEASEDIR: self._releasedir, K.FSYNCDIR: self._fsyncdir, K.ACCESS: self._access,
+            K.READDIR: self._readdir, K.READDIRPLUS: self._readdir,
+            K.RELEASEDIR: self._releasedir, K.FSYNCDIR: self._fsync, K.ACCESS: self._access,
             K.CREATE: self._create, K.INTERRUPT: self._interrupt, K.DESTROY: self._destroy,
         }
 
@@ -346,7 +346,7 @@ class KernelSession:
         return cast(pyfuse3.RequestContext, req.ctx)
 
     @staticmethod
-    def _names(body: memoryview | bytes, skip: int = 0) -> list[bytes]:
+    def _names(body: memoryview | bytearray, skip: int = 0) -> list[bytes]:
         """NUL-terminated names after ``skip`` bytes of fixed fields."""
         return bytes(body[skip:]).split(b"\0")
 
@@ -503,8 +503,10 @@ class KernelSession:
         return []
 
     async def _fsync(self, req: Request) -> Sequence[Buffer]:
+        """FSYNC and FSYNCDIR (the same body)."""
         fh, fsync_flags, _ = K.FSYNC_IN.unpack_from(req.body)
-        await self.ops.fsync(fh, bool(fsync_flags & K.FSYNC_FDATASYNC))
+        sync = self.ops.fsync if req.opcode == K.FSYNC else self.ops.fsyncdir
+        await sync(fh, bool(fsync_flags & K.FSYNC_FDATASYNC))
         return []
 
     async def _release(self, req: Request) -> Sequence[Buffer]:
@@ -562,7 +564,9 @@ class KernelSession:
         fh = await self.ops.opendir(req.nodeid, self._ctx(req))
         return [K.OPEN_OUT.pack(fh, 0, 0)]
 
-    async def _listing(self, req: Request, plus: bool) -> Sequence[Buffer]:
+    async def _readdir(self, req: Request) -> Sequence[Buffer]:
+        """READDIR and READDIRPLUS (the same body; the latter's entries carry attributes)."""
+        plus = req.opcode == K.READDIRPLUS
         fh, off, size, *_ = K.READ_IN.unpack_from(req.body)
         token = DirToken(size, plus)
         await self.ops.readdir(fh, off, cast(pyfuse3.ReaddirToken, token))
@@ -571,20 +575,9 @@ class KernelSession:
                 self.ops.kcache.forget(ino, 1)
         return [token.buf]
 
-    async def _readdir(self, req: Request) -> Sequence[Buffer]:
-        return await self._listing(req, plus=False)
-
-    async def _readdirplus(self, req: Request) -> Sequence[Buffer]:
-        return await self._listing(req, plus=True)
-
     async def _releasedir(self, req: Request) -> Sequence[Buffer]:
         (fh, *_) = K.RELEASE_IN.unpack_from(req.body)
         await self.ops.releasedir(fh)
-        return []
-
-    async def _fsyncdir(self, req: Request) -> Sequence[Buffer]:
-        fh, fsync_flags, _ = K.FSYNC_IN.unpack_from(req.body)
-        await self.ops.fsyncdir(fh, bool(fsync_flags & K.FSYNC_FDATASYNC))
         return []
 
     # -- session -----------------------------------------------------------------------------------
