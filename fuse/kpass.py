@@ -70,7 +70,6 @@ class Passthrough:
         self.cached: Counter[int] = Counter()  # ino -> opens (and pending opens) without
         self._cached_fh: dict[int, int] = {}  # fh -> ino of a cached open
         self._pt_fh: dict[int, int] = {}  # fh -> ino of a passthrough open
-        self.opened_count = 0  # passthrough opens so far (tests, metrics)
         self._broken = False
 
     # -- open ----------------------------------------------------------------------------------
@@ -100,7 +99,6 @@ class Passthrough:
         backing = 0 if self.cached[ino] else await self._backing(ino, fh)
         if backing:
             self._pt_fh[fh] = ino
-            self.opened_count += 1
         else:
             self.cached[ino] += 1
             self._cached_fh[fh] = ino
