@@ -438,14 +438,14 @@ class KernelSession:
         return [entry_out(await self.ops.link(old, req.nodeid, name, self._ctx(req)))]
 
     # -- files -------------------------------------------------------------------------------------
-    async def _open_out(self, ino: int, info: pyfuse3.FileInfo, flags: int) -> bytes:
+    def _open_out(self, ino: int, info: pyfuse3.FileInfo, flags: int) -> bytes:
         oflags = (K.FOPEN_KEEP_CACHE if info.keep_cache else 0) | (
             K.FOPEN_DIRECT_IO if info.direct_io else 0)
         if flags & os.O_ACCMODE == os.O_RDONLY:
             oflags |= K.FOPEN_NOFLUSH  # nothing to make durable at close(2)
         backing = 0
         if self.pt is not None:
-            backing = await self.pt.opened(ino, int(info.fh), flags)
+            backing = self.pt.opened(ino, int(info.fh), flags)
             if backing:
                 oflags = (oflags | K.FOPEN_PASSTHROUGH) & ~(K.FOPEN_DIRECT_IO
                                                             | K.FOPEN_KEEP_CACHE)
@@ -467,7 +467,7 @@ class KernelSession:
         """The OPEN reply of a handle the namespace opened; if it cannot be made, the
         handle is released again (the kernel never learns of it)."""
         try:
-            return await self._open_out(ino, info, flags)
+            return self._open_out(ino, info, flags)
         except BaseException:
             if self.pt is not None:
                 self.pt.released(ino, int(info.fh))

@@ -16,9 +16,9 @@ the daemon.  What decides when it is safe (docs/fuse.md, "Passthrough"):
   inode open, and a writable open of an inode held by passthrough readers waits up to
   :data:`WRITER_WAIT` seconds for them to close (their RELEASE comes asynchronously after
   ``close(2)``), then fails with ``ETXTBSY`` ("text file busy", as for a running program).
-* **The bytes must all be there.**  Only files whose every block is on hot
-  (``NamespaceAPI.hot_fd``) and whose hot file is exactly the namespace's size (a crash
-  can leave bytes past the committed size, which reads must not see); the inode is held
+* **The bytes must all be there.**  Only files whose every block is on hot and whose hot
+  file is exactly the namespace's size (a crash can leave bytes past the committed size,
+  which reads must not see): ``NamespaceAPI.hot_fd`` decides both; the inode is held
   against eviction (``NamespaceAPI.hold``) while a passthrough open lasts.
 """
 
@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyfuse3
-
-from tierd.acl import Identity
 
 from . import kproto as K
 
@@ -90,13 +88,13 @@ class Passthrough:
         if _writable(flags):
             self._uncache(ino)
 
-    async def opened(self, ino: int, fh: int, flags: int) -> int:
+    def opened(self, ino: int, fh: int, flags: int) -> int:
         """After the namespace opened ``fh``: the backing id to reply with, or 0 for the
         normal (cached) mode."""
         if _writable(flags):
             self._cached_fh[fh] = ino  # counted by may_open
             return 0
-        backing = 0 if self.cached[ino] else await self._backing(ino, fh)
+        backing = 0 if self.cached[ino] else self._backing(ino, fh)
         if backing:
             self._pt_fh[fh] = ino
         else:
@@ -104,7 +102,7 @@ class Passthrough:
             self._cached_fh[fh] = ino
         return backing
 
-    async def _backing(self, ino: int, fh: int) -> int:
+    def _backing(self, ino: int, fh: int) -> int:
         b = self.backings.get(ino)
         if b is not None:
             b.handles.add(fh)
@@ -112,20 +110,8 @@ class Passthrough:
         if self._broken:
             return 0
         ns = self.ops.ns
-        fd = ns.hot_fd(fh)  # None unless the file is whole on hot
+        fd = ns.hot_fd(fh)  # None unless the file is whole on hot, at its size
         if fd is None:
-            return 0
-        inode = await ns.getattr(Identity.ROOT, ino)
-        if ino in self.backings or self.cached[ino]:  # changed while this open waited
-            b = self.backings.get(ino)
-            if b is None:
-                return 0
-            b.handles.add(fh)
-            return b.backing_id
-        try:
-            if os.fstat(fd).st_size != inode.size:
-                return 0  # bytes past the committed size (a crash's) must stay unseen
-        except OSError:
             return 0
         arg = ctypes.create_string_buffer(K.BACKING_MAP.pack(fd, 0, 0), K.BACKING_MAP.size)
         rc = self._libc.ioctl(self.devfd, ctypes.c_ulong(K.DEV_IOC_BACKING_OPEN), arg)

@@ -44,10 +44,17 @@ class TieringOps(NamespaceBase):
 
     def hot_fd(self, fh: int) -> int | None:
         """The descriptor of open file ``fh``'s hot data file when the whole file is on hot
-        (the kernel's read passthrough can serve it), else None.  It stays the namespace's:
-        valid until the handle's release, never to be closed by the caller."""
+        (the kernel's read passthrough can serve it), else None.  Also None when the hot
+        file is not exactly the file's size: a crash can leave bytes past the committed size,
+        which a reader served from the hot file would see.  It stays the namespace's: valid
+        until the handle's release, never to be closed by the caller."""
         h = self._handles.get(fh)
         if h is None or not self.placement.hot_complete(h.ino):
+            return None
+        try:
+            if os.fstat(h.ofile.fd).st_size != h.ofile.size:
+                return None
+        except OSError:
             return None
         return h.ofile.fd
 
