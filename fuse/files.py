@@ -98,7 +98,9 @@ class FileOps(OpsBase):
 
     # -- durability ------------------------------------------------------------------------------
     def _committed(self, fh: int, version: int | None) -> None:
-        """The kernel's pages hold what this handle wrote: remember the new version."""
+        """The kernel's pages hold what this handle wrote: remember the version the
+        namespace committed (None: another handle made the writes durable first, so which
+        version the pages match is not known, and the next open drops them)."""
         st = self.files.get(fh)
         if st is None or not st.wrote:
             return

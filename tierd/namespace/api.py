@@ -216,18 +216,18 @@ class NamespaceAPI(Protocol):
         ...
 
     async def flush(self, fh: int) -> int | None:
-        """close(2) of a descriptor: the handle's writes become durable; the committed
-        content version (None once the inode is gone)."""
+        """close(2) of a descriptor: the handle's writes become durable; the content
+        version this call committed (None when there was nothing to commit)."""
         ...
 
     async def fsync(self, fh: int, datasync: bool = False) -> int | None:
-        """fsync(2): the file's writes and metadata become durable; the committed content
-        version (None once the inode is gone)."""
+        """fsync(2): the file's writes and metadata become durable; the content version
+        this call committed (None when there was nothing to commit)."""
         ...
 
     async def release(self, fh: int) -> int | None:
-        """The last close of a handle: durable, then the handle is gone; the committed
-        content version (None once the inode is gone)."""
+        """The last close of a handle: durable, then the handle is gone; the content
+        version this call committed (None when there was nothing to commit)."""
         ...
 
     def advise_read(self, fh: int, offset: int, length: int) -> None:

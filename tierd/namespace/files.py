@@ -167,17 +167,16 @@ class FileOps(EntryOps):
 
     async def flush(self, fh: int) -> int | None:
         """close(2) of a descriptor: the design's durability point for FUSE writers.
-        The inode's committed content version (None once the inode is gone)."""
+        The content version this call committed (None when it had nothing to commit)."""
         of = self._handle(fh).ofile
-        await self._durable(of)
-        return self._committed_version(of.ino)
+        return self._committed_version(of.ino) if await self._durable(of) else None
 
     async def fsync(self, fh: int, datasync: bool = False) -> int | None:
         of = self._handle(fh).ofile
-        await self._durable(of)
-        return self._committed_version(of.ino)
+        return self._committed_version(of.ino) if await self._durable(of) else None
 
     def _committed_version(self, ino: int) -> int | None:
+        """Read only after a commit: a close of a file nobody wrote costs no metadata read."""
         with self.meta.snapshot() as tx:
             inode = tx.get_inode(ino)
         return None if inode is None else inode.version
@@ -187,10 +186,11 @@ class FileOps(EntryOps):
         if h is None:
             raise FsError(errno.EBADF, f"file handle {fh} is not open")
         of = h.ofile
+        version = None
         try:
-            if of.dirty or of.synced_gen != of.gen or of.intent:
-                await self._durable(of)
-            version = self._committed_version(of.ino)
+            if ((of.dirty or of.synced_gen != of.gen or of.intent)
+                    and await self._durable(of)):
+                version = self._committed_version(of.ino)
         finally:
             of.refs -= 1
             if of.refs == 0 and self._open.get(of.ino) is of:
@@ -229,11 +229,12 @@ class FileOps(EntryOps):
         finally:
             of.intending = None
 
-    async def _durable(self, of: OpenFile) -> None:
+    async def _durable(self, of: OpenFile) -> bool:
         """Data fsynced, then size/version/ETag committed (and the in-place intention
-        removed, when no write came in meanwhile), then metadata synced."""
+        removed, when no write came in meanwhile), then metadata synced; False when
+        there was nothing to make durable."""
         if of.synced_gen == of.gen and not of.intent:
-            return
+            return False
         gen = of.gen
         if of.opened:  # else nothing was written through it
             await asyncio.to_thread(os.fdatasync, of.fd)
@@ -248,6 +249,7 @@ class FileOps(EntryOps):
         await self._sync_meta()
         of.synced_gen = max(of.synced_gen, gen)
         await self._write_through(of.ino)
+        return True
 
     async def _write_through(self, ino: int) -> None:
         """Under a write-through policy the durability point waits for cold."""
