@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -98,6 +99,25 @@ def parse_meta_url(value: object, ctx: ParseContext) -> str:
         raise ValueError(f"{s.split('://')[0]!r} is not a metadata engine: give a "
                          "postgresql:// URL, or nothing for the embedded lmdb store")
     return s
+
+
+_NODE_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+
+
+def parse_node_name(value: object, ctx: ParseContext) -> str:
+    """``node_name``: empty (a single node) or a short DNS-label-like name."""
+    s = parse_optional_str(value, ctx).strip()
+    if s and not _NODE_NAME.match(s):
+        raise ValueError(f"{s!r} is not a node name: 1-32 of a-z, 0-9 and '-', starting "
+                         "with a letter or digit")
+    return s
+
+
+def parse_optional_host_port(value: object, ctx: ParseContext) -> HostPort | None:
+    """An optional ``HOST:PORT``: empty means none."""
+    if isinstance(value, str) and not value.strip():
+        return None
+    return parse_host_port(value, ctx)
 
 
 @dataclass(frozen=True)
@@ -228,6 +248,47 @@ class Config:
             "on this node; commit sends every transaction to the database before it returns.",
             secret=True,  # it may carry a password
             metavar="postgresql://USER@HOST:PORT/DB",
+        ),
+    )
+    node_name: str = field(
+        default="",
+        metadata=setting(
+            parse=parse_node_name,
+            help="This node's name in a cluster (several daemons sharing one meta_url "
+            "database; docs/cluster.md): 1-32 of a-z, 0-9 and '-', starting with a letter or "
+            "digit, unique in the cluster and kept across restarts (the node's unpersisted "
+            "files are recorded under it).  Empty: a single node.  Required with meta_url.",
+            metavar="NAME",
+        ),
+    )
+    peer_listen: HostPort | None = field(
+        default=None,
+        metadata=setting(
+            parse=parse_optional_host_port,
+            help="HOST:PORT of the peer data door, from which the other nodes of a cluster "
+            "read the bytes this node holds and has not yet persisted (port 0: any free "
+            "port).  Empty: off (a single node).  Required with node_name.",
+            metavar="HOST:PORT",
+        ),
+    )
+    peer_url: str = field(
+        default="",
+        metadata=setting(
+            parse=parse_http_url,
+            help="How the other nodes reach this node's peer data door (default: "
+            "http://PEER_LISTEN with the port it got; set it when they must use another "
+            "address, e.g. the node's host name when peer_listen is 0.0.0.0).",
+            metavar="URL",
+        ),
+    )
+    cluster_secret: str = field(
+        default="",
+        metadata=setting(
+            parse=parse_optional_str,
+            help="The secret every node of a cluster shares: it signs the requests of the "
+            "peer data door.  Required with node_name; at least 16 characters.",
+            secret=True,
+            metavar="SECRET",
         ),
     )
     s3_domain: tuple[str, ...] = field(

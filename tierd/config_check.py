@@ -69,8 +69,34 @@ def check_config(c: Config, sources: Mapping[str, str], *, probe: bool = True) -
     _addresses(c, sources)
     _directories(c, sources)
     _socket(c, sources)
+    _cluster(c, sources)
     if probe:
         _probe_cold(c, sources)
+
+
+def _cluster(c: Config, sources: Mapping[str, str]) -> None:
+    """A node of a cluster (node_name) shares its namespace through a database every node
+    reaches, serves its unpersisted bytes on the peer door and signs with the shared
+    secret; without one of them the other nodes could not read what it writes."""
+    if not c.node_name:
+        for name in ("peer_listen", "peer_url", "cluster_secret"):
+            if name in sources and getattr(c, name):
+                raise _fail(name, "<redacted>" if name == "cluster_secret" else
+                            str(getattr(c, name)), sources,
+                            "only a node of a cluster uses it: set node_name too")
+        return
+    if not c.meta_url:
+        raise _fail("node_name", c.node_name, sources,
+                    "a cluster shares its namespace in a PostgreSQL database: set meta_url "
+                    "(docs/cluster.md); the embedded lmdb store belongs to one node")
+    if c.peer_listen is None:
+        raise _fail("node_name", c.node_name, sources,
+                    "a node of a cluster serves its unpersisted bytes to the others: set "
+                    "peer_listen (HOST:PORT)")
+    if len(c.cluster_secret) < 16:
+        raise _fail("cluster_secret", "<redacted>", sources,
+                    "a node of a cluster needs the cluster's shared secret, at least 16 "
+                    "characters (TIERD_CLUSTER_SECRET)")
 
 
 def _watermarks(c: Config, sources: Mapping[str, str]) -> None:
