@@ -6,39 +6,54 @@ nothing but core SQL (no extension, no advisory lock), so PostgreSQL-compatible 
 serve it too.  Selected with the ``meta_url`` setting (``postgresql://user@host:port/db``);
 see docs/metadata.md, "PostgreSQL engine".
 
-Layout: one table ``kv(k bytea primary key, v bytea not null)`` -- ``bytea`` compares byte by
-byte, so ``ORDER BY k`` is the contract's key order -- and ``meta_schema(version)``, one row,
-created or migrated when the store opens.
+Layout (version 2; :func:`_migrate` creates it, or brings version 1 up to it, at open):
+
+* ``kv(k bytea primary key, v bytea not null)`` -- ``bytea`` compares byte by byte, so
+  ``ORDER BY k`` is the contract's key order;
+* ``meta_schema(version, seq)``, one row: the layout version, and ``seq``, the number of the
+  last write commit (every commit that wrote something bumps it);
+* ``kv_log(seq bigint primary key, node text, keys bytea[])``: for each write commit, the node
+  that made it and the keys it put or deleted (an empty array: too many to list, "everything
+  changed").  Trimmed to the last ``log_keep`` rows by the writers.  It is what keeps every
+  node's read cache (:mod:`tierd.meta.pg_cache`) exact, and it is the change feed
+  (:mod:`tierd.meta.pg_changes`); each commit also sends ``NOTIFY tierd_changes, '<seq>'``.
 
 Transactions:
 
 * **Reads** are ``REPEATABLE READ READ ONLY``: a snapshot.  PostgreSQL takes the snapshot at
-  the first statement, not at ``BEGIN``, so :meth:`PgStore.begin` runs one at once (in the
-  same round trip): a reader begun before a writer commits never sees that commit.
+  the first statement, not at ``BEGIN``, so :meth:`PgStore.begin` runs one at once: ``SELECT
+  seq FROM meta_schema``, which also says which commit the snapshot ends at.  A reader begun
+  before a writer commits never sees that commit.
 * **Writes** are serialized, as the contract says (one writer at a time): a writer first locks
-  the ``meta_schema`` row (``SELECT ... FOR UPDATE``), so writers of every node that shares
+  the ``meta_schema`` row (``SELECT seq ... FOR UPDATE``), so writers of every node that shares
   the database queue there, and then runs ``READ COMMITTED``: with every writer behind the same
   lock nothing commits while it holds it, so each statement sees exactly the state at its
-  lock plus its own writes.  (Under ``REPEATABLE READ`` its snapshot would predate the lock
-  and miss the writer it waited for.)  No serialization failure can occur in a transaction
+  lock (seq) plus its own writes.  (Under ``REPEATABLE READ`` its snapshot would predate the
+  lock and miss the writer it waited for.)  No serialization failure can occur in a transaction
   body; the interface could not replay one anyway (the caller's code ran between the
   statements).  ``begin`` retries a connection that broke while idle in the pool.
-* Puts are buffered (a get or delete of a buffered key is answered from the buffer; of any
-  other key the server answers, unaffected by the buffer) and sent in one pipelined batch
-  before the next scan page or the commit: a group-commit flush
-  (:mod:`tierd.meta.group_engine`) of a thousand keys costs a few round trips, not a
-  thousand.
+* **The read cache.**  The begin's round trip also fetches the log rows after the cache's seq
+  (when the cache holds anything), so the cache drops what other nodes changed and stands at
+  the transaction's seq; gets are then answered by the cache when they can, and what the
+  server answers fills it.  A transaction whose snapshot is older than the cache reads the
+  server (see :mod:`tierd.meta.pg_cache`): snapshot semantics stay exact across nodes.  A
+  node's repeated reads of an unchanged key cost no round trip.  Scans read the server.
+* Puts and deletes are buffered (a get of a written key is answered from the buffer; a delete
+  learns whether the key exists from a get, usually the cache) and sent in one pipelined batch
+  before the next scan page or the commit.  A writing commit sends, in the same pipeline, the
+  buffered writes, the seq bump, the log row, the ``NOTIFY`` and ``COMMIT``: one round trip.
 * A commit is durable when it returns (the server's ``synchronous_commit``), so :meth:`sync`
   has nothing to do.  A database error inside a transaction becomes ``FsError(EIO)``; the
   transaction is rolled back whole (if the connection broke during ``COMMIT`` itself, the
-  outcome is the server's and the error says so).
+  outcome is the server's and the error says so; the cache is not touched then, and the next
+  transaction learns the outcome from the seq).
 
 Range scans page by key (``k >= $lo AND k < $hi ORDER BY k LIMIT n``, resuming after the last
 key returned), so they are lazy, see the transaction's own writes made between pages (as the
 memory engine does), and hold no server-side cursor across the caller's writes.
 
-Every call is a network round trip: the caller runs it in a thread, or measures what one costs
-on its event loop (bench/meta_engines.py; the figures are in docs/metadata.md).
+Every call that misses the cache is a network round trip: the caller runs it in a thread, or
+measures what one costs on its event loop (bench/meta_engines.py; figures in docs/metadata.md).
 """
 
 from __future__ import annotations
@@ -46,7 +61,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -54,25 +69,42 @@ from psycopg_pool import ConnectionPool
 
 from tierd.errors import FsError
 from tierd.meta.kv import KVStore, KVTxn
+from tierd.meta.pg_cache import ReadCache
+from tierd.meta.pg_changes import ChangeFeed, FeedCallback
 
 log = logging.getLogger(__name__)
 
 #: the layout this code reads; :func:`_migrate` brings an older database up to it
-PG_SCHEMA_VERSION = 1
+PG_SCHEMA_VERSION = 2
+#: the channel every write commit notifies (payload: its seq)
+CHANNEL = "tierd_changes"
 #: keys fetched by a scan's first page; later pages double up to _SCAN_MAX, so taking a few
 #: entries costs one small query and a full scan few round trips
 _SCAN_FIRST = 64
 _SCAN_MAX = 2048
-#: puts buffered before they are sent anyway, so a transaction of millions (tierd meta load)
-#: holds a bounded amount of memory
+#: writes buffered before they are sent anyway, so a transaction of millions (tierd meta
+#: load) holds a bounded amount of memory
 _PENDING_MAX = 4096
+#: keys a writer remembers for the log and the cache; beyond, its log row says "everything"
+#: (an empty array) and every node drops its whole cache
+_TRACK_MAX = 10_000
+#: log rows a begin fetches to bring the cache up; further behind, the cache is dropped
+_LOG_FETCH_MAX = 512
+#: log rows kept (each commit's keys); a node whose cache or feed is further behind than
+#: this drops its cache (a full invalidation)
+DEFAULT_LOG_KEEP = 100_000
 #: no lmdb-like map: the database's own limits apply; the group commit only needs a figure
 #: far larger than a group (headroom is what admission compares with)
 _HEADROOM = 1 << 50
 
-_BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1"
-_BEGIN_WRITE = (b"BEGIN ISOLATION LEVEL READ COMMITTED; "
-                b"SELECT version FROM meta_schema FOR UPDATE")
+_BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+_BEGIN_WRITE = b"BEGIN ISOLATION LEVEL READ COMMITTED"
+_SEQ_READ = b"SELECT seq FROM meta_schema"
+_SEQ_LOCK = b"SELECT seq FROM meta_schema FOR UPDATE"
+_LOG_SINCE = b"SELECT seq, keys FROM kv_log WHERE seq > %s ORDER BY seq LIMIT %s"
+_BUMP = b"UPDATE meta_schema SET seq = %s"
+_LOG = b"INSERT INTO kv_log (seq, node, keys) VALUES (%s, %s, %s::bytea[])"
+_TRIM = b"DELETE FROM kv_log WHERE seq <= %s"
 _GET = b"SELECT v FROM kv WHERE k = %b"
 _PUT = b"INSERT INTO kv (k, v) VALUES (%b, %b) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
 _DELETE = b"DELETE FROM kv WHERE k = %b"
@@ -91,10 +123,25 @@ def _io_error(e: psycopg.Error, doing: str) -> FsError:
 
 def _migrate(conn: psycopg.Connection[Any]) -> None:
     """Create the tables, or bring an older layout up to :data:`PG_SCHEMA_VERSION`; refuse
-    a newer one (a newer tierd wrote it)."""
+    a newer one (a newer tierd wrote it).  Two nodes starting at once on an empty database
+    may both try to create the tables: the loser's error is retried once."""
+    for attempt in range(2):
+        try:
+            _migrate_once(conn)
+            return
+        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable,
+                psycopg.errors.DuplicateObject):
+            if attempt:
+                raise
+
+
+def _migrate_once(conn: psycopg.Connection[Any]) -> None:
     with conn.transaction():
         conn.execute("CREATE TABLE IF NOT EXISTS kv (k bytea PRIMARY KEY, v bytea NOT NULL)")
-        conn.execute("CREATE TABLE IF NOT EXISTS meta_schema (version integer NOT NULL)")
+        conn.execute("CREATE TABLE IF NOT EXISTS meta_schema (version integer NOT NULL, "
+                     "seq bigint NOT NULL DEFAULT 0)")
+        conn.execute("CREATE TABLE IF NOT EXISTS kv_log (seq bigint PRIMARY KEY, "
+                     "node text NOT NULL, keys bytea[] NOT NULL)")
         row = conn.execute("SELECT version FROM meta_schema FOR UPDATE").fetchone()
         if row is None:
             conn.execute("INSERT INTO meta_schema (version) VALUES (%s)",
@@ -104,69 +151,105 @@ def _migrate(conn: psycopg.Connection[Any]) -> None:
         if found > PG_SCHEMA_VERSION:
             raise RuntimeError(f"the metadata database has layout version {found}; this tierd "
                                f"reads version {PG_SCHEMA_VERSION} (upgrade tierd)")
-        # versions 1..found-1 -> found: none yet; each future step goes here, in order
+        # each step brings version n to n + 1, in order
+        if found < 2:  # 1 -> 2: the commit counter (kv_log was created above)
+            conn.execute("ALTER TABLE meta_schema "
+                         "ADD COLUMN IF NOT EXISTS seq bigint NOT NULL DEFAULT 0")
         if found < PG_SCHEMA_VERSION:
             conn.execute("UPDATE meta_schema SET version = %s", (PG_SCHEMA_VERSION,))
 
 
 class PgTxn(KVTxn):
-    def __init__(self, store: PgStore, write: bool, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, store: PgStore, write: bool, conn: psycopg.Connection[Any],
+                 seq: int, cached: bool) -> None:
         self.write = write
         self._store = store
         self._conn = conn
-        self._pending: dict[bytes, bytes] = {}  # puts not yet sent (see the module doc)
+        #: the commit this transaction's state ends at (a writer: the lock's)
+        self.seq = seq
+        #: whether the store's cache stood at ``seq`` at begin (see pg_cache)
+        self._cached = cached
+        self._unsent: dict[bytes, bytes | None] = {}  # writes not yet sent (None: delete)
+        #: every write of this transaction (None once there are too many to remember)
+        self._written: dict[bytes, bytes | None] | None = {}
         self._done = False
 
     def _check(self) -> None:
         if self._done:
             raise RuntimeError("transaction already ended")
 
-    def _send_puts(self) -> None:
-        if self._pending:
-            items, self._pending = list(self._pending.items()), {}
+    def _send_writes(self) -> None:
+        if self._unsent:
+            items, self._unsent = self._unsent, {}
+            puts = [(k, v) for k, v in items.items() if v is not None]
+            dels = [(k,) for k, v in items.items() if v is None]
             with self._conn.cursor() as cur:
-                cur.executemany(_PUT, items)
+                if puts:
+                    cur.executemany(_PUT, puts)
+                if dels:
+                    cur.executemany(_DELETE, dels)
 
     def _query(self, query: bytes, params: tuple[Any, ...], doing: str,
-               *, send_puts: bool = False) -> list[Any]:
-        """Run ``query`` (after the buffered puts, when it could see their keys: scans);
-        rows, or rowcount as ``[n]`` for DML."""
+               *, send_writes: bool = False) -> list[Any]:
+        """Run ``query`` (after the buffered writes, when it could see their keys: scans)."""
         try:
-            if send_puts:
-                self._send_puts()
-            cur = self._conn.execute(query, params, binary=True)
-            return cur.fetchall() if cur.description is not None else [cur.rowcount]
+            if send_writes:
+                self._send_writes()
+            return self._conn.execute(query, params, binary=True).fetchall()
         except psycopg.Error as e:
             self._fail()
             raise _io_error(e, doing) from e
 
     def get(self, key: bytes) -> bytes | None:
         self._check()
-        if key in self._pending:
-            return self._pending[key]
-        rows = self._query(_GET, (bytes(key),), "reading a key")
-        return bytes(rows[0][0]) if rows else None
+        key = bytes(key)
+        if self.write:
+            if key in self._unsent:
+                return self._unsent[key]
+            if self._written is not None and key in self._written:
+                return self._written[key]
+        cache = self._store.cache
+        if self._cached:
+            hit, value = cache.lookup(self.seq, key)
+            if hit:
+                return value
+        rows = self._query(_GET, (key,), "reading a key")
+        value = bytes(rows[0][0]) if rows else None
+        if self._cached:
+            # a writer's server answers never include its own writes here: those keys were
+            # answered above (and _cached is off once the writes are too many to remember)
+            cache.fill(self.seq, key, value)
+        return value
+
+    def _record(self, key: bytes, value: bytes | None) -> None:
+        self._unsent[key] = value
+        if self._written is not None:
+            self._written[key] = value
+            if len(self._written) > _TRACK_MAX:
+                self._written = None  # logged as "everything"; the cache is off for us
+                self._cached = False
+        if len(self._unsent) >= _PENDING_MAX:  # a huge transaction (a load) streams
+            try:
+                self._send_writes()
+            except psycopg.Error as e:
+                self._fail()
+                raise _io_error(e, "writing keys") from e
 
     def put(self, key: bytes, value: bytes) -> None:
         self._check()
         if not self.write:
             raise PermissionError("write in a read-only transaction")
-        self._pending[bytes(key)] = bytes(value)
-        if len(self._pending) >= _PENDING_MAX:  # a huge transaction (a load) streams
-            try:
-                self._send_puts()
-            except psycopg.Error as e:
-                self._fail()
-                raise _io_error(e, "writing keys") from e
+        self._record(bytes(key), bytes(value))
 
     def delete(self, key: bytes) -> bool:
         self._check()
         if not self.write:
             raise PermissionError("write in a read-only transaction")
-        pending = self._pending.pop(key, None) is not None
-        # (a pending put over an absent key: the DELETE finds nothing, yet it existed)
-        rows = self._query(_DELETE, (bytes(key),), "deleting a key")
-        return pending or rows[0] > 0
+        key = bytes(key)
+        if self.get(key) is None:
+            return False
+        self._record(key, None)
+        return True
 
     def scan(
         self, start: bytes, end: bytes | None = None, *, reverse: bool = False
@@ -185,7 +268,7 @@ class PgTxn(KVTxn):
                         else (_SCAN_UP_END, (start, end, limit)))
             else:
                 q, p = (_AFTER, (lo, limit)) if end is None else (_AFTER_END, (lo, end, limit))
-            rows = self._query(q, p, "scanning keys", send_puts=True)
+            rows = self._query(q, p, "scanning keys", send_writes=True)
             for k, v in rows:
                 yield bytes(k), bytes(v)
             if len(rows) < limit:
@@ -199,21 +282,37 @@ class PgTxn(KVTxn):
     def commit(self) -> None:
         if self._done:
             return
+        store, conn = self._store, self._conn
+        written = self._written
+        changed = written is None or bool(written)
+        new = self.seq + 1
         try:
-            self._send_puts()
-            self._conn.execute(b"COMMIT")
+            if not changed:
+                conn.execute(b"COMMIT")
+            else:
+                keys = [] if written is None else list(written)
+                with conn.pipeline():
+                    self._send_writes()
+                    conn.execute(_BUMP, (new,))
+                    conn.execute(_LOG, (new, store.node, keys), binary=True)
+                    conn.execute(f"NOTIFY {CHANNEL}, '{new}'".encode())
+                    if new % store.trim_every == 0:
+                        conn.execute(_TRIM, (new - store.log_keep,))
+                    conn.execute(b"COMMIT")
         except psycopg.Error as e:
             self._fail()
             why = "committing"
             if isinstance(e, psycopg.OperationalError):
                 why += " (if the connection broke during COMMIT it may have been applied)"
             raise _io_error(e, why) from e
+        if changed:
+            store.cache.committed(self.seq, new, written)
         self._end()
 
     def abort(self) -> None:
         if self._done:
             return
-        self._pending = {}
+        self._unsent = {}
         try:
             self._conn.execute(b"ROLLBACK")
         except psycopg.Error:
@@ -231,7 +330,7 @@ class PgTxn(KVTxn):
         if self._done:
             return
         self._done = True
-        self._pending = {}
+        self._unsent = {}
         broken = self._conn.broken or self._conn.closed
         if not broken:
             try:
@@ -242,14 +341,23 @@ class PgTxn(KVTxn):
 
 
 class PgStore(KVStore):
-    """Metadata in a PostgreSQL database reached at ``url``."""
+    """Metadata in a PostgreSQL database reached at ``url``; ``node`` names this node in the
+    change log (other nodes' feeds report its commits; its own feed skips them)."""
 
     name = "pg"
     space_hint = "delete something, or give the metadata database more space"
 
-    def __init__(self, url: str, *, pool_size: int = 16, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, *, node: str = "", pool_size: int = 16,
+                 timeout: float = 30.0, cache_entries: int = 200_000,
+                 log_keep: int = DEFAULT_LOG_KEEP) -> None:
         self.url = url
+        self.node = node
+        self.cache = ReadCache(cache_entries)
+        self.log_keep = max(1, log_keep)
+        #: a writer trims the log when its seq is a multiple of this (about 1 in 1000)
+        self.trim_every = max(1, min(1000, self.log_keep // 10))
         self._writer = threading.Lock()  # this process's writers queue here, not in a socket
+        self._feeds: list[ChangeFeed] = []
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, timeout=timeout, open=False,
             kwargs={"autocommit": True}, name="tierd-meta")
@@ -275,8 +383,18 @@ class PgStore(KVStore):
         tries = self._pool.max_size + 1
         for attempt in range(tries):
             conn = self._pool.getconn()
+            frm = self.cache.since()
             try:
-                conn.execute(_BEGIN_WRITE if write else _BEGIN_READ)
+                with conn.pipeline():
+                    conn.execute(_BEGIN_WRITE if write else _BEGIN_READ)
+                    cur = conn.execute(_SEQ_LOCK if write else _SEQ_READ, binary=True)
+                    logcur = (None if frm is None else
+                              conn.execute(_LOG_SINCE, (frm, _LOG_FETCH_MAX), binary=True))
+                row = cur.fetchone()
+                if row is None:
+                    raise psycopg.DataError("meta_schema has no row")
+                seq = int(row[0])
+                rows = None if logcur is None else logcur.fetchall()
             except psycopg.OperationalError as e:
                 # most often a connection the server closed while it idled (a restart)
                 conn.close()
@@ -286,9 +404,15 @@ class PgStore(KVStore):
                 log.info("metadata database connection failed at BEGIN, retrying: %s", e)
                 continue
             except psycopg.Error as e:
+                if not conn.closed:
+                    try:
+                        conn.execute(b"ROLLBACK")
+                    except psycopg.Error:
+                        conn.close()
                 self._pool.putconn(conn)
                 raise _io_error(e, "starting a transaction") from e
-            return PgTxn(self, write, conn)
+            cached = self.cache.advance(frm, seq, _contiguous(frm, seq, rows))
+            return PgTxn(self, write, conn, seq, cached)
         raise AssertionError("unreachable")
 
     def _release(self, txn: PgTxn, conn: psycopg.Connection[Any], *, broken: bool) -> None:
@@ -298,20 +422,56 @@ class PgStore(KVStore):
         if txn.write:
             self._writer.release()
 
+    def watch(self, callback: FeedCallback, *, poll: float = 1.0) -> Callable[[], None]:
+        """Start a change feed (:class:`~tierd.meta.pg_changes.ChangeFeed`): ``callback(seq,
+        keys)`` in a thread of its own for every later commit of another node (``keys``
+        None: everything may have changed).  It also keeps this store's cache current.
+        Returns the function that stops it (close() stops it too)."""
+        feed = ChangeFeed(self.url, self.node, self.cache, callback, poll=poll)
+        self._feeds.append(feed)
+        feed.start()
+
+        def stop() -> None:
+            feed.close()
+            if feed in self._feeds:
+                self._feeds.remove(feed)
+        return stop
+
     def sync(self) -> None:
         return None  # every commit is durable when it returns
 
     def close(self) -> None:
+        for feed in list(self._feeds):
+            feed.close()
+        self._feeds.clear()
         self._pool.close()
 
     def stat(self) -> dict[str, int]:
+        cache = {"cache_entries": len(self.cache), "cache_hits": self.cache.hits,
+                 "cache_misses": self.cache.misses}
         try:
             with self._pool.connection() as conn:
                 row = conn.execute("SELECT (SELECT count(*) FROM kv), "
-                                   "pg_total_relation_size('kv')").fetchone()
+                                   "pg_total_relation_size('kv'), "
+                                   "(SELECT seq FROM meta_schema)").fetchone()
         except psycopg.Error:
-            return {}
-        return {} if row is None else {"entries": int(row[0]), "used_bytes": int(row[1])}
+            return cache
+        if row is None:
+            return cache
+        return {"entries": int(row[0]), "used_bytes": int(row[1]), "seq": int(row[2]), **cache}
 
     def headroom(self) -> int:
         return _HEADROOM
+
+
+def _contiguous(frm: int | None, to: int,
+                rows: list[Any] | None) -> list[tuple[int, list[bytes]]] | None:
+    """The log rows fetched at begin, if they cover every commit from ``frm + 1`` to ``to``
+    (none missing to a trim or to the fetch limit); None otherwise (drop the cache)."""
+    if frm is None or rows is None:
+        return None if frm is not None else []
+    if frm >= to:
+        return []
+    if not rows or int(rows[0][0]) != frm + 1 or int(rows[-1][0]) < to:
+        return None
+    return [(int(s), [bytes(k) for k in keys]) for s, keys in rows]

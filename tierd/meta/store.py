@@ -470,16 +470,18 @@ class MetaStore:
                                    metasync=sync == "group"), sync)
 
     @classmethod
-    def open_pg(cls, url: str, *, sync: str = "group") -> MetaStore:
+    def open_pg(cls, url: str, *, sync: str = "group", node: str = "") -> MetaStore:
         """The store in a PostgreSQL database (the ``meta_url`` setting; see
-        :mod:`tierd.meta.pg_engine`).  Every commit is durable at the server, so ``sync``
-        only chooses whether commits are grouped in this process first (``group``: the
-        same overlay and flusher as over lmdb) or sent one by one (``commit``,
-        ``durability-points``)."""
+        :mod:`tierd.meta.pg_engine`), shared by every node that names it; ``node`` is this
+        node's name (``node_name``) in the database's change log.  Never behind the
+        group-commit overlay, whatever ``sync`` says (it is only checked): the overlay is
+        per process, so two nodes would both allocate from their own unflushed counters (the
+        same inode number) and overwrite each other's groups.  Every transaction is one
+        server transaction, durable at the server when it commits."""
         from tierd.meta.pg_engine import PgStore
 
         _check_sync(sync)
-        return cls._over(PgStore(url), sync)
+        return cls._over(PgStore(url, node=node), "commit")
 
     @classmethod
     def _over(cls, inner: KVStore, sync: str) -> MetaStore:

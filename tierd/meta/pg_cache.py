@@ -1,0 +1,174 @@
+"""A node's read cache of the shared PostgreSQL store: key -> value (or "absent"), valid at a seq.
+
+Several nodes share one database, so a value this node read a moment ago may have been
+replaced by another node since.  The database numbers every write commit (``meta_schema.seq``,
+bumped in the commit) and logs the keys each one changed (``kv_log``); see
+:mod:`tierd.meta.pg_engine`.  The cache is tagged with the seq its entries are valid at:
+
+* a transaction learns the seq of its snapshot in its first round trip, together with the
+  log rows after the cache's seq (:meth:`ReadCache.since` says from where); :meth:`advance`
+  drops the keys those rows name (everything, when the log no longer reaches back) and moves
+  the cache to the snapshot's seq;
+* a transaction uses and fills the cache only while the cache is at exactly its own snapshot's
+  seq (:meth:`lookup`, :meth:`fill` take that seq): a reader whose snapshot is older than the
+  cache (another transaction moved it on) simply reads the server, so no transaction ever sees
+  a value older or newer than its snapshot;
+* the writer (who holds the database's writer lock, so nothing else commits meanwhile) hands
+  its own writes over after its commit (:meth:`committed`): the cache moves from the writer's
+  seq to the commit's seq with those values in place, and this node's next read of a key it
+  just wrote costs no round trip.
+
+The seq only grows (an empty cache is valid at any seq, so dropping everything never needs to
+go back).  Bounded by entries and bytes, least recently used out first.  Every method is
+thread safe: transactions run on the event loop and in worker threads, and the change feed
+(:mod:`tierd.meta.pg_changes`) advances the cache from its own thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+#: "no such key" as a cached fact (a lookup answering it returns None without a round trip)
+ABSENT: Final = None
+#: values larger than this are not cached (the small-write log's ``W`` values carry file bytes)
+VALUE_MAX = 64 << 10
+#: a log row with no keys: the commit changed too many keys to list (a ``tierd meta load``)
+EVERYTHING: Final[tuple[bytes, ...]] = ()
+_MISSING: Final = object()
+
+
+class ReadCache:
+    """Key -> value (``None``: known absent), valid at :attr:`seq`; see the module doc."""
+
+    def __init__(self, max_entries: int = 200_000, max_bytes: int = 64 << 20) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._map: OrderedDict[bytes, bytes | None] = OrderedDict()
+        self._bytes = 0
+        #: the seq the entries are valid at (-1: never learned one; the cache is empty)
+        self.seq = -1
+        # figures for status pages and the bench
+        self.hits = 0
+        self.misses = 0
+        self.dropped_all = 0
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def since(self) -> int | None:
+        """The seq after which a transaction should fetch log rows to bring the cache up to
+        its snapshot, or None when the cache is empty (nothing to drop: no log needed)."""
+        with self._lock:
+            return self.seq if self._map else None
+
+    def advance(self, frm: int | None, to: int,
+                rows: Iterable[tuple[int, Iterable[bytes]]] | None) -> bool:
+        """Bring the cache to seq ``to``, given the log ``rows`` (seq, keys) after ``frm``
+        (what :meth:`since` said; ``rows`` None: not fetched, or they do not reach back
+        to ``frm + 1``, or were cut short: drop everything).  True when the cache is now at
+        ``to`` (the caller may use it); False when it has moved past ``to`` (an older
+        snapshot: the caller reads the server)."""
+        with self._lock:
+            if self.seq == to:
+                return True
+            if self.seq > to:
+                return False
+            if not self._map:
+                self.seq = to
+                return True
+            if frm is None or rows is None or self.seq < frm:
+                self._clear()
+                self.seq = to
+                return True
+            for seq, keys in rows:
+                if seq <= self.seq:
+                    continue  # already applied (by the feed, or another transaction)
+                if seq > to:
+                    break
+                self._drop(keys)
+            self.seq = to
+            return True
+
+    def apply(self, seq: int, keys: Iterable[bytes]) -> None:
+        """One log row, from the change feed, applied if the cache is just before it (the
+        feed reads the log in order; a cache further behind waits for the next transaction
+        to bring it up with the whole stretch)."""
+        with self._lock:
+            if self.seq == seq - 1:
+                self._drop(keys)
+                self.seq = seq
+            elif self.seq < seq - 1 and not self._map:
+                self.seq = seq
+
+    def drop_all(self, at: int) -> None:
+        """Forget everything and stand at seq ``at`` (the feed lost the log: a trim)."""
+        with self._lock:
+            if at > self.seq:
+                self._clear()
+                self.seq = at
+
+    def lookup(self, seq: int, key: bytes) -> tuple[bool, bytes | None]:
+        """``(True, value)`` when the cache holds ``key`` at exactly ``seq``."""
+        with self._lock:
+            if self.seq != seq:
+                return False, None
+            try:
+                value = self._map[key]
+            except KeyError:
+                self.misses += 1
+                return False, None
+            self._map.move_to_end(key)
+            self.hits += 1
+            return True, value
+
+    def fill(self, seq: int, key: bytes, value: bytes | None) -> None:
+        """Remember what the server said ``key`` holds at ``seq`` (ignored unless the cache
+        is still at ``seq``)."""
+        with self._lock:
+            if self.seq == seq:
+                self._set(key, value)
+
+    def committed(self, before: int, after: int,
+                  writes: Mapping[bytes, bytes | None] | None) -> None:
+        """The writer that began at ``before`` committed seq ``after`` with ``writes`` (None:
+        too many to keep: forget everything)."""
+        with self._lock:
+            if self.seq != before:
+                return  # someone already moved the cache on (dropping these keys)
+            if writes is None:
+                self._clear()
+            else:
+                for key, value in writes.items():
+                    self._set(key, value)
+            self.seq = after
+
+    def _set(self, key: bytes, value: bytes | None) -> None:
+        old = self._map.pop(key, _MISSING)
+        if old is not _MISSING:
+            self._bytes -= len(key) + len(old or b"")  # type: ignore[arg-type]
+        if value is not None and len(value) > VALUE_MAX:
+            return
+        self._map[key] = value
+        self._bytes += len(key) + len(value or b"")
+        while len(self._map) > self.max_entries or self._bytes > self.max_bytes:
+            k, v = self._map.popitem(last=False)
+            self._bytes -= len(k) + len(v or b"")
+
+    def _drop(self, keys: Iterable[bytes]) -> None:
+        if keys == EVERYTHING or (isinstance(keys, list | tuple) and not keys):
+            self._clear()
+            return
+        for key in keys:
+            old = self._map.pop(bytes(key), _MISSING)
+            if old is not _MISSING:
+                self._bytes -= len(key) + len(old or b"")  # type: ignore[arg-type]
+
+    def _clear(self) -> None:
+        if self._map:
+            self.dropped_all += 1
+        self._map.clear()
+        self._bytes = 0
