@@ -22,9 +22,9 @@ import errno
 import logging
 import os
 import stat
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pyfuse3
 
@@ -138,6 +138,40 @@ class Request:
 Handler = Callable[[Request], Awaitable[Sequence[Buffer] | None]]
 
 
+class _Resume:
+    """Awaitable that carries on a coroutine whose first step already ran outside a task
+    (:meth:`KernelSession._dispatch`): it hands the future that step waits for to the
+    task, then passes every result or exception (a cancellation too) on to the coroutine,
+    as ``await`` of the fresh coroutine would have."""
+
+    __slots__ = ("coro", "waiting")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], waiting: Any) -> None:
+        self.coro = coro
+        self.waiting = waiting
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, waiting = self.coro, self.waiting
+        self.waiting = None
+        while True:
+            try:
+                sent = yield waiting
+            except BaseException as e:  # handed to the coroutine as is
+                try:
+                    waiting = coro.throw(e)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    waiting = coro.send(sent)
+                except StopIteration:
+                    return
+
+
+async def _resumed(rest: _Resume) -> None:
+    await rest
+
+
 class KernelSession:
     """One mount's conversation with the kernel over a ``/dev/fuse`` descriptor."""
 
@@ -238,7 +272,18 @@ class KernelSession:
         if handler is None:
             self.reply_error(unique, errno.ENOSYS)
             return
-        task = asyncio.ensure_future(self._run(handler, req))
+        # The handler's first step runs here, at once: most requests (lookup, getattr,
+        # create, a close with nothing to flush) never wait, and are answered before the
+        # loop polls again, with no task made for them.  Only one that waits becomes a task,
+        # which goes on from where it stopped (:class:`_Resume`).
+        coro = self._run(handler, req)
+        try:
+            waiting = coro.send(None)
+        except StopIteration:
+            if keep:
+                self._free.append(buf)
+            return
+        task = asyncio.ensure_future(_resumed(_Resume(coro, waiting)))
         self._tasks.add(task)
         task.add_done_callback(lambda t: self._task_done(t, buf if keep else None))
 

@@ -1,0 +1,188 @@
+"""The ceiling of the kernel backend's request loop: ``tierd_fuse.kdev`` over operations that
+do nothing (no namespace, no disk), measured with the same client work as ``fuse_fio.py``.
+
+Why: the FUSE door's numbers (docs/fuse.md, "Performance") mix three costs -- the kernel's
+round trips, the Python request loop (read, parse, task, reply) and the namespace's work per
+request.  Serving the very same ``KernelSession`` with empty handlers leaves the first two:
+what no change to the namespace can beat on this machine.  Measured here:
+
+* ``create``: open(O_CREAT) + close of new files in one directory (LOOKUP, CREATE, FLUSH,
+  RELEASE and the parent's GETATTR, each answered at once), per second;
+* ``write``: sequential 1 MiB writes of ``--write-mib`` MiB (WRITE requests whose payload is
+  dropped), MB/s; and the same on a tmpfs file as the raw figure of the page-cache copy.
+
+Usage (root: the mount is made with mount(2)):
+``python bench/fuse_null.py [--files 5000] [--write-mib 2048]``; prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import pyfuse3
+from tierd_fuse.kdev import KernelSession
+from tierd_fuse.mount import kernel_device, mount_options, unmount
+
+ROOT = pyfuse3.ROOT_INODE
+
+CLIENT = r"""
+import json, os, sys, time
+what, d, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if what == "create":
+    names = [os.path.join(d, f"f{i:06d}") for i in range(n)]
+    t = time.perf_counter()
+    for p in names:
+        os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
+    print(json.dumps({"per_s": n / (time.perf_counter() - t)}))
+else:
+    buf = bytes(1 << 20)
+    fd = os.open(os.path.join(d, "w.bin"), os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    t = time.perf_counter()
+    for i in range(n):
+        os.write(fd, buf)
+    os.close(fd)
+    print(json.dumps({"MBps": n * len(buf) / 1e6 / (time.perf_counter() - t)}))
+"""
+
+
+class NullOps:
+    """Just enough of :class:`tierd_fuse.ops.TierdOps` for creates and writes: one flat
+    directory of files whose bytes go nowhere (sizes are kept, so the kernel's view holds)."""
+
+    readdir_reply: Any = None
+
+    def __init__(self) -> None:
+        self.names: dict[bytes, int] = {}
+        self.sizes: dict[int, int] = {ROOT: 0}
+        self.next_ino = ROOT + 1
+        self.writes = 0
+        self.write_bytes = 0
+
+    def init(self) -> None:
+        pass
+
+    def _attrs(self, ino: int) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino
+        a.entry_timeout = a.attr_timeout = 300
+        a.st_mode = (stat.S_IFDIR | 0o777) if ino == ROOT else (stat.S_IFREG | 0o644)
+        a.st_nlink = 2 if ino == ROOT else 1
+        a.st_size = self.sizes.get(ino, 0)
+        a.st_blksize = 1 << 20
+        return a
+
+    async def lookup(self, parent: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        ino = self.names.get(name)
+        if ino is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attrs(ino)
+
+    async def getattr(self, ino: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        return self._attrs(ino)
+
+    async def create(self, parent: int, name: bytes, mode: int, flags: int,
+                     ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        ino = self.names.get(name)
+        if ino is None:
+            ino = self.names[name] = self.next_ino
+            self.next_ino += 1
+        self.sizes[ino] = 0
+        return pyfuse3.FileInfo(fh=ino), self._attrs(ino)
+
+    async def open(self, ino: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        return pyfuse3.FileInfo(fh=ino)
+
+    async def write(self, fh: int, off: int, data: bytes) -> int:
+        n = len(data)
+        self.writes += 1
+        self.write_bytes += n
+        self.sizes[fh] = max(self.sizes.get(fh, 0), off + n)
+        return n
+
+    async def flush(self, fh: int) -> None:
+        pass
+
+    async def release(self, fh: int) -> None:
+        pass
+
+    async def forget(self, inodes: Sequence[tuple[int, int]]) -> None:
+        pass
+
+    async def setattr(self, ino: int, attr: pyfuse3.EntryAttributes, fields: Any,
+                      fh: int | None, ctx: Any) -> pyfuse3.EntryAttributes:
+        if fields.update_size:
+            self.sizes[ino] = attr.st_size
+        return self._attrs(ino)
+
+    async def getxattr(self, ino: int, name: bytes, ctx: Any) -> bytes:
+        raise pyfuse3.FUSEError(errno.ENODATA)
+
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = 4096
+        s.f_namemax = 255
+        return s
+
+
+async def serve(mnt: Path, work: list[tuple[str, int]],
+                session_class: type[KernelSession] = KernelSession) -> dict[str, Any]:
+    ops = NullOps()
+    fd = await asyncio.to_thread(kernel_device, mnt, mount_options(True))
+    session = session_class(cast(Any, ops), fd)
+    served = asyncio.create_task(session.serve())
+    out: dict[str, Any] = {}
+    try:
+        for what, n in work:
+            w0, b0 = ops.writes, ops.write_bytes
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", CLIENT, what, str(mnt), str(n),
+                stdout=subprocess.PIPE)
+            stdout, _ = await proc.communicate()
+            out[what] = json.loads(stdout)
+            if what == "write":
+                writes = ops.writes - w0
+                out[what]["mean_request_bytes"] = (ops.write_bytes - b0) // max(writes, 1)
+    finally:
+        await asyncio.to_thread(unmount, mnt, True)
+        session.terminate()
+        await served
+        session.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--files", type=int, default=5000)
+    ap.add_argument("--write-mib", type=int, default=2048)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tierd-null-") as tmp:
+        mnt = Path(tmp) / "mnt"
+        mnt.mkdir()
+        cpu0 = time.process_time()
+        res = asyncio.run(serve(mnt, [("create", args.files), ("write", args.write_mib)]))
+        res["server_cpu_s"] = round(time.process_time() - cpu0, 2)
+    with tempfile.TemporaryDirectory(prefix="tierd-null-raw-", dir="/dev/shm") as shm:
+        r = subprocess.run([sys.executable, "-c", CLIENT, "write", shm, str(args.write_mib)],
+                           capture_output=True, text=True, check=True)
+        res["write_tmpfs_raw"] = json.loads(r.stdout)
+        r = subprocess.run([sys.executable, "-c", CLIENT, "create", shm, str(args.files)],
+                           capture_output=True, text=True, check=True)
+        res["create_tmpfs_raw"] = json.loads(r.stdout)
+    res["load_average"] = os.getloadavg()
+    print(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The kernel backend's request loop (tierd_fuse.kdev) on a real mount, with operations that
+are only what the loop needs: a handler's first step runs as the request is read, and only
+a handler that waits becomes a task (``_Resume`` carries it on).  Checked: an answer given
+without waiting, one given after waiting, an errno raised after waiting, and an exception
+of the awaited call thrown into the handler, which handles it -- each seen by a real
+program's system call.  The namespace's operations are not involved: the daemon's whole
+suite (test_fuse_kernel.py and the others) runs them through the same loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pyfuse3
+import pytest
+from public_dir import public_tempdir
+from tierd_fuse.kdev import KernelSession
+from tierd_fuse.mount import kernel_device, mount_options, unmount
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(os.geteuid() != 0, reason="mount(2) of the kernel backend needs root"),
+]
+
+ROOT = pyfuse3.ROOT_INODE
+NAMES = {b"fast": 2, b"slow": 3, b"denied": 4, b"thrown": 5}
+
+
+class LoopOps:
+    """Lookups of four names: answered at once, after a sleep, EACCES after a sleep, and
+    after an awaited call that fails (its OSError is caught by the handler)."""
+
+    readdir_reply: Any = None
+
+    def __init__(self) -> None:
+        self.caught: list[str] = []
+
+    def init(self) -> None:
+        pass
+
+    def _attrs(self, ino: int, size: int = 0) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino
+        a.entry_timeout = a.attr_timeout = 0  # every stat asks again
+        a.st_mode = (stat.S_IFDIR | 0o755) if ino == ROOT else (stat.S_IFREG | 0o644)
+        a.st_nlink = 1
+        a.st_size = size
+        return a
+
+    async def getattr(self, ino: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        return await self.lookup(ROOT, next(n for n, i in NAMES.items() if i == ino), ctx) \
+            if ino != ROOT else self._attrs(ROOT)
+
+    async def lookup(self, parent: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        ino = NAMES.get(name)
+        if ino is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if name == b"slow":
+            await asyncio.sleep(0.01)
+            return self._attrs(ino, 11)
+        if name == b"denied":
+            await asyncio.sleep(0.01)
+            raise pyfuse3.FUSEError(errno.EACCES)
+        if name == b"thrown":
+            try:
+                await asyncio.to_thread(os.stat, "/nonexistent/tierd-kdev-loop")
+            except FileNotFoundError as e:
+                self.caught.append(type(e).__name__)
+                return self._attrs(ino, 13)
+        return self._attrs(ino, 7)
+
+    async def forget(self, inodes: Any) -> None:
+        pass
+
+
+STAT = r"""
+import os, sys
+for name in sys.argv[2:]:
+    try:
+        print(name, os.stat(os.path.join(sys.argv[1], name)).st_size)
+    except OSError as e:
+        print(name, os.strerror(e.errno))
+"""
+
+
+@pytest.fixture
+def mounted() -> Iterator[tuple[Path, LoopOps, KernelSession, asyncio.AbstractEventLoop]]:
+    with public_tempdir("tierd-kdev-loop-") as tmp:
+        mnt = tmp / "mnt"
+        mnt.mkdir()
+        loop = asyncio.new_event_loop()
+        ops = LoopOps()
+        fd = kernel_device(mnt, mount_options(True))
+        session = KernelSession(cast(Any, ops), fd)
+        served = loop.create_task(session.serve())
+        try:
+            yield mnt, ops, session, loop
+        finally:
+            unmount(mnt, lazy=True)
+            session.terminate()
+            loop.run_until_complete(served)
+            session.close()
+            loop.close()
+
+
+def test_answers_with_and_without_waiting(
+        mounted: tuple[Path, LoopOps, KernelSession, asyncio.AbstractEventLoop]) -> None:
+    mnt, ops, session, loop = mounted
+
+    async def client() -> str:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", STAT, str(mnt), "fast", "slow", "denied", "thrown",
+            "missing", "fast", stdout=subprocess.PIPE)
+        out, _ = await proc.communicate()
+        return out.decode()
+
+    out = loop.run_until_complete(asyncio.wait_for(client(), 60))
+    assert out.splitlines() == [
+        "fast 7", "slow 11", "denied Permission denied", "thrown 13",
+        "missing No such file or directory", "fast 7"]
+    assert ops.caught and set(ops.caught) == {"FileNotFoundError"}  # lookup, getattr
+    assert not session._tasks  # every task that waited has finished and was dropped
