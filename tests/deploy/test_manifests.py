@@ -391,7 +391,7 @@ def test_dockerfile_packages_cover_what_dev_sh_installs_for_building_and_running
 def test_dockerfile_installs_this_repository_with_pip_like_dev_sh() -> None:
     stages = dockerfile_stages()
     runs = [rest for instr, rest in stages[0] if instr == "RUN"]
-    assert any(re.search(r"\bpip install\b.*\s\.$", r) for r in runs), runs
+    assert any(re.search(r'\bpip install\b.*\s"\.\[postgresql\]"$', r) for r in runs), runs
     # dev.sh installs the same project (editable; for the tests with the test extra)
     dev = (ROOT / "dev.sh").read_text()
     assert re.search(r'pip_step runtime -e \.$', dev, re.M)
