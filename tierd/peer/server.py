@@ -1,0 +1,123 @@
+"""The peer data door's HTTP server: other nodes read the bytes this node holds.
+
+Routes (every request signed: :mod:`tierd.peer.auth`):
+
+* ``GET /v1/data/{ino}?version=V&offset=O&length=L`` -> 200 with the bytes
+  ``[O, O+L)`` of version ``V`` of inode ``ino`` as this node holds them (fewer at the end
+  of the file); 404 when this node does not hold that version; 409 when the inode is no
+  longer at version ``V`` here (:class:`VersionGone`: the caller re-reads the metadata);
+  400 for a bad parameter or a length over ``max_length``.
+* ``GET /v1/ping`` -> ``{"node": ..., "time_ns": ...}``: a signed liveness check.
+
+401: the request is not signed (or not in this door's form); 403: the signature or its date
+is wrong.  Errors are small JSON documents ``{"error": ..., "node": ...}`` whose messages
+never hold the secret or a signature.
+
+What the bytes are is the daemon's business: it hands a :data:`LocalReader` that answers
+from its hot tier only when its committed inode is at the asked version and it is the
+inode's home.  The door adds authentication, bounds and the HTTP mapping, nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from tierd.errors import FsError
+from tierd.logs import LogBudget, get_logger
+from tierd.peer import auth
+
+log = get_logger("peer")
+
+#: ``(ino, version, offset, length) -> bytes`` (fewer than ``length`` at the end of the
+#: file), None when this node does not hold that version, or :class:`VersionGone`
+LocalReader = Callable[[int, int, int, int], Awaitable[bytes | memoryview | None]]
+
+#: the largest ``length`` one request may ask for (bytes)
+MAX_LENGTH = 16 << 20
+_MAX_INT = (1 << 63) - 1
+
+_NODE: web.AppKey[str] = web.AppKey("tierd.peer.node", str)
+
+
+class VersionGone(Exception):
+    """Raised by a :data:`LocalReader`: the inode is not (or no longer) at the version
+    asked for on this node; the door answers 409 and the caller re-reads the metadata."""
+
+
+def _error(request: web.Request, status: int, message: str) -> web.Response:
+    body = json.dumps({"error": message, "node": request.app[_NODE]})
+    return web.Response(status=status, text=body, content_type="application/json")
+
+
+def _int_param(request: web.Request, name: str, value: str | None) -> int:
+    if value is None:
+        raise ValueError(f"{name} is missing")
+    if not value.isascii() or not value.isdigit() or len(value) > 19 or int(value) > _MAX_INT:
+        raise ValueError(f"{name} must be a whole number from 0 to 2**63-1, not {value[:40]!r}")
+    return int(value)
+
+
+def make_app(node: str, secret: str, reader: LocalReader, *,
+             max_length: int = MAX_LENGTH, max_skew_s: float = auth.MAX_SKEW_S,
+             clock: Callable[[], float] = time.time) -> web.Application:
+    """The door's application for node ``node``; ``clock`` is the clock the signatures'
+    dates are judged by (tests move it)."""
+
+    refusals = LogBudget(10, 60.0)
+
+    @web.middleware
+    async def signed(request: web.Request,
+                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                     ) -> web.StreamResponse:
+        try:
+            auth.verify(secret, request.method, request.path,
+                                 request.query.items(), request.headers,
+                                 now=clock(), max_skew_s=max_skew_s)
+        except auth.AuthError as e:
+            left_out = refusals.take()  # a misconfigured node retries all the time
+            if left_out is not None:
+                log.warning("peer request %s %s from %s refused (%d): %s%s", request.method,
+                            request.path, request.remote, e.status, e.message,
+                            f" ({left_out} more refusals not logged)" if left_out else "")
+            return _error(request, e.status, e.message)
+        return await handler(request)
+
+    async def data(request: web.Request) -> web.Response:
+        try:
+            ino = _int_param(request, "ino", request.match_info["ino"])
+            version = _int_param(request, "version", request.query.get("version"))
+            offset = _int_param(request, "offset", request.query.get("offset"))
+            length = _int_param(request, "length", request.query.get("length"))
+        except ValueError as e:
+            return _error(request, 400, str(e))
+        if length > max_length:
+            return _error(request, 400, f"length {length} is over the {max_length} bytes one "
+                                        "peer request may read")
+        try:
+            got = await reader(ino, version, offset, length)
+        except VersionGone as e:
+            return _error(request, 409, f"inode {ino} is not at version {version} on node "
+                                        f"{node}: {e}")
+        except FsError as e:
+            log.warning("peer read of inode %d v%d for node %s failed: %s", ino, version,
+                        request.headers[auth.HDR_NODE], e)
+            return _error(request, 503, f"node {node} could not read inode {ino}: {e}")
+        if got is None:
+            return _error(request, 404, f"node {node} does not hold version {version} of "
+                                        f"inode {ino}")
+        if len(got) > length:
+            got = memoryview(got)[:length]
+        return web.Response(body=got, content_type="application/octet-stream")
+
+    async def ping(request: web.Request) -> web.Response:
+        return web.json_response({"node": node, "time_ns": time.time_ns()})
+
+    app = web.Application(middlewares=[signed])
+    app[_NODE] = node
+    app.router.add_get("/v1/data/{ino}", data)
+    app.router.add_get("/v1/ping", ping)
+    return app
