@@ -34,6 +34,8 @@ so numeric order is byte order:
 ``Z<cold key head>``        pending delete of a cold object (the key's first 400 bytes, plus a
                             digest when longer; value: u64 inode, token, the key), managed by
                             :mod:`tierd.placement.intents` through ``MetaTxn.kv``
+``A<node name>``            node registry: msgpack [peer_url, heartbeat_ns, started_ns], managed by
+                            :mod:`tierd.peer.registry` through ``MetaTxn.kv``
 ==========================  ===================================================
 """
 
