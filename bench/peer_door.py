@@ -1,10 +1,11 @@
 """The peer data door's throughput over loopback: one node reads a file another node holds.
 
-A door (tierd/peer/door.py) on 127.0.0.1 serves a file of ``--mib`` MiB from a real file
-(``os.pread`` in a worker thread, as a hot tier would) or from memory; a client
-(tierd/peer/client.py) reads it whole in ``--chunk-mib`` requests, one at a time and with
-``--parallel`` requests in flight, and checks every byte.  The registry is an in-memory
-metadata store (a registry lookup is a cache hit per second per node; not what is measured).
+A door (tierd/peer/door.py) on 127.0.0.1 serves a file of ``--mib`` MiB: ``file`` reads it
+with ``os.pread`` in a worker thread and answers the bytes, ``sendfile`` answers an open
+descriptor (a ``FileSlice``: sent by ``sendfile(2)``), ``memory`` answers slices of a
+buffer; a client (tierd/peer/client.py) reads it whole in ``--chunk-mib`` requests, one at
+a time and with ``--parallel`` requests in flight, and checks every byte.  The registry is
+an in-memory metadata store (one lookup per node a second: not what is measured).
 ``MB_per_s`` is wall-clock throughput (it depends on how busy the machine is);
 ``MB_per_cpu_s`` divides by the CPU time this process spent (client and server together),
 the figure that stays put on a shared machine.  Prints one JSON document; ``--out FILE``
@@ -28,6 +29,7 @@ from tierd.config_parsers import HostPort
 from tierd.meta.store import MetaStore
 from tierd.peer.client import PeerClient
 from tierd.peer.door import PeerDoor
+from tierd.peer.server import FileSlice, LocalReader
 
 SECRET = "bench-secret-of-the-cluster"
 
@@ -61,9 +63,15 @@ async def _run(size: int, chunk: int, parallel: int, source: str, rounds: int) -
         async def from_memory(ino: int, version: int, offset: int, length: int) -> memoryview:
             return memoryview(payload)[offset:offset + length]
 
+        async def by_sendfile(ino: int, version: int, offset: int, length: int) -> FileSlice:
+            return FileSlice(os.open(path, os.O_RDONLY), offset,
+                             max(0, min(length, size - offset)))
+
+        readers: dict[str, LocalReader] = {"file": from_file, "memory": from_memory,
+                                           "sendfile": by_sendfile}
         meta = MetaStore.open_memory()
         door = PeerDoor(node="n1", secret=SECRET, listen=HostPort("127.0.0.1", 0), meta=meta,
-                        reader=from_file if source == "file" else from_memory)
+                        reader=readers[source])
         await door.start()
         client = PeerClient("n2", SECRET, meta)
         results: dict[str, object] = {}
@@ -102,7 +110,7 @@ def main() -> None:
                 "127.0.0.1, best of rounds, bytes checked",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
-    for source in ("file", "memory"):
+    for source in ("file", "sendfile", "memory"):
         doc[source] = asyncio.run(_run(a.mib << 20, a.chunk_mib << 20, a.parallel, source,
                                        a.rounds))
     text = json.dumps(doc, indent=2)

@@ -16,7 +16,7 @@ from meta.pg_server import PgServer, find_bindir
 from tierd.config_parsers import HostPort
 from tierd.meta.store import MetaStore
 from tierd.peer.door import PeerDoor
-from tierd.peer.server import VersionGone
+from tierd.peer.server import FileSlice, VersionGone
 
 SECRET = "s3cret-of-the-test-cluster"
 
@@ -27,15 +27,25 @@ class Held:
 
     files: dict[int, tuple[int, bytes]] = field(default_factory=dict)
     reads: int = 0
+    #: answer with open descriptors of files in this directory (sendfile), not bytes
+    fd_dir: Path | None = None
 
-    async def read(self, ino: int, version: int, offset: int, length: int) -> bytes | None:
+    async def read(self, ino: int, version: int, offset: int,
+                   length: int) -> bytes | FileSlice | None:
         self.reads += 1
         got = self.files.get(ino)
         if got is None:
             return None
         if got[0] != version:
             raise VersionGone(f"it is at version {got[0]}")
-        return got[1][offset:offset + length]
+        if self.fd_dir is None:
+            return got[1][offset:offset + length]
+        path = self.fd_dir / f"{ino}.{version}"
+        if not path.exists():
+            path.write_bytes(got[1])
+        size = len(got[1])
+        return FileSlice(os.open(path, os.O_RDONLY), offset,
+                         max(0, min(length, size - offset)))
 
 
 @pytest.fixture

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import os
 import random
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -17,7 +19,7 @@ from tierd.meta.store import MetaStore
 from tierd.peer import auth, registry
 from tierd.peer.client import NotHeld, PeerClient, StaleVersion
 from tierd.peer.door import PeerDoor, default_url
-from tierd.peer.server import MAX_LENGTH
+from tierd.peer.server import MAX_LENGTH, FileSlice
 
 from .conftest import SECRET, Held, running_door
 
@@ -39,10 +41,13 @@ def _q(version: int, offset: int, length: int) -> dict[str, str]:
     return {"version": str(version), "offset": str(offset), "length": str(length)}
 
 
-async def test_signed_reads_return_the_exact_bytes(meta: MetaStore) -> None:
+@pytest.mark.parametrize("send", ["bytes", "sendfile"])
+async def test_signed_reads_return_the_exact_bytes(meta: MetaStore, tmp_path: Path,
+                                                   send: str) -> None:
     rng = random.Random(20)
     data = rng.randbytes(3 << 20)
-    held = Held({7: (3, data)})
+    held = Held({7: (3, data)}, fd_dir=tmp_path if send == "sendfile" else None)
+    fds = len(os.listdir("/proc/self/fd"))
     async with running_door(meta, held) as door:
         assert door.bound is not None and door.bound.port != 0
         assert door.url == f"http://127.0.0.1:{door.bound.port}"
@@ -52,14 +57,48 @@ async def test_signed_reads_return_the_exact_bytes(meta: MetaStore) -> None:
                 off = rng.randrange(0, len(data) + 100)
                 length = rng.choice([0, 1, 4095, 4096, 65537, rng.randrange(0, 1 << 20)])
                 assert await client.read("n1", 7, 3, off, length) == data[off:off + length]
-            # the largest request the door takes, and the whole file in pieces
+            # the largest request the door takes; many at once
             assert await client.read("n1", 7, 3, 0, MAX_LENGTH) == data
+            offs = [rng.randrange(0, len(data)) for _ in range(32)]
+            got = await asyncio.gather(*(client.read("n1", 7, 3, o, 300_000) for o in offs))
+            assert got == [data[o:o + 300_000] for o in offs]
             assert await client.ping("n1") == {"node": "n1",
                                                "time_ns": pytest.approx(time.time_ns(),
                                                                         abs=5e9)}
         finally:
             await client.close()
-        assert held.reads == 151
+        assert held.reads == 183
+    assert len(os.listdir("/proc/self/fd")) <= fds  # every descriptor sent was closed
+
+
+async def test_a_file_cut_while_it_is_sent_is_a_short_answer_and_eio(
+        meta: MetaStore, tmp_path: Path) -> None:
+    """A hot file shorter than the FileSlice its reader promised (cut meanwhile): the
+    client sees fewer bytes than the Content-Length and refuses them, never returning a
+    short or padded range as if it were the file."""
+    path = tmp_path / "hot"
+    path.write_bytes(b"x" * 100_000)
+
+    async def lying(ino: int, version: int, offset: int, length: int) -> FileSlice:
+        fd = os.open(path, os.O_RDONLY)
+        os.truncate(path, 50_000)
+        return FileSlice(fd, offset, length)
+
+    door = PeerDoor(node="n1", secret=SECRET, listen=HostPort("127.0.0.1", 0), meta=meta,
+                    reader=lying)
+    await door.start()
+    client = PeerClient("n2", SECRET, meta, retries=0, read_timeout_s=5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(FsError) as err:
+            await client.read("n1", 7, 3, 0, 100_000)
+        assert err.value.errno == errno.EIO and "'n1'" in str(err.value)
+        # the door closes the connection at once rather than leave the client waiting
+        # for bytes that will never come (until its read timeout)
+        assert time.monotonic() - t0 < 3
+    finally:
+        await client.close()
+        await door.stop()
 
 
 async def test_unsigned_requests_are_refused_with_401(meta: MetaStore) -> None:

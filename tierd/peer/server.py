@@ -16,13 +16,17 @@ never hold the secret or a signature.
 What the bytes are is the daemon's business: it hands a :data:`LocalReader` that answers
 from its hot tier only when its committed inode is at the asked version and it is the
 inode's home.  The door adds authentication, bounds and the HTTP mapping, nothing else.
+A reader that answers with a :class:`FileSlice` (an open descriptor of the hot file) has the
+bytes sent by ``sendfile(2)``, without copies through Python buffers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -32,9 +36,27 @@ from tierd.peer import auth
 
 log = get_logger("peer")
 
+
+
+@dataclass(frozen=True)
+class FileSlice:
+    """An answer of a :data:`LocalReader` that the door sends with ``sendfile(2)``: the
+    ``length`` bytes at ``offset`` of the open file ``fd``, no copy through Python.  The
+    door owns ``fd`` and closes it once sent (a reader hands a descriptor of its own: a
+    fresh ``os.open`` or an ``os.dup``).  ``length`` is already cut to the file's end; a
+    file shorter than that when it is sent shows as a short answer, which the client
+    refuses (EIO), never as other bytes."""
+
+    fd: int
+    offset: int
+    length: int
+
+
 #: ``(ino, version, offset, length) -> bytes`` (fewer than ``length`` at the end of the
-#: file), None when this node does not hold that version, or :class:`VersionGone`
-LocalReader = Callable[[int, int, int, int], Awaitable[bytes | memoryview | None]]
+#: file) or a :class:`FileSlice`; None when this node does not hold that version, or
+#: :class:`VersionGone`
+LocalReader = Callable[[int, int, int, int],
+                       Awaitable[bytes | memoryview | FileSlice | None]]
 
 #: the largest ``length`` one request may ask for (bytes)
 MAX_LENGTH = 16 << 20
@@ -59,6 +81,29 @@ def _int_param(request: web.Request, name: str, value: str | None) -> int:
     if not value.isascii() or not value.isdigit() or len(value) > 19 or int(value) > _MAX_INT:
         raise ValueError(f"{name} must be a whole number from 0 to 2**63-1, not {value[:40]!r}")
     return int(value)
+
+
+async def _send_file(request: web.Request, part: FileSlice,
+                     limit: int) -> web.StreamResponse:
+    """Send ``part`` with the event loop's ``sendfile`` (asyncio falls back to reads and
+    writes where the transport cannot), and close its descriptor."""
+    with open(part.fd, "rb", buffering=0, closefd=True) as f:
+        count = max(0, min(part.length, limit))
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        resp.content_length = count
+        await resp.prepare(request)  # (a StreamResponse sends its headers here)
+        transport = request.transport
+        if count:
+            if transport is None:
+                raise ConnectionResetError("the peer closed the connection")
+            sent = await asyncio.get_running_loop().sendfile(transport, f, part.offset, count)
+            if sent != count:  # the file was cut meanwhile: the answer cannot be finished
+                log.warning("peer read: the file sent ended after %d of %d bytes; "
+                            "connection closed", sent, count)
+                transport.close()  # (the client sees a cut answer, never a short one)
+                return resp
+        await resp.write_eof()
+        return resp
 
 
 def make_app(node: str, secret: str, reader: LocalReader, *,
@@ -86,7 +131,7 @@ def make_app(node: str, secret: str, reader: LocalReader, *,
             return _error(request, e.status, e.message)
         return await handler(request)
 
-    async def data(request: web.Request) -> web.Response:
+    async def data(request: web.Request) -> web.StreamResponse:
         try:
             ino = _int_param(request, "ino", request.match_info["ino"])
             version = _int_param(request, "version", request.query.get("version"))
@@ -109,6 +154,8 @@ def make_app(node: str, secret: str, reader: LocalReader, *,
         if got is None:
             return _error(request, 404, f"node {node} does not hold version {version} of "
                                         f"inode {ino}")
+        if isinstance(got, FileSlice):
+            return await _send_file(request, got, length)
         if len(got) > length:
             got = memoryview(got)[:length]
         return web.Response(body=got, content_type="application/octet-stream")
