@@ -221,6 +221,7 @@ class Daemon:
                     f"cannot open the metadata store in {where}: {type(e).__name__}: {e}"
                 ) from e
             stack.push_async_callback(self._close_meta)
+            self.meta.node = cfg.node_name  # a node of a cluster: its own records
             self.placement = await placement_from_config(cfg, self.meta)
             stack.push_async_callback(self.placement.shutdown)
             self.namespace = await Namespace.load(self.meta, cfg.hot_dir, umask=cfg.umask,
@@ -270,7 +271,8 @@ class Daemon:
         cfg = self.config
 
         def setup() -> tuple[KeyStore, str]:
-            box = SecretBox.from_data_dir(cfg.data_dir)
+            box = (SecretBox.from_cluster_secret(cfg.cluster_secret) if cfg.node_name
+                   else SecretBox.from_data_dir(cfg.data_dir))
             migrate_keys(meta, box)
             bootstrap_root_key(meta, cfg.data_dir, box=box)
             return KeyStore(meta, box), bootstrap_admin_token(cfg.data_dir)

@@ -4,7 +4,8 @@ SigV4 verification needs the plaintext secret (the server recomputes the HMAC), 
 cannot be hashed like passwords; they are encrypted instead.  The encryption key is 32 random
 bytes in ``<data_dir>/secrets.key`` (mode 0600, created at first start), separate from the
 metadata store: a copy of the lmdb files alone (a backup, a shared metadata engine) does not
-reveal any secret.
+reveal any secret.  The nodes of a cluster share one database, so they derive the key from
+the ``cluster_secret`` they share instead (:meth:`SecretBox.from_cluster_secret`).
 
 The cipher is AES-256-GCM from ``cryptography``.  A sealed secret is
 ``version byte (1) | 12-byte random nonce | ciphertext+tag``, and the access key id is the
@@ -19,7 +20,9 @@ import os
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from tierd.tiers.fileio import fsync_dir, pwrite_all
 
@@ -50,6 +53,15 @@ class SecretBox:
     def from_data_dir(cls, data_dir: Path) -> SecretBox:
         """The daemon's box: ``<data_dir>/secrets.key``, created (0600) when missing."""
         return cls(load_or_create_key(data_dir / KEY_FILE))
+
+    @classmethod
+    def from_cluster_secret(cls, cluster_secret: str) -> SecretBox:
+        """The box of a node of a cluster: every node must open the keys any node sealed
+        (they share one metadata database), so the key is derived (HKDF-SHA256) from the
+        secret the nodes share rather than kept in one node's data directory."""
+        key = HKDF(algorithm=hashes.SHA256(), length=_KEY_BYTES, salt=None,
+                   info=b"tierd secrets at rest").derive(cluster_secret.encode())
+        return cls(key)
 
     def seal(self, secret: str, bound_to: str) -> bytes:
         """``secret`` encrypted and bound to ``bound_to`` (the access key id)."""

@@ -80,6 +80,9 @@ class Inode(Record):
     # what unsigned S3 requests may do (R/W/X bits, as in a mode's "other" class, and never
     # more than those bits give: tierd.acl.modes); set by the public-read(-write) canned ACLs
     anon: int = 0
+    # in a cluster: the node that wrote the current version and holds its bytes until they
+    # are in cold ("" on a single node; tierd.meta.nodes)
+    home: str = ""
 
     @property
     def is_dir(self) -> bool:

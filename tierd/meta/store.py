@@ -17,6 +17,8 @@ so numeric order is byte order:
 ``M<upload id>``            :class:`MultipartUpload`
 ``P<upload id>\0<part>``    :class:`UploadPart` (part number 4-byte big-endian)
 ``O<ino>``                  orphan: unlinked but still open; removed at release or restart
+                            (``O``, ``V``, ``G``, ``W``: ``<kind><node>\0<ino>`` on a node of a
+                            cluster, :mod:`tierd.meta.nodes`)
 ``L<ino><parent><name>``    reverse link index: one key per name of an inode (hard links
                             are several), maintained by ``add_dirent``/``remove_dirent``
 ``Q<ino>``                  persist queue: the inode's content or names changed (value: a
@@ -50,6 +52,7 @@ from types import TracebackType
 
 import msgpack
 
+from tierd.meta import nodes
 from tierd.meta.kv import KVStore, KVTxn, prefix_end
 from tierd.meta.records import (
     AccessKey,
@@ -90,9 +93,10 @@ class SchemaError(RuntimeError):
 class MetaTxn:
     """Typed access to one engine transaction.  Never hold one across an ``await``."""
 
-    def __init__(self, txn: KVTxn) -> None:
+    def __init__(self, txn: KVTxn, node: str = "") -> None:
         self.kv = txn
         self.write = txn.write
+        self.node = node  # this node's name in a cluster ("": one node; meta.nodes)
 
     # -- lifecycle -------------------------------------------------------------------------
     def commit(self) -> None:
@@ -133,6 +137,12 @@ class MetaTxn:
 
     # -- inodes ----------------------------------------------------------------------------
     def get_inode(self, ino: int) -> Inode | None:
+        """The inode as this node sees it (its own residency: :mod:`tierd.meta.nodes`)."""
+        raw = self.kv.get(b"I" + _u64(ino))
+        return None if raw is None else nodes.local_view(Inode.decode(raw), self.node)
+
+    def get_stored_inode(self, ino: int) -> Inode | None:
+        """The inode as stored, with every node's residency (one node: :meth:`get_inode`)."""
         raw = self.kv.get(b"I" + _u64(ino))
         return None if raw is None else Inode.decode(raw)
 
@@ -140,16 +150,16 @@ class MetaTxn:
         """Store ``inode``; keeps the inode and byte counters of the status page exact."""
         key = b"I" + _u64(inode.ino)
         old = self.kv.get(key)
-        if old is None:
+        prev = None if old is None else Inode.decode(old)
+        if prev is None:
             self.add_counter("inodes", 1)
             old_size = 0
         else:
-            prev = Inode.decode(old)
             old_size = prev.size if prev.is_reg else 0
         new_size = inode.size if inode.is_reg else 0
         if new_size != old_size:
             self.add_counter("bytes", new_size - old_size)
-        self.kv.put(key, inode.encode())
+        self.kv.put(key, nodes.stored_form(inode, prev, self.node).encode())
 
     def delete_inode(self, ino: int) -> None:
         key = b"I" + _u64(ino)
@@ -158,16 +168,22 @@ class MetaTxn:
             return
         prev = Inode.decode(old)
         self.add_counter("inodes", -1)
+        for other in nodes.holders(prev) - {self.node}:
+            # another node may hold a data file of it: that node reclaims it (its G key)
+            self.kv.put(nodes.scoped_key(b"G", other, ino), b"")
         if prev.is_reg and prev.size:
             self.add_counter("bytes", -prev.size)
         self.kv.delete(key)
         for name, _ in list(self.list_xattrs(ino)):
             self.kv.delete(b"X" + _u64(ino) + name)
-        self.kv.delete(b"O" + _u64(ino))
+        self.kv.delete(self._scoped(b"O", ino))
         self.kv.delete(b"V" + _u64(ino))
 
     def iter_inodes(self) -> Iterator[Inode]:
         for _, raw in self.kv.scan(b"I", prefix_end(b"I")):
+            if self.node:
+                yield nodes.local_view(Inode.decode(raw), self.node)
+                continue
             yield Inode.decode(raw)
 
     # -- directory entries -----------------------------------------------------------------
@@ -336,55 +352,66 @@ class MetaTxn:
             self.kv.delete(k)
         return len(keys)
 
+    def _scoped(self, kind: bytes, ino: int) -> bytes:
+        """The key of this node's ``kind`` record of ``ino`` (:mod:`tierd.meta.nodes`)."""
+        return nodes.scoped_key(kind, self.node, ino)
+
+    def _list_scoped(self, kind: bytes) -> list[int]:
+        prefix = nodes.scoped_prefix(kind, self.node)
+        return [nodes.scoped_ino(k, prefix) for k, _ in self.kv.scan(prefix, prefix_end(prefix))
+                if len(k) == len(prefix) + 8]
+
     def add_orphan(self, ino: int) -> None:
-        self.kv.put(b"O" + _u64(ino), b"")
+        self.kv.put(self._scoped(b"O", ino), b"")
 
     def remove_orphan(self, ino: int) -> None:
-        self.kv.delete(b"O" + _u64(ino))
+        self.kv.delete(self._scoped(b"O", ino))
 
     def list_orphans(self) -> list[int]:
-        return [int(_U64.unpack(k[1:])[0]) for k, _ in self.kv.scan(b"O", prefix_end(b"O"))]
+        return self._list_scoped(b"O")
 
     # -- small-write log: data of small files not yet known durable in their data file ----
     def put_logged(self, ino: int, version: int, data: bytes) -> None:
         """Log ``data`` as content ``version`` of ``ino`` (namespace: small PUTs)."""
-        self.kv.put(b"W" + _u64(ino), _u64(version) + data)
+        self.kv.put(self._scoped(b"W", ino), _u64(version) + data)
 
     def delete_logged(self, ino: int) -> None:
-        self.kv.delete(b"W" + _u64(ino))
+        self.kv.delete(self._scoped(b"W", ino))
 
     def list_logged(self) -> Iterator[tuple[int, int, bytes]]:
-        """(ino, version, data) of every logged file, in inode order."""
-        for k, v in self.kv.scan(b"W", prefix_end(b"W")):
-            yield int(_U64.unpack(k[1:])[0]), int(_U64.unpack(v[:8])[0]), bytes(v[8:])
+        """(ino, version, data) of every file this node logged, in inode order."""
+        prefix = nodes.scoped_prefix(b"W", self.node)
+        for k, v in self.kv.scan(prefix, prefix_end(prefix)):
+            if len(k) == len(prefix) + 8:
+                yield nodes.scoped_ino(k, prefix), int(_U64.unpack(v[:8])[0]), bytes(v[8:])
 
     # -- crash safety of data files (docs/durability.md) ------------------------------------
     def add_garbage(self, ino: int) -> None:
         """``ino``'s data file is unreachable once this transaction commits; its space is
         reclaimed after the commit is durable (a crash before that rolls the drop back, and
         the bytes must still be there)."""
-        self.kv.put(b"G" + _u64(ino), b"")
+        self.kv.put(self._scoped(b"G", ino), b"")
 
     def remove_garbage(self, ino: int) -> None:
-        self.kv.delete(b"G" + _u64(ino))
+        self.kv.delete(self._scoped(b"G", ino))
 
     def list_garbage(self) -> list[int]:
-        return [int(_U64.unpack(k[1:])[0]) for k, _ in self.kv.scan(b"G", prefix_end(b"G"))]
+        return self._list_scoped(b"G")
 
     def add_intent(self, ino: int) -> None:
         """``ino``'s data file is about to change in place: until :meth:`remove_intent`
         (in the commit that records the change) its bytes may differ from the recorded
         version, and recovery gives it a new one."""
-        self.kv.put(b"V" + _u64(ino), b"")
+        self.kv.put(self._scoped(b"V", ino), b"")
 
     def remove_intent(self, ino: int) -> bool:
-        return self.kv.delete(b"V" + _u64(ino))
+        return self.kv.delete(self._scoped(b"V", ino))
 
     def has_intent(self, ino: int) -> bool:
-        return self.kv.get(b"V" + _u64(ino)) is not None
+        return self.kv.get(self._scoped(b"V", ino)) is not None
 
     def list_intents(self) -> list[int]:
-        return [int(_U64.unpack(k[1:])[0]) for k, _ in self.kv.scan(b"V", prefix_end(b"V"))]
+        return self._list_scoped(b"V")
 
     # -- placement: persist queue, cold records, import stamps, policies -------------------
     def enqueue(self, ino: int, token: bytes) -> None:
@@ -452,8 +479,11 @@ def _check_sync(sync: str) -> None:
 class MetaStore:
     """The metadata of one tierd namespace, over a pluggable engine."""
 
-    def __init__(self, engine: KVStore) -> None:
+    def __init__(self, engine: KVStore, node: str = "") -> None:
         self.engine = engine
+        #: this node's name in a cluster ("": a single node); its transactions see the
+        #: per-node records as this node's (:mod:`tierd.meta.nodes`)
+        self.node = node
         self._check_schema()
 
     @classmethod
@@ -525,10 +555,10 @@ class MetaStore:
         return int(msgpack.unpackb(raw)) if raw is not None else 0
 
     def read(self) -> MetaTxn:
-        return MetaTxn(self.engine.begin(write=False))
+        return MetaTxn(self.engine.begin(write=False), self.node)
 
     def write(self) -> MetaTxn:
-        return MetaTxn(self.engine.begin(write=True))
+        return MetaTxn(self.engine.begin(write=True), self.node)
 
     @contextmanager
     def snapshot(self) -> Iterator[MetaTxn]:

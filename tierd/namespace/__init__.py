@@ -76,6 +76,12 @@ class Namespace(VersionOps, TagOps, XattrOps, ImportOps, TieringOps):
         await placement.import_buckets()
         return ns
 
+    @property
+    def _running(self) -> str:
+        """The counter that says this node's daemon runs (a crash leaves it set): one per
+        node of a cluster, since the others run on while this one restarts."""
+        return "running" if not self.meta.node else f"running@{self.meta.node}"
+
     def _recover(self) -> int:
         """Create the root on first start; after a crash, drop staged uploads and the
         files that were unlinked while open (nothing can hold them any more), and give
@@ -94,7 +100,7 @@ class Namespace(VersionOps, TagOps, XattrOps, ImportOps, TieringOps):
                                    parent=ROOT_INO))
                 if tx.counter("next_ino") < ROOT_INO:
                     tx.add_counter("next_ino", ROOT_INO)
-            if tx.counter("running"):
+            if tx.counter(self._running):
                 # The last daemon did not close the store: changes of its last moments that
                 # nobody waited for may be lost (group commit), including counter increments.
                 # Numbers handed out then must never be handed out again (a data file of a
@@ -104,7 +110,7 @@ class Namespace(VersionOps, TagOps, XattrOps, ImportOps, TieringOps):
                 log.warning("the metadata store was not closed cleanly: inode and version "
                             "numbers skip ahead by %d", COUNTER_SKIP)
             else:
-                tx.add_counter("running", 1)
+                tx.add_counter(self._running, 1)
             orphans = tx.list_orphans()
             for ino in orphans:
                 self.placement.deleted(tx, ino)
@@ -154,7 +160,7 @@ class Namespace(VersionOps, TagOps, XattrOps, ImportOps, TieringOps):
         await self.smalllog.close()
         await asyncio.to_thread(self.hot.small.close)  # every small file already handed in
         with self.meta.write() as tx:
-            tx.add_counter("running", -1)
+            tx.add_counter(self._running, -1)
         await self._sync_meta()
 
     def stats(self) -> dict[str, int]:

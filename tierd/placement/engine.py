@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tierd.mempool.pool import MemPool
-from tierd.meta import STATE_CLEAN, Inode, MetaStore, MetaTxn, PlacementPolicy
-from tierd.placement import bitmap, intents
+from tierd.meta import STATE_CLEAN, ColdRecord, Inode, MetaStore, MetaTxn, PlacementPolicy
+from tierd.placement import bitmap, intents, peerreads
 from tierd.placement.importer import Importer
 from tierd.placement.intents import RecentDeletes
 from tierd.placement.memtier import MEM, MemTier
 from tierd.placement.paths import dir_path, file_keys, file_policy, queue_token
+from tierd.placement.peerreads import PeerReader
 from tierd.placement.stats import PlacementStats
 from tierd.placement.tiercache import TierCache
 from tierd.tiers import BLOCK_SIZE, LocalTier, ObjectTier, TierError
@@ -115,6 +116,9 @@ class PlacementCore:
         self._mem_seen: set[int] = set()
         # prefixes whose files are about to take their final names (see publishing())
         self._publishing: Counter[str] = Counter()
+        # a node of a cluster: its name, and how it reads versions other nodes hold
+        self.node = meta.node
+        self.peer: PeerReader | None = None
 
     # the hot tier's numbers under their pre-warm names (du, tests, the benchmark)
     @property
@@ -186,6 +190,30 @@ class PlacementCore:
             return True
         return self.mem is not None and self.mem.get(inode.ino, inode.version) is not None
 
+    # -- a node of a cluster --------------------------------------------------------------
+    def _mark_whole(self, ino: int) -> None:
+        """Every block is on hot: later reads skip the metadata.  Not on a node of a
+        cluster, where another node may write a new version at any time: there every read
+        looks at the version it serves (close-to-open across nodes)."""
+        if not self.node:
+            self._whole.add(ino)
+
+    def held_elsewhere(self, home: str, version: int, rec: ColdRecord | None) -> bool:
+        return peerreads.held_elsewhere(self.node, home, version, rec)
+
+    async def fetch_from_peer(self, ino: int, home: str, version: int, tier: LocalTier,
+                              offset: int, length: int) -> None:
+        await peerreads.copy_from_peer(self.peer, tier, ino, home, version, offset, length)
+        self.stats.peer_read_bytes += length
+
+    def mine(self, tx: MetaTxn, ino: int) -> bool:
+        """Whether this node persists ``ino``: on a cluster only the home of its version
+        does (the bytes are on its hot tier); a deleted inode's cold objects any node."""
+        if not self.node:
+            return True
+        inode = tx.get_inode(ino)
+        return inode is None or inode.home in ("", self.node)
+
     # -- start-up ----------------------------------------------------------------------
     def load_state(self, hot_files: set[int] | None = None,
                    warm_files: set[int] | None = None) -> None:
@@ -214,7 +242,8 @@ class PlacementCore:
                                                    for b in blocks))
                     for b in blocks:
                         tc.add(inode.ino, b)
-                if inode.ino in queued and inode.state != STATE_CLEAN:
+                if (inode.ino in queued and inode.state != STATE_CLEAN
+                        and inode.home in ("", self.node)):
                     self._set_dirty(inode.ino, inode.size)
             self.policies = {p.prefix: p for p in tx.list_policies()}
         if fixes:

@@ -193,6 +193,9 @@ class Placement(Uploading):
                 if self.deletes_hint:
                     self.kick_deletes()
             queue = self._past_delay(queue, now)
+            if self.node:  # a node of a cluster persists the versions it holds
+                with self.meta.snapshot() as tx:
+                    queue = [ino for ino in queue if self.mine(tx, ino)]
             for ino in queue:
                 if ino in self._active:
                     self.hints.add(ino)  # queued again while being persisted: once more after

@@ -35,6 +35,7 @@ from tierd.placement.engine import FIRST_WINDOW, HOT, WARM, Stream
 from tierd.placement.evict import Evicting
 from tierd.placement.memtier import MEM
 from tierd.placement.paths import file_policy
+from tierd.placement.peerreads import VersionMoved
 from tierd.placement.tiercache import TierCache
 from tierd.tiers import (
     BLOCK_SIZE,
@@ -60,6 +61,7 @@ class View:
     rec: ColdRecord | None
     tier: str  # where its blocks land from cold (policy ``tier``)
     unlinked: bool = False  # no names left (deleted, or dropped as vanished from cold)
+    home: str = ""  # in a cluster: the node holding this version's bytes until persisted
 
 
 class Reading(Evicting):
@@ -81,7 +83,7 @@ class Reading(Evicting):
             return
         ra = self._step(ino, offset, end, v) if touch else None
         if v.hot is None:
-            self._whole.add(ino)
+            self._mark_whole(ino)
             self.stats.hits += 1
             return
         first, last = offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE
@@ -89,7 +91,7 @@ class Reading(Evicting):
         ahead = [b for b in ra or () if b > last and not bitmap.has(v.hot, b)]
         self._count(missing)
         if not missing and bitmap.count(v.hot) == bitmap.nblocks(v.size):
-            self._whole.add(ino)  # every block arrived: later reads skip the metadata
+            self._mark_whole(ino)  # every block arrived: later reads skip the metadata
         await self._fetch(v, self.hotc, missing, ahead)
 
     def hot_complete(self, ino: int) -> bool:
@@ -98,6 +100,37 @@ class Reading(Evicting):
             return True
         v = self._view(ino)
         return v is None or v.hot is None or bitmap.count(v.hot) == bitmap.nblocks(v.size)
+
+    async def read_held(self, ino: int, version: int, offset: int, length: int) -> bytes | None:
+        """For another node of a cluster (the peer data door): the bytes of ``[offset,
+        offset+length)`` of ``version``, from this node's hot tier only; None when this node
+        does not hold that range; :class:`~tierd.placement.peerreads.VersionMoved` when the
+        file is at another version here, or being written (its bytes may be changing)."""
+        v = self._view(ino)
+        if v is None:
+            return None
+        if v.version != version or self.busy(ino):
+            raise VersionMoved(f"inode {ino} is at version {v.version} on node {self.node!r}"
+                               + (" and being written" if self.busy(ino) else ""))
+        end = min(v.size, offset + length)
+        if end <= offset:
+            return b""
+        if v.hot is not None and not all(bitmap.has(v.hot, b) for b in
+                                         range(offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE + 1)):
+            return None
+        self.acquire(ino)
+        try:
+            async with self.hot.fd(ino) as fd:
+                data = await fileio.pread(fd, end - offset, offset)
+        except FileNotFoundError:
+            return None
+        finally:
+            self.release(ino)
+        after = self._view(ino)
+        if after is None or after.version != version or self.busy(ino):
+            raise VersionMoved(f"inode {ino} changed on node {self.node!r} while it was read")
+        self.stats.peer_served_bytes += len(data)
+        return data
 
     async def read(self, ino: int, offset: int, length: int) -> bytes:
         """The bytes of ``[offset, offset+length)`` (short at end of file).  A file with a
@@ -130,7 +163,7 @@ class Reading(Evicting):
             refs = self._refs(ino, offset, end)
             ra = self._step(ino, offset, end, v)
             if v.hot is None:
-                self._whole.add(ino)
+                self._mark_whole(ino)
                 self.stats.hits += 1
                 return await fileio.pread(fd, length, offset)
             first, last = offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE
@@ -149,7 +182,7 @@ class Reading(Evicting):
                     to_hot.append(b)
             self._count(to_hot + on_warm)
             if not to_hot and not on_warm and bitmap.count(v.hot) == bitmap.nblocks(v.size):
-                self._whole.add(ino)  # every block arrived: later reads skip the metadata
+                self._mark_whole(ino)  # every block arrived: later reads skip the metadata
             ahead = [b for b in ra or () if b > last
                      and not bitmap.has(v.hot, b) and not bitmap.has(v.warm, b)]
             target = self.warmc if v.tier == WARM and self.warmc is not None else self.hotc
@@ -239,7 +272,8 @@ class Reading(Evicting):
                     tier = WARM
         # warm bits of a warm tier that is no longer configured are ignored
         warm = inode.blocks.get(WARM, b"") if self.warmc is not None else b""
-        return View(ino, inode.version, inode.size, hot, warm, rec, tier, inode.nlink == 0)
+        return View(ino, inode.version, inode.size, hot, warm, rec, tier, inode.nlink == 0,
+                    inode.home)
 
     def _refs(self, ino: int, offset: int, end: int) -> range:
         """Blocks this read references: one sequential stream's several reads of a block
@@ -432,6 +466,9 @@ class Reading(Evicting):
                 return
             src = "cold"  # the copy was reclaimed meanwhile
         rec = v.rec
+        if src == "cold" and self.held_elsewhere(v.home, v.version, rec):
+            await self.fetch_from_peer(v.ino, v.home, v.version, dst.tier, off, n)
+            return
         if src == "cold" and (rec is None or not rec.keys):
             if v.unlinked:
                 raise FsError(errno.ENOENT, f"inode {v.ino} was deleted", reason=Reason.NO_SUCH_KEY)

@@ -25,6 +25,10 @@ class PlacementStats:
     warm_read_bytes: int = 0
     #: bytes read from the cold store
     fetched_bytes: int = 0
+    #: bytes read from other nodes of a cluster (versions they hold, not yet in cold)
+    peer_read_bytes: int = 0
+    #: ranges served to other nodes of a cluster from this node's hot tier
+    peer_served_bytes: int = 0
     #: failed cold reads (tierd_cold_store_errors_total{operation="read"})
     cold_read_errors: int = 0
     #: failed uploads, retried (tierd_cold_store_errors_total{operation="persist"})

@@ -1,0 +1,227 @@
+"""Two nodes of a cluster over one metadata store: per-node records and reads of versions
+another node holds (tierd.meta.nodes, tierd.placement.peerreads).
+
+Two real namespaces and placements, each with its own hot directory, share one metadata
+engine and one ``file://`` cold store, as two daemons share a PostgreSQL database and an
+object store.  The peer door between them is a direct call of the other node's
+``read_held`` here (the HTTP door is tests/peer's and the full cluster tests/cluster's), so
+these tests pin the placement rules alone: which node holds which bytes, which node persists,
+and that a reader never gets bytes of another version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from nsplacement import close_namespace, open_namespace
+
+from tierd.acl import Identity
+from tierd.errors import FsError
+from tierd.meta import Inode, MetaStore
+from tierd.meta.memory_engine import MemoryStore
+from tierd.namespace import Namespace
+from tierd.placement.peerreads import VersionMoved
+
+T = TypeVar("T")
+ROOT = Identity.ROOT
+
+
+async def body(data: bytes) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), 1 << 20):
+        yield data[i:i + (1 << 20)]
+
+
+class Direct:
+    """The peer door as a call: node name -> that node's placement."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Namespace] = {}
+        self.calls = 0
+
+    async def read(self, home: str, ino: int, version: int, offset: int,
+                   length: int) -> bytes:
+        self.calls += 1
+        ns = self.nodes.get(home)
+        if ns is None:
+            raise FsError(errno.EIO, f"node {home!r} does not answer")
+        data = await ns.placement.read_held(ino, version, offset, length)
+        if data is None:
+            raise FsError(errno.EIO, f"node {home!r} does not hold inode {ino}")
+        return data
+
+
+class Cluster:
+    def __init__(self, base: Path, persist_delay: float) -> None:
+        self.base = base
+        self.engine = MemoryStore()
+        self.peer = Direct()
+        self.delay = persist_delay
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    async def start(self, name: str) -> Namespace:
+        meta = MetaStore(self.engine, node=name)
+        ns = await open_namespace(meta, self.base / name, "hot-only",
+                                  persist_delay=self.delay,
+                                  cold_url="file://" + str(self.base / "cold"))
+        ns.placement.peer = self.peer
+        self.peer.nodes[name] = ns
+        return ns
+
+    async def stop(self, name: str) -> None:
+        ns = self.peer.nodes.pop(name)
+        await close_namespace(ns)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Any:
+    (tmp_path / "cold").mkdir()
+    c = Cluster(tmp_path, persist_delay=3600.0)  # nothing reaches cold unless drained
+    yield c
+    for name in list(c.peer.nodes):
+        c.run(c.stop(name))
+    c.loop.close()
+
+
+def stored(ns: Namespace, ino: int) -> Inode:
+    with ns.meta.snapshot() as tx:
+        got = tx.get_stored_inode(ino)
+    assert got is not None
+    return got
+
+
+async def get(ns: Namespace, key: str) -> bytes:
+    r = await ns.get_object(ROOT, "bkt", key)
+    try:
+        return await r.read_all()
+    finally:
+        await r.close()
+
+
+def test_a_version_written_on_one_node_is_read_on_another_from_its_hot_tier(
+        cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    a = cluster.run(cluster.start("a"))
+    b = cluster.run(cluster.start("b"))
+    # b starting while a runs is not a restart after a crash (each node has its own mark)
+    assert "not closed cleanly" not in caplog.text
+    cluster.run(a.create_bucket(ROOT, "bkt"))
+    data = os.urandom(5 << 20)
+    ino = cluster.run(a.put_object(ROOT, "bkt", "ckpt.bin", body(data))).ino
+    rec = stored(a, ino)
+    assert rec.home == "a" and rec.blocks == {}  # whole on a's hot, nothing elsewhere
+    with b.meta.snapshot() as tx:
+        seen = tx.get_inode(ino)
+    assert seen is not None and seen.blocks == {"hot": b""}  # b holds none of it
+    assert cluster.run(get(b, "ckpt.bin")) == data
+    assert cluster.peer.calls >= 1
+    assert b.placement.stats.peer_read_bytes == len(data)
+    assert a.placement.stats.peer_served_bytes == len(data)
+    # b now holds the blocks in its own hot file, recorded under its own name
+    rec = stored(a, ino)
+    assert rec.home == "a" and set(rec.blocks) == {"hot@b"}
+    calls = cluster.peer.calls
+    assert cluster.run(get(b, "ckpt.bin")) == data
+    assert cluster.peer.calls == calls  # served from b's own copy now
+
+
+def test_a_new_version_drops_the_other_nodes_copies(cluster: Cluster) -> None:
+    a = cluster.run(cluster.start("a"))
+    b = cluster.run(cluster.start("b"))
+    cluster.run(a.create_bucket(ROOT, "bkt"))
+    old, new = os.urandom(3 << 20), os.urandom(3 << 20)
+    ino = cluster.run(a.put_object(ROOT, "bkt", "k", body(old))).ino
+    assert cluster.run(get(b, "k")) == old
+    # a PUT on b over the same key: a new inode, now homed on b; a reads it through b
+    ino2 = cluster.run(b.put_object(ROOT, "bkt", "k", body(new))).ino
+    assert ino2 != ino and stored(b, ino2).home == "b"
+    assert cluster.run(get(a, "k")) == new
+    # and a write in place through a handle on a gives the same inode a new version, homed
+    # on a, with b's copy of the old bytes forgotten
+    fh, _ = cluster.run(a.open_file(ROOT, ino2, os.O_RDWR))
+    cluster.run(a.write(fh, 0, b"X" * 4096))
+    cluster.run(a.release(fh))
+    rec = stored(a, ino2)
+    assert rec.home == "a" and "hot@b" not in rec.blocks
+    assert cluster.run(get(b, "k")) == b"X" * 4096 + new[4096:]
+
+
+def test_a_reader_never_gets_bytes_of_another_version(cluster: Cluster) -> None:
+    a = cluster.run(cluster.start("a"))
+    cluster.run(cluster.start("b"))
+    cluster.run(a.create_bucket(ROOT, "bkt"))
+    inode = cluster.run(a.put_object(ROOT, "bkt", "k", body(b"v1" * 1000)))
+    with pytest.raises(VersionMoved):
+        cluster.run(a.placement.read_held(inode.ino, inode.version - 1, 0, 10))
+    assert cluster.run(a.placement.read_held(inode.ino, inode.version, 0, 4)) == b"v1v1"
+    assert cluster.run(a.placement.read_held(inode.ino + 1000, 1, 0, 4)) is None
+
+
+def test_only_the_home_persists_and_a_dead_home_is_an_error_not_stale_bytes(
+        tmp_path: Path) -> None:
+    (tmp_path / "cold").mkdir()
+    c = Cluster(tmp_path, persist_delay=0.0)
+    try:
+        a = c.run(c.start("a"))
+        b = c.run(c.start("b"))
+        c.run(a.create_bucket(ROOT, "bkt"))
+        data = os.urandom(1 << 20)
+        ino = c.run(a.put_object(ROOT, "bkt", "k", body(data))).ino
+        assert c.run(a.placement.drain(timeout=30))
+        assert b.placement.stats.uploaded_bytes == 0  # b never touched a's file
+        assert a.placement.stats.uploaded_bytes == len(data)
+        assert c.run(get(b, "k")) == data  # clean now: from cold, no peer call
+        assert c.peer.calls == 0
+        # a new version on a, and a gone before it persisted it: b reports the error
+        c.run(a.placement.shutdown())  # a's persister stops (a dies)
+        fh, _ = c.run(a.open_file(ROOT, ino, os.O_RDWR))
+        c.run(a.write(fh, 0, b"new"))
+        c.run(a.release(fh))
+        c.peer.nodes.pop("a")
+        with pytest.raises(FsError) as e:
+            c.run(get(b, "k"))
+        assert e.value.errno == errno.EIO and "'a'" in str(e.value)
+    finally:
+        for name in list(c.peer.nodes):
+            c.run(c.stop(name))
+        c.loop.close()
+
+
+def test_node_records_are_the_nodes_own(tmp_path: Path) -> None:
+    engine = MemoryStore()
+    a, b = MetaStore(engine, node="a"), MetaStore(engine, node="b")
+    with a.write() as tx:
+        tx.add_orphan(7)
+        tx.add_intent(8)
+        tx.add_garbage(9)
+        tx.put_logged(10, 3, b"xy")
+    with b.snapshot() as tx:
+        assert (tx.list_orphans(), tx.list_intents(), tx.list_garbage()) == ([], [], [])
+        assert list(tx.list_logged()) == [] and not tx.has_intent(8)
+    with a.snapshot() as tx:
+        assert (tx.list_orphans(), tx.list_intents(), tx.list_garbage()) == ([7], [8], [9])
+        assert list(tx.list_logged()) == [(10, 3, b"xy")] and tx.has_intent(8)
+    # an inode b cached and a deletes: b gets a garbage key for its copy
+    with a.write() as tx:
+        tx.put_inode(Inode(ino=20, mode=0o100644, uid=0, gid=0, size=10, version=1))
+    with b.write() as tx:
+        got = tx.get_inode(20)
+        assert got is not None and got.blocks == {"hot": b""}
+        got.blocks["hot"] = b"\x01"
+        tx.put_inode(got)
+    with a.write() as tx:
+        tx.delete_inode(20)
+    with b.snapshot() as tx:
+        assert tx.list_garbage() == [20]
+    # a single node (the name "") keeps the old keys, so existing stores need nothing
+    one = MetaStore(MemoryStore())
+    with one.write() as tx:
+        tx.add_orphan(5)
+        assert tx.kv.get(b"O" + (5).to_bytes(8, "big")) == b""
