@@ -18,6 +18,7 @@ import os
 import pyfuse3
 
 from tierd.acl import X_OK, Identity
+from tierd.acl.modes import drop_privs, has_privs
 from tierd.namespace.api import Inode
 
 from .base import OpsBase, fs_errors
@@ -35,8 +36,9 @@ def _writable(flags: int) -> bool:
 
 class FileOps(OpsBase):
     # -- opening -----------------------------------------------------------------------------
-    def _file_info(self, fh: int, inode: Inode, flags: int) -> pyfuse3.FileInfo:
-        self.files[fh] = FileState(inode.ino, _writable(flags))
+    def _file_info(self, fh: int, inode: Inode, flags: int,
+                   ident: Identity) -> pyfuse3.FileInfo:
+        self.files[fh] = FileState(inode.ino, _writable(flags), ident.is_root)
         keep = self.kcache.keep_cache(inode.ino, inode.version)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=False)
 
@@ -50,19 +52,20 @@ class FileOps(OpsBase):
             # kernel checks the same mode bits and ACL from its cache)
             await self.ns.access(ident, inode, X_OK)
         fh, attrs = await self.ns.open_file(ident, inode, flags)
-        return self._file_info(fh, attrs, flags)
+        return self._file_info(fh, attrs, flags, ident)
 
     @fs_errors
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int,
         ctx: pyfuse3.RequestContext,
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        inode, fh = await self.ns.create(self.ident(ctx), parent_inode, name, mode, flags,
+        ident = self.ident(ctx)
+        inode, fh = await self.ns.create(ident, parent_inode, name, mode, flags,
                                          self.umask(ctx))
         if flags & os.O_TRUNC and inode.size:
             # an existing file was opened and truncated: its version is the truncated one
             inode = await self.ns.getattr(Identity.ROOT, inode.ino)
-        info = self._file_info(fh, inode, flags)
+        info = self._file_info(fh, inode, flags, ident)
         return info, self.entry(inode)
 
     # -- data ----------------------------------------------------------------------------------
@@ -90,11 +93,24 @@ class FileOps(OpsBase):
         self.ns.advise_read(fh, start, st.advised - start)  # fire and forget
 
     @fs_errors
-    async def write(self, fh: int, off: int, buf: bytes) -> int:
+    async def write(self, fh: int, off: int, buf: bytes, kill_privs: bool = False) -> int:
+        """``kill_privs``: the writer lacks CAP_FSETID (kernel backend, HANDLE_KILLPRIV_V2:
+        the kernel then neither clears set-id bits itself nor sends the chmod that did).
+        The namespace clears them at a write through a handle a non-root caller opened;
+        for a handle root opened and another user writes through, the door does."""
         st = self.files.get(fh)
         if st is not None:
             st.wrote = True
+            if kill_privs and st.by_root:
+                await self._kill_privs(st.ino)
         return await self.ns.write(fh, off, buf)
+
+    async def _kill_privs(self, ino: int) -> None:
+        """Clear setuid (and setgid with group execute) as a write by an unprivileged
+        process does on Linux (``file_remove_privs``)."""
+        inode = await self.ns.getattr(Identity.ROOT, ino)
+        if has_privs(inode.mode):
+            await self.ns.setattr(Identity.ROOT, ino, mode=drop_privs(inode.mode) & 0o7777)
 
     # -- durability ------------------------------------------------------------------------------
     def _committed(self, fh: int, version: int | None) -> None:

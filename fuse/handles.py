@@ -50,6 +50,9 @@ class FileState:
 
     ino: int
     writable: bool
+    #: opened by root: the namespace then leaves set-id bits to the door at a write by a
+    #: process without CAP_FSETID through this handle (the kernel's WRITE_KILL_SUIDGID)
+    by_root: bool = False
     wrote: bool = False  # written since the kernel's cached version was last recorded
     advised: int = 0  # end of the range the backing file was asked to read ahead
     last_end: int = -1  # where the previous read ended (sequential detection)

@@ -47,7 +47,7 @@ MAX_BACKGROUND = 64
 #: the protocol features asked for at INIT, when the kernel offers them (see docs/fuse.md)
 WANT = (K.ASYNC_READ | K.ATOMIC_O_TRUNC | K.BIG_WRITES | K.DONT_MASK | K.AUTO_INVAL_DATA
         | K.DO_READDIRPLUS | K.ASYNC_DIO | K.PARALLEL_DIROPS | K.POSIX_ACL | K.MAX_PAGES
-        | K.INIT_EXT)
+        | K.INIT_EXT | K.HANDLE_KILLPRIV_V2)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -537,9 +537,10 @@ class KernelSession:
         return [await self.ops.read(fh, off, size)]
 
     async def _write_req(self, req: Request) -> Sequence[Buffer]:
-        fh, off, size, *_ = K.WRITE_IN.unpack_from(req.body)
+        fh, off, size, write_flags, *_ = K.WRITE_IN.unpack_from(req.body)
         data = req.body[K.WRITE_IN.size:K.WRITE_IN.size + size]
-        n = await self.ops.write(fh, off, cast(bytes, data))
+        n = await self.ops.write(fh, off, cast(bytes, data),
+                                 kill_privs=bool(write_flags & K.WRITE_KILL_SUIDGID))
         return [K.WRITE_OUT.pack(n, 0)]
 
     async def _flush(self, req: Request) -> Sequence[Buffer]:

@@ -60,6 +60,8 @@ FOPEN_PASSTHROUGH = 1 << 7
 FATTR_MODE, FATTR_UID, FATTR_GID, FATTR_SIZE = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 FATTR_ATIME, FATTR_MTIME, FATTR_FH = 1 << 4, 1 << 5, 1 << 6
 FATTR_ATIME_NOW, FATTR_MTIME_NOW = 1 << 7, 1 << 8
+#: fuse_write_in.write_flags: a write by a caller without CAP_FSETID (HANDLE_KILLPRIV_V2)
+WRITE_KILL_SUIDGID = 1 << 2
 
 FSYNC_FDATASYNC = 1 << 0
 

@@ -14,6 +14,7 @@ import mmap
 import os
 import re
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ import pytest
 from conftest import BUCKET, Daemon, serving
 from core_tests import *  # noqa: F403  (the core tests, run again on this backend)
 from core_tests import overwrite_and_read
+from public_dir import public_tempdir
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -54,8 +56,9 @@ def admin(d: Daemon, method: str, path: str, doc: dict[str, Any]) -> Any:
         return json.loads(r.read())
 
 
-def fuse_reads(d: Daemon) -> int:
-    """READ requests the daemon answered so far (its Prometheus counter)."""
+def fuse_reads(d: Daemon, op: str = "read") -> int:
+    """``op`` requests (READ unless told) the daemon answered so far, whatever their
+    outcome (its Prometheus counter)."""
     ep = d.endpoints()["admin"]
     assert isinstance(ep, dict)
     token = (d.data_dir / "read-token").read_text().strip()
@@ -63,9 +66,9 @@ def fuse_reads(d: Daemon) -> int:
                                  headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(req, timeout=10) as r:
         text = r.read().decode()
-    m = re.search(r'tierd_requests_total\{door="fuse",operation="read",status="ok"\} (\S+)',
-                  text)
-    return int(float(m.group(1))) if m else 0
+    pattern = (r'tierd_requests_total\{door="fuse",operation="' + op
+               + r'",status="\w+"\} (\S+)')
+    return sum(int(float(n)) for n in re.findall(pattern, text))
 
 
 def test_the_mount_is_served_by_the_kernel_backend(daemon: Daemon) -> None:
@@ -196,3 +199,49 @@ def test_s3_overwrites_are_seen_at_once_through_the_kernel_backend(daemon: Daemo
     """As on pyfuse3 (test_fuse_pyfuse3.overwrite_and_read): a stale cached entry after an
     S3 overwrite costs the kernel a fresh lookup (ESTALE), never an ENOENT."""
     overwrite_and_read(daemon, work, s3)
+
+
+_WRITE_AS = r"""
+import os, stat, sys
+path, uid, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fd = os.open(path, os.O_WRONLY)  # opened by root when uid is not 0
+if uid:
+    os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)
+block = os.urandom(1 << 16)
+for _ in range(n):
+    os.write(fd, block)
+print(oct(stat.S_IMODE(os.fstat(fd).st_mode)))
+"""
+
+
+def _write_as(f: Path, uid: int, n: int) -> str:
+    r = subprocess.run([sys.executable, "-c", _WRITE_AS, str(f), str(uid), str(n)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_writes_ask_no_security_capability_each_time(daemon: Daemon, work: Path) -> None:
+    """HANDLE_KILLPRIV_V2 (with it the kernel marks the super block SB_NOSEC): a file
+    without set-id bits is checked for ``security.capability`` once, not before every
+    WRITE (before: one GETXATTR round trip per write).  A user without CAP_FSETID writing
+    through a descriptor root opened still clears setuid and setgid-with-group-exec, as
+    on a local file system (the WRITE carries WRITE_KILL_SUIDGID; no killpriv chmod)."""
+    n = 32
+    plain = work / "plain.bin"
+    plain.write_bytes(b"")
+    before = fuse_reads(daemon, "getxattr")
+    assert _write_as(plain, 0, n) == "0o644"
+    assert fuse_reads(daemon, "getxattr") - before <= 2
+
+    with public_tempdir("tierd-killpriv-") as local:
+        answers = []
+        for d in (work, local):
+            f = d / "setid.bin"
+            f.write_bytes(b"x")
+            os.chmod(f, 0o6775)
+            before = fuse_reads(daemon, "getxattr")
+            answers.append(_write_as(f, 3000, n))
+            if d == work:
+                assert fuse_reads(daemon, "getxattr") - before < n // 2
+    assert answers[0] == answers[1] == "0o775", answers
