@@ -42,6 +42,7 @@ from tierd.admin import AdminAuth, bootstrap_admin_token, make_admin_app
 from tierd.admin.auth import TokenError
 from tierd.admin.metrics import instrument_admin
 from tierd.checkpoint.door import MemoryDoor
+from tierd.cluster import cluster_node
 from tierd.config import Config, HostPort
 from tierd.errors import no_space
 from tierd.logs import AccessLogger, get_logger, kv
@@ -227,6 +228,13 @@ class Daemon:
             self.namespace = await Namespace.load(self.meta, cfg.hot_dir, umask=cfg.umask,
                                                   placement=self.placement)
             stack.push_async_callback(self._close_namespace)
+            if cfg.node_name:  # one node of a cluster: the peer door before any other door
+                try:
+                    await stack.enter_async_context(
+                        cluster_node(cfg, self.meta, self.namespace, self.placement))
+                except OSError as e:
+                    raise StartupError(f"cannot serve the peer door on {cfg.peer_listen}: "
+                                       f"{e.strerror or e} (setting peer_listen)") from None
             self.memory = MemoryDoor.from_config(self.namespace, cfg)
             try:
                 await self.memory.start()

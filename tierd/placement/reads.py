@@ -47,6 +47,8 @@ from tierd.tiers import (
 )
 
 log = logging.getLogger("tierd.placement")
+#: reads of a file that another node of a cluster changes meanwhile: tries before ESTALE
+_CHANGED_TRIES = 3
 
 
 @dataclass(slots=True)
@@ -69,6 +71,15 @@ class Reading(Evicting):
 
     # -- entry points ------------------------------------------------------------------
     async def ensure(self, ino: int, offset: int, length: int, *, touch: bool = True) -> None:
+        """:meth:`_ensure`; on a node of a cluster again when the file changed meanwhile."""
+        for attempt in range(_CHANGED_TRIES):
+            try:
+                return await self._ensure(ino, offset, length, touch=touch)
+            except FsError as e:
+                if e.errno != errno.ESTALE or not self.node or attempt + 1 == _CHANGED_TRIES:
+                    raise
+
+    async def _ensure(self, ino: int, offset: int, length: int, *, touch: bool = True) -> None:
         """Make ``[offset, offset+length)`` present on hot, from warm or cold (shared with
         concurrent readers); ``touch`` counts it as a reference and reads ahead of a
         sequential stream.  FsError EIO (reason ServiceUnavailable) when cold cannot serve,
@@ -146,8 +157,14 @@ class Reading(Evicting):
                 if len(self._mem_seen) > 1 << 16:
                     self._mem_seen.clear()
                 self.admit_mem_later(ino)
-        async with self.hot.fd(ino, create=True) as fd:
-            return await self._read_local(ino, fd, offset, length)
+        for attempt in range(_CHANGED_TRIES):
+            try:
+                async with self.hot.fd(ino, create=True) as fd:
+                    return await self._read_local(ino, fd, offset, length)
+            except FsError as e:  # on a cluster: changed on another node meanwhile
+                if e.errno != errno.ESTALE or not self.node or attempt + 1 == _CHANGED_TRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     async def _read_local(self, ino: int, fd: int, offset: int, length: int) -> bytes:
         """:meth:`read` from hot and warm, ``fd`` the hot file's descriptor."""
@@ -421,6 +438,10 @@ class Reading(Evicting):
                 await asyncio.shield(punching)
             cur = self._view(ino)
             if cur is None or cur.version != v.version:
+                if self.node and cur is not None:
+                    # on a cluster the new version may be another node's: the reader
+                    # looks again (read/ensure retry) rather than read a file lacking it
+                    raise FsError(errno.ESTALE, f"inode {ino} changed while it was read")
                 return  # replaced meanwhile: the new content is whole on hot
             if src != "cold" and not all(self._source(cur, dst, b) == src for b in run):
                 src = "cold"  # left that tier before we started
