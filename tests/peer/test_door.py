@@ -18,7 +18,7 @@ from tierd.errors import FsError, Reason
 from tierd.meta.store import MetaStore
 from tierd.peer import auth, registry
 from tierd.peer.client import NotHeld, PeerClient, StaleVersion
-from tierd.peer.door import PeerDoor, default_url
+from tierd.peer.door import PeerDoor, PeerDoorError, default_url
 from tierd.peer.server import MAX_LENGTH, FileSlice
 
 from .conftest import SECRET, Held, running_door
@@ -263,3 +263,29 @@ def test_default_url_of_a_wildcard_is_the_host_name() -> None:
     assert default_url(HostPort("0.0.0.0", 9100)) == f"http://{socket.gethostname()}:9100"
     assert default_url(HostPort("::1", 9100)) == "http://[::1]:9100"
     assert default_url(HostPort("10.1.2.3", 1)) == "http://10.1.2.3:1"
+
+
+async def test_a_port_in_use_is_a_startup_error_naming_the_setting(meta: MetaStore) -> None:
+    async with running_door(meta, Held()) as first:
+        assert first.bound is not None
+        second = PeerDoor(node="n2", secret=SECRET, listen=first.bound, meta=meta,
+                          reader=Held().read)
+        with pytest.raises(PeerDoorError) as err:
+            await second.start()
+        assert "address already in use" in str(err.value) and "peer_listen" in str(err.value)
+        assert registry.lookup(meta, "n2") is None  # never registered: nothing answers there
+
+
+async def test_a_store_that_cannot_register_stops_the_door(tmp_path: Path) -> None:
+    """Listening comes first, registering second: a failed registration closes the port
+    again, so no node is ever told of a door that is not there."""
+    meta = MetaStore.open_lmdb(tmp_path / "gone")
+    meta.close()
+    door = PeerDoor(node="n1", secret=SECRET, listen=HostPort("127.0.0.1", 0), meta=meta,
+                    reader=Held().read)
+    with pytest.raises(PeerDoorError) as err:
+        await door.start()
+    assert "'n1'" in str(err.value) and "registry" in str(err.value)
+    assert door.bound is not None
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", door.bound.port)

@@ -10,6 +10,7 @@ and the URL then carries the port the door got.
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 
 from aiohttp import web
@@ -36,6 +37,18 @@ def default_url(bound: HostPort) -> str:
     return f"http://{host}:{bound.port}"
 
 
+class PeerDoorError(Exception):
+    """The door cannot start: the message says why and which setting to change."""
+
+
+def _why(e: OSError, host: str) -> str:
+    if isinstance(e, socket.gaierror):
+        return f"cannot resolve host {host!r} ({e.strerror})"
+    if e.errno == errno.EADDRINUSE:
+        return "address already in use (another process listens there)"
+    return e.strerror or str(e)
+
+
 class PeerDoor:
     """Node ``node``'s peer data door on ``listen``, reachable at ``url`` ("" = the
     default: :func:`default_url`), serving ``reader`` to requests signed with ``secret``
@@ -57,15 +70,19 @@ class PeerDoor:
         self.heartbeat: Heartbeat | None = None
 
     async def start(self) -> str:
-        """Listen, register and start the heartbeat; returns the URL registered.  An
-        address that cannot be bound raises ``OSError`` (the daemon words it)."""
+        """Listen, register and start the heartbeat; returns the URL registered.
+        :class:`PeerDoorError` says what failed in words an operator can act on."""
         runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=2.0)
         await runner.setup()
         site = web.TCPSite(runner, self.listen.host, self.listen.port)
         try:
             await site.start()
-        except BaseException:
+        except BaseException as e:
             await runner.cleanup()
+            if isinstance(e, OSError):
+                raise PeerDoorError(f"cannot listen for the peer door on {self.listen}: "
+                                    f"{_why(e, self.listen.host)}; change peer_listen "
+                                    "(--peer-listen or TIERD_PEER_LISTEN)") from None
             raise
         self._runner = runner
         first = runner.addresses[0]
@@ -74,8 +91,11 @@ class PeerDoor:
         try:
             self.info = await asyncio.to_thread(registry.register, self.meta, self.node,
                                                 self.url)
-        except BaseException:
+        except BaseException as e:
             await self.stop()
+            if isinstance(e, Exception):
+                raise PeerDoorError(f"cannot register node {self.node!r} in the metadata "
+                                    f"store's node registry: {e}") from e
             raise
         self.heartbeat = Heartbeat(self.meta, self.info, self._heartbeat_s)
         self.heartbeat.start()
