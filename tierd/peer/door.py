@@ -37,8 +37,9 @@ def default_url(bound: HostPort) -> str:
     return f"http://{host}:{bound.port}"
 
 
-class PeerDoorError(Exception):
-    """The door cannot start: the message says why and which setting to change."""
+class PeerDoorError(OSError):
+    """The door cannot start: the message says why and which setting to change (an
+    ``OSError``, as a failed listen is anywhere else)."""
 
 
 def _why(e: OSError, host: str) -> str:
