@@ -26,6 +26,9 @@ this machine kind).  Results go to ``bench/results/fuse_fio.json``.
 the same run: one daemon per backend, each with its own mount, and every round runs raw,
 then each mount (raw A B, raw A B, ...); ``--passthrough`` turns on the kernel backend's
 read-only passthrough.  The raw baseline is the first daemon's hot-tier directory.
+``--fuse-from DIR`` adds a kernel-backend daemon running an earlier ``tierd_fuse`` (from
+DIR) in the same rounds, as ``kernel@base``: a change to the FUSE layer measured before and
+after on one machine state.
 
 Usage (root, for drop_caches): python bench/fuse_fio.py [--size-gib 2] [--pairs 3]
 """
@@ -210,11 +213,13 @@ def pairs_of(raw: list[float], mnt: list[float]) -> list[tuple[float, float]]:
     return list(zip(raw, mnt, strict=True))
 
 
-def start_daemon(base: Path, extra: list[str]
+def start_daemon(base: Path, extra: list[str], pythonpath: str | None = None,
                  ) -> tuple[subprocess.Popen[bytes], Path, Path, str | None]:
     data, mnt = base / "data", base / "mnt"
     log = open(base / "tierd.log", "wb")  # noqa: SIM115 - the daemon writes until it exits
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     proc = subprocess.Popen(
         [sys.executable, "-m", "tierd.cli", "serve", "--data-dir", str(data), "--mount",
          str(mnt), "--s3-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
@@ -263,6 +268,11 @@ def main() -> None:
                     "(fuse_backend); several: all in the same run, against the same raw runs")
     ap.add_argument("--passthrough", action="store_true",
                     help="fuse_passthrough = true for the kernel backend")
+    ap.add_argument("--fuse-from", default=None, metavar="DIR",
+                    help="also measure a kernel-backend daemon whose tierd_fuse package is "
+                    "DIR/tierd_fuse (an earlier fuse/, e.g. `git archive REV fuse | tar -x "
+                    "-C DIR --transform s/^fuse/tierd_fuse/`), named kernel@base, in the "
+                    "same rounds: a before/after of the FUSE layer on one machine state")
     ap.add_argument("--out", default=str(HERE / "results" / "fuse_fio.json"))
     args = ap.parse_args()
     if shutil.which("fio") is None:
@@ -271,12 +281,14 @@ def main() -> None:
     base = Path(args.base or tempfile.mkdtemp(prefix="tierd-bench-fuse-"))
     base.mkdir(parents=True, exist_ok=True)
     daemons: dict[str, tuple[subprocess.Popen[bytes], Path, Path, str | None]] = {}
-    for b in args.backend:
-        extra = [*args.serve_arg, "--fuse-backend", b]
-        if b == "kernel" and args.passthrough:
+    labels = [*args.backend, *(["kernel@base"] if args.fuse_from else [])]
+    for b in labels:
+        kind = b.split("@")[0]
+        extra = [*args.serve_arg, "--fuse-backend", kind]
+        if kind == "kernel" and args.passthrough:
             extra += ["--fuse-passthrough", "true"]
         (base / b).mkdir(parents=True, exist_ok=True)
-        daemons[b] = start_daemon(base / b, extra)
+        daemons[b] = start_daemon(base / b, extra, args.fuse_from if "@" in b else None)
     proc, hot, _, _ = daemons[args.backend[0]]
     results: dict[str, Any] = {
         "benchmark": "fuse_fio",

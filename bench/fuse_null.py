@@ -47,7 +47,7 @@ if what == "create":
         os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
     print(json.dumps({"per_s": n / (time.perf_counter() - t)}))
 else:
-    buf = bytes(1 << 20)
+    buf = os.urandom(1 << 20)  # touched: untouched pages split the first write per page
     fd = os.open(os.path.join(d, "w.bin"), os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
     t = time.perf_counter()
     for i in range(n):
@@ -104,7 +104,7 @@ class NullOps:
     async def open(self, ino: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         return pyfuse3.FileInfo(fh=ino)
 
-    async def write(self, fh: int, off: int, data: bytes) -> int:
+    async def write(self, fh: int, off: int, data: bytes, kill_privs: bool = False) -> int:
         n = len(data)
         self.writes += 1
         self.write_bytes += n
