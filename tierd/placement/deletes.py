@@ -171,6 +171,10 @@ class Deleting(Reading):
                 return  # an upload to it is in flight: its record decides afterwards
             with self.meta.snapshot() as tx:
                 it = intents.get(tx, key)
+                if it is not None and not self.mine(tx, it.ino):
+                    # on a cluster the node persisting that inode carries it out: only it
+                    # knows whether an upload to the key is in flight (``putting``)
+                    return
                 verdict = self.decide(tx, it) if it is not None else "gone"
             if it is None or verdict == "defer":
                 return

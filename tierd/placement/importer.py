@@ -188,7 +188,7 @@ class Importer:
     def _judge(self, tx: MetaTxn, ino: int, key: str, evidence: str,
                listed_after: int | None) -> None:
         inode = tx.get_inode(ino)
-        busy = inode is not None and self.busy(ino)
+        busy = inode is not None and (self.busy(ino) or self._others(inode))
         got = lost(tx, self.tree, ino, key, busy=busy, local=self.local, evidence=evidence,
                    listed_after=listed_after)
         if got is not None:
@@ -254,9 +254,16 @@ class Importer:
                     return n
                 after = page.next_start_after
 
+    def _others(self, inode: Inode) -> bool:
+        """On a cluster, whether another node persists this file: only that node changes
+        its cold objects, so only it may judge one missing (here it may be mid-upload)."""
+        node = self.meta.node
+        return bool(node) and inode.home not in ("", node)
+
     def judge_read_miss(self, ino: int, key: str) -> tuple[str, str] | None:
         """A read of ``ino`` got NoSuchKey for ``key``: judge it lost (:func:`lost`)."""
         with self.meta.write() as tx:
             inode = tx.get_inode(ino)
-            return lost(tx, self.tree, ino, key, busy=inode is not None and self.busy(ino),
+            return lost(tx, self.tree, ino, key,
+                        busy=inode is not None and (self.busy(ino) or self._others(inode)),
                         local=self.local, evidence=f"a read of {key!r} got NoSuchKey")
