@@ -232,9 +232,8 @@ class Daemon:
                 try:
                     await stack.enter_async_context(
                         cluster_node(cfg, self.meta, self.namespace, self.placement))
-                except OSError as e:
-                    raise StartupError(f"cannot serve the peer door on {cfg.peer_listen}: "
-                                       f"{e.strerror or e} (setting peer_listen)") from None
+                except OSError as e:  # PeerDoorError: its message names peer_listen
+                    raise StartupError(str(e)) from None
             self.memory = MemoryDoor.from_config(self.namespace, cfg)
             try:
                 await self.memory.start()
