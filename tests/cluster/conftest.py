@@ -60,3 +60,11 @@ def cluster(cluster_pg: PgServer, moto: MotoServer,
     with tempfile.TemporaryDirectory(prefix="tierd-cluster-") as base, \
             running_cluster(Path(base), cluster_pg, moto, 3, **cluster_settings) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def bucket(cluster: Cluster, request: pytest.FixtureRequest) -> str:
+    """The module's bucket (its ``BUCKET``), made through n1's S3 door."""
+    name: str = request.module.BUCKET
+    cluster[1].s3().create_bucket(Bucket=name)
+    return name

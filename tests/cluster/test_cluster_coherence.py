@@ -2,7 +2,9 @@
 does to the namespace is seen by the others.
 
 Buckets and objects made through n1's doors are listed on n2 and n3, by S3 and through their
-FUSE mounts; a rename and chmod through n1's mount is what n2's first lookup finds.
+FUSE mounts; a rename and chmod through n1's mount is what n2's first lookup finds; an object
+n1 persisted reads back whole on n2 and n3 (S3 and FUSE), and after an overwrite on n1 the
+next GET on n2 returns the new bytes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import stat
 
 import pytest
+from botocore.exceptions import ClientError
 
 from .clusterlib import Cluster
 
@@ -24,11 +27,6 @@ def test_every_node_serves(cluster: Cluster) -> None:
         assert node.s3().list_buckets()["Buckets"] is not None
         assert node.mnt.is_dir() and list(node.mnt.iterdir()) is not None
 
-
-@pytest.fixture(scope="module")
-def bucket(cluster: Cluster) -> str:
-    cluster[1].s3().create_bucket(Bucket=BUCKET)
-    return BUCKET
 
 
 def test_a_bucket_made_on_n1_is_listed_on_n2_and_n3(cluster: Cluster) -> None:
@@ -68,3 +66,36 @@ def test_a_rename_on_n1_is_seen_by_n2s_first_lookup(cluster: Cluster, bucket: st
     st = cluster[2].path(bucket, "ren-b").stat()
     assert (st.st_size, stat.S_IMODE(st.st_mode)) == (100, 0o604)
     assert not cluster[2].path(bucket, "ren-a").exists()
+
+
+def test_a_persisted_object_put_on_n1_reads_back_on_n2_by_s3_and_fuse(
+        cluster: Cluster, bucket: str) -> None:
+    data = os.urandom(300_000)
+    cluster[1].s3().put_object(Bucket=bucket, Key="dir/obj", Body=data)
+    cluster[1].persist_wait(bucket)
+    got = cluster[2].s3().get_object(Bucket=bucket, Key="dir/obj")["Body"].read()
+    assert got == data
+    assert cluster[2].path(bucket, "dir/obj").read_bytes() == data
+    assert cluster[3].path(bucket, "dir/obj").read_bytes() == data
+
+
+def test_an_overwrite_on_n1_is_what_the_next_get_on_n2_returns(
+        cluster: Cluster, bucket: str) -> None:
+    s1, s2 = cluster[1].s3(), cluster[2].s3()
+    for round_ in range(3):
+        data = os.urandom(10_000 + round_)
+        s1.put_object(Bucket=bucket, Key="over", Body=data)
+        cluster[1].persist_wait(bucket)
+        assert s2.get_object(Bucket=bucket, Key="over")["Body"].read() == data
+
+
+def test_a_delete_on_n1_is_a_404_on_n2_and_gone_from_n3s_listing(
+        cluster: Cluster, bucket: str) -> None:
+    cluster[1].s3().put_object(Bucket=bucket, Key="gone/x", Body=b"short-lived")
+    assert cluster[2].s3().head_object(Bucket=bucket, Key="gone/x")["ContentLength"] == 11
+    cluster[1].s3().delete_object(Bucket=bucket, Key="gone/x")
+    with pytest.raises(ClientError) as e:
+        cluster[2].s3().head_object(Bucket=bucket, Key="gone/x")
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+    listed = cluster[3].s3().list_objects_v2(Bucket=bucket, Prefix="gone/")
+    assert listed.get("KeyCount", 0) == 0

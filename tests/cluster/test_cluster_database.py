@@ -25,6 +25,7 @@ from botocore.exceptions import ClientError
 
 from .clusterlib import Cluster, Node, poll
 
+pytestmark = pytest.mark.usefixtures("bucket")
 BUCKET = "dbfaults"
 
 
@@ -134,10 +135,6 @@ def _serves_again(cluster: Cluster) -> float:
 def cluster_settings() -> dict[str, str]:
     return {"TIERD_PERSIST_DELAY": "30"}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def bucket(cluster: Cluster) -> None:
-    cluster[1].s3().create_bucket(Bucket=BUCKET)
 
 
 def test_a_database_restart_under_traffic_loses_no_acknowledged_write(
