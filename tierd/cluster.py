@@ -15,6 +15,7 @@ from tierd.config import Config
 from tierd.logs import get_logger
 from tierd.meta import MetaStore
 from tierd.namespace import Namespace
+from tierd.peer import registry
 from tierd.peer.client import PeerClient
 from tierd.peer.door import PeerDoor
 from tierd.peer.server import FileSlice, LocalReader, VersionGone
@@ -37,6 +38,12 @@ def local_reader(placement: Placement) -> LocalReader:
     return read
 
 
+def node_alive(meta: MetaStore, node: str) -> bool:
+    """Whether ``node`` heart-beat within its lease (a node never registered is not)."""
+    info = registry.lookup(meta, node)
+    return info is not None and registry.alive(info)
+
+
 @contextlib.asynccontextmanager
 async def cluster_node(cfg: Config, meta: MetaStore, namespace: Namespace,
                        placement: Placement) -> AsyncIterator[PeerDoor]:
@@ -49,9 +56,11 @@ async def cluster_node(cfg: Config, meta: MetaStore, namespace: Namespace,
                     url=cfg.peer_url)
     await door.start()
     placement.peer = client
+    placement.home_alive = lambda node: node_alive(meta, node)
     try:
         yield door
     finally:
+        placement.home_alive = None
         placement.peer = None
         await door.stop()
         await client.close()

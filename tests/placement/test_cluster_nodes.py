@@ -225,3 +225,52 @@ def test_node_records_are_the_nodes_own(tmp_path: Path) -> None:
     with one.write() as tx:
         tx.add_orphan(5)
         assert tx.kv.get(b"O" + (5).to_bytes(8, "big")) == b""
+
+
+def test_a_dead_homes_files_are_taken_over_when_cold_has_them_else_listed(
+        tmp_path: Path) -> None:
+    (tmp_path / "cold").mkdir()
+    c = Cluster(tmp_path, persist_delay=0.0)
+    try:
+        a = c.run(c.start("a"))
+        b = c.run(c.start("b"))
+        c.run(a.create_bucket(ROOT, "bkt"))
+        clean = os.urandom(1 << 16)
+        c.run(a.put_object(ROOT, "bkt", "clean", body(clean)))
+        assert c.run(a.placement.drain(timeout=30))
+        c.run(a.placement.close())  # a stops persisting (it dies) ...
+        dirty = c.run(a.put_object(ROOT, "bkt", "dirty", body(b"only on a"))).ino
+        bucket = c.run(b.get_bucket("bkt")).ino
+        # ... and b renames a's clean file: a names-only change a's persister would do
+        c.run(b.rename(ROOT, bucket, b"clean", bucket, b"moved"))
+        with b.meta.snapshot() as tx:
+            queue = tx.list_queue()
+        b.placement.home_alive = lambda node: node != "a"
+        b.placement._sweep_homes(queue)
+        # the clean file is b's now; the dirty one is listed by name, not taken
+        with b.meta.snapshot() as tx:
+            homes = {k: tx.get_stored_inode(v.ino).home  # type: ignore[union-attr]
+                     for k, v in (("moved", tx.lookup(bucket, b"moved")),
+                                  ("dirty", tx.lookup(bucket, b"dirty"))) if v is not None}
+        assert homes == {"moved": "b", "dirty": "a"}
+        doc = b.placement.queue_summary()
+        assert doc["stranded"] == [{"node": "a", "files": 1, "first": ["bkt/dirty"]}]
+        assert dirty in b.placement.stranded["a"].inos
+        b.placement.wake()
+        assert c.run(b.placement.drain("bkt/moved", timeout=30))
+        assert (tmp_path / "cold" / "bkt" / "moved").read_bytes() == clean
+        for _ in range(200):  # the old key's delete runs behind the copy
+            if not (tmp_path / "cold" / "bkt" / "clean").exists():
+                break
+            b.placement.kick_deletes()
+            c.run(asyncio.sleep(0.05))
+        assert not (tmp_path / "cold" / "bkt" / "clean").exists()
+        assert c.run(get(b, "moved")) == clean
+        # a live home keeps its files: nothing is taken from it
+        b.placement.home_alive = lambda node: True
+        b.placement._sweep_homes(queue)
+        assert b.placement.stranded == {}
+    finally:
+        for name in list(c.peer.nodes):
+            c.run(c.stop(name))
+        c.loop.close()

@@ -22,7 +22,7 @@ from typing import Any
 
 from tierd.mempool.pool import MemPool
 from tierd.meta import STATE_CLEAN, ColdRecord, Inode, MetaStore, MetaTxn, PlacementPolicy
-from tierd.placement import bitmap, intents, peerreads
+from tierd.placement import bitmap, homes, intents, peerreads
 from tierd.placement.importer import Importer
 from tierd.placement.intents import RecentDeletes
 from tierd.placement.memtier import MEM, MemTier
@@ -119,6 +119,10 @@ class PlacementCore:
         # a node of a cluster: its name, and how it reads versions other nodes hold
         self.node = meta.node
         self.peer: PeerReader | None = None
+        # whether a node of the cluster heart-beats (set by tierd.cluster), and the files
+        # of dead ones nothing can persist (tierd.placement.homes)
+        self.home_alive: Callable[[str], bool] | None = None
+        self.stranded: dict[str, homes.Stranded] = {}
 
     # the hot tier's numbers under their pre-warm names (du, tests, the benchmark)
     @property

@@ -27,7 +27,7 @@ from typing import Any
 
 from tierd.errors import FsError, Reason
 from tierd.meta import MetaTxn
-from tierd.placement import intents
+from tierd.placement import homes, intents
 from tierd.placement.failures import RETRY_MAX, Failures
 from tierd.placement.paths import file_keys, files_under
 from tierd.placement.upload import Uploading
@@ -182,6 +182,8 @@ class Placement(Uploading):
                     if ino not in live and ino not in self._active:
                         self._set_dirty(ino, 0)
                 full_at = now + FULL_SCAN_INTERVAL
+                if self.node and self.home_alive is not None:
+                    self._sweep_homes(queue)
                 self._later.clear()
                 self.kick_deletes()
             else:  # queued since, waited out a back-off or its delay, no longer written
@@ -262,10 +264,33 @@ class Placement(Uploading):
         return doc
 
     def queue_summary(self, limit: int = 2000) -> dict[str, Any]:
-        """The persist queue (see the engine's) with the failing and unpersistable files."""
+        """The persist queue (see the engine's) with the failing and unpersistable files,
+        and on a cluster the files stranded on dead nodes (:mod:`tierd.placement.homes`)."""
         doc = super().queue_summary(limit)
         doc.update(self.failures.describe())
+        if self.node:
+            doc["stranded"] = [s.describe() for _, s in sorted(self.stranded.items())]
         return doc
+
+    def _sweep_homes(self, queue: list[int]) -> None:
+        """A node of a cluster takes over what dead homes queued and cold already holds,
+        and lists the rest as stranded (a full scan's work: every FULL_SCAN_INTERVAL)."""
+        assert self.home_alive is not None
+        before = {n: len(s.inos) for n, s in self.stranded.items()}
+        try:
+            taken, self.stranded = homes.sweep(self.meta, self.node, queue, self.home_alive)
+        except OSError as e:  # the database failing: the next full scan tries again
+            log.warning("looking for files of dead nodes failed: %s", e)
+            return
+        if taken:
+            log.warning("took over %d queued files of dead nodes (their versions are in "
+                        "the cold store): their names are persisted from here", len(taken))
+        for s in self.stranded.values():
+            if before.get(s.node) == len(s.inos):
+                continue  # said already (every full scan would repeat it)
+            log.error("%d queued files of node %r, which is dead, have bytes no live node "
+                      "holds (first: %s): they persist when it comes back",
+                      len(s.inos), s.node, ", ".join(s.keys[:3]))
 
     def _hurrying(self) -> bool:
         return bool(self._hurry) or self.dirty_bytes > self.settings.dirty_limit // 2
