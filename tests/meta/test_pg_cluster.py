@@ -291,3 +291,20 @@ def test_layout_1_is_migrated(url: str) -> None:
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT version, seq FROM meta_schema").fetchall() == [
             (PG_SCHEMA_VERSION, 1)]
+
+
+def test_an_ended_read_transaction_does_not_keep_its_snapshot(
+        url: str, nodes: Callable[..., PgStore]) -> None:
+    """A read transaction's COMMIT waits for the connection's next begin, but not for long:
+    an open snapshot on an idle node would hold back the server's vacuum."""
+    a = nodes("n1")
+    put(a, k=b"1")
+    assert get(a, "k") == b"1"
+    with psycopg.connect(url, autocommit=True) as conn:
+        def open_elsewhere() -> int:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE state = "
+                               "'idle in transaction' AND pid <> pg_backend_pid()").fetchone()
+            return int(row[0]) if row else -1
+
+        wait_for(lambda: open_elsewhere() == 0, timeout=2.0)
+        assert get(a, "k") == b"1"  # the parked connection is ended for real, and usable

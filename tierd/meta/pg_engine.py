@@ -61,6 +61,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -93,15 +94,33 @@ _LOG_FETCH_MAX = 512
 #: log rows kept (each commit's keys); a node whose cache or feed is further behind than
 #: this drops its cache (a full invalidation)
 DEFAULT_LOG_KEEP = 100_000
+#: seconds a connection whose read transaction ended waits, its COMMIT unsent, for the next
+#: begin to send that COMMIT in its own round trip; then a sweeper sends it (the open snapshot
+#: holds back the server's vacuum meanwhile: keep it short)
+_PARK_S = 0.2
 #: no lmdb-like map: the database's own limits apply; the group commit only needs a figure
 #: far larger than a group (headroom is what admission compares with)
 _HEADROOM = 1 << 50
 
-_BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-_BEGIN_WRITE = b"BEGIN ISOLATION LEVEL READ COMMITTED"
-_SEQ_READ = b"SELECT seq FROM meta_schema"
-_SEQ_LOCK = b"SELECT seq FROM meta_schema FOR UPDATE"
-_LOG_SINCE = b"SELECT seq, keys FROM kv_log WHERE seq > %s ORDER BY seq LIMIT %s"
+# A begin is one simple-protocol query of several statements: one message each way, about
+# half what psycopg's pipeline mode costs for the same statements.  Its reads are statements
+# each pooled connection prepares once (_prepare), so they are not planned again each time.
+# The reader's snapshot is taken by its first statement, which reads the seq and the log after
+# the cache's seq together; the writer reads the log in a statement of its own, after the lock
+# (a READ COMMITTED statement begun before the wait would miss the commits it waited for).
+_PREPARE = (
+    b"PREPARE tierd_seq AS SELECT seq, NULL::bigint, NULL::bytea[] FROM meta_schema; "
+    b"PREPARE tierd_seq_log(bigint, int) AS SELECT m.seq, l.seq, l.keys FROM meta_schema m "
+    b"LEFT JOIN LATERAL (SELECT seq, keys FROM kv_log WHERE seq > $1 ORDER BY seq LIMIT $2) l "
+    b"ON true ORDER BY 2; "
+    b"PREPARE tierd_lock AS SELECT seq FROM meta_schema FOR UPDATE; "
+    b"PREPARE tierd_log(bigint, int) AS "
+    b"SELECT seq, keys FROM kv_log WHERE seq > $1 ORDER BY seq LIMIT $2")
+_BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
+_BEGIN_WRITE = b"BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE tierd_lock"
+_SEQ_READ = b"EXECUTE tierd_seq"
+_SEQ_LOG_READ = b"EXECUTE tierd_seq_log(%d, %d)"
+_LOG_SINCE = b"; EXECUTE tierd_log(%d, %d)"
 _BUMP = b"UPDATE meta_schema SET seq = %s"
 _LOG = b"INSERT INTO kv_log (seq, node, keys) VALUES (%s, %s, %s::bytea[])"
 _TRIM = b"DELETE FROM kv_log WHERE seq <= %s"
@@ -282,6 +301,9 @@ class PgTxn(KVTxn):
     def commit(self) -> None:
         if self._done:
             return
+        if not self.write:
+            self._park()
+            return
         store, conn = self._store, self._conn
         written = self._written
         changed = written is None or bool(written)
@@ -312,6 +334,9 @@ class PgTxn(KVTxn):
     def abort(self) -> None:
         if self._done:
             return
+        if not self.write:
+            self._park()
+            return
         self._unsent = {}
         try:
             self._conn.execute(b"ROLLBACK")
@@ -323,6 +348,12 @@ class PgTxn(KVTxn):
     def _end(self) -> None:
         self._done = True
         self._store._release(self, self._conn, broken=False)
+
+    def _park(self) -> None:
+        """End a read transaction without a round trip: its ``COMMIT`` goes out with the next
+        ``begin`` on the connection (see :meth:`PgStore._park`)."""
+        self._done = True
+        self._store._park(self._conn)
 
     def _fail(self) -> None:
         """An error ends the transaction: roll back (best effort) and hand the connection
@@ -358,9 +389,17 @@ class PgStore(KVStore):
         self.trim_every = max(1, min(1000, self.log_keep // 10))
         self._writer = threading.Lock()  # this process's writers queue here, not in a socket
         self._feeds: list[ChangeFeed] = []
+        # connections whose read transaction ended without its COMMIT (see _park)
+        self._parked: list[tuple[psycopg.Connection[Any], float]] = []
+        self._parked_lock = threading.Lock()
+        self._sweeper: threading.Thread | None = None
+        self._closed = threading.Event()
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, timeout=timeout, open=False,
-            kwargs={"autocommit": True}, name="tierd-meta")
+            # psycopg's own automatic preparing is off: it answers a ROLLBACK with
+            # DEALLOCATE ALL, which would drop the statements _prepare made
+            kwargs={"autocommit": True, "prepare_threshold": None}, configure=_prepare,
+            name="tierd-meta")
         # first one connection of our own: an unreachable server or a refused login is
         # psycopg's own message ("connection refused", "password authentication failed")
         # rather than the pool's "initialization incomplete"
@@ -382,19 +421,28 @@ class PgStore(KVStore):
         # after a database restart every pooled connection is broken: try them all
         tries = self._pool.max_size + 1
         for attempt in range(tries):
-            conn = self._pool.getconn()
+            conn = self._unpark()
+            parked = conn is not None
+            if conn is None:
+                conn = self._pool.getconn()
             frm = self.cache.since()
+            if write:
+                query = _BEGIN_WRITE + (b"" if frm is None else
+                                        _LOG_SINCE % (frm, _LOG_FETCH_MAX))
+            else:
+                query = _BEGIN_READ + (_SEQ_READ if frm is None else
+                                       _SEQ_LOG_READ % (frm, _LOG_FETCH_MAX))
+            if parked:  # the previous read transaction's end
+                query = b"COMMIT; " + query
             try:
-                with conn.pipeline():
-                    conn.execute(_BEGIN_WRITE if write else _BEGIN_READ)
-                    cur = conn.execute(_SEQ_LOCK if write else _SEQ_READ, binary=True)
-                    logcur = (None if frm is None else
-                              conn.execute(_LOG_SINCE, (frm, _LOG_FETCH_MAX), binary=True))
-                row = cur.fetchone()
-                if row is None:
+                sets = _results(conn.execute(query))
+                if not sets or not sets[0]:
                     raise psycopg.DataError("meta_schema has no row")
-                seq = int(row[0])
-                rows = None if logcur is None else logcur.fetchall()
+                seq = int(sets[0][0][0])
+                if write:
+                    rows = sets[1] if frm is not None else None
+                else:
+                    rows = [(r[1], r[2]) for r in sets[0] if r[1] is not None]
             except psycopg.OperationalError as e:
                 # most often a connection the server closed while it idled (a restart)
                 conn.close()
@@ -422,6 +470,50 @@ class PgStore(KVStore):
         if txn.write:
             self._writer.release()
 
+    def _park(self, conn: psycopg.Connection[Any]) -> None:
+        """A read transaction ended: keep its connection, with the transaction still open on
+        the server, for the next begin, which sends the ``COMMIT`` in its own pipeline -- a
+        read transaction costs one round trip, not two.  (Ending a read-only transaction
+        cannot fail or change anything; until then it only holds its snapshot.)  A sweeper
+        thread ends what waited longer than ``_PARK_S``."""
+        with self._parked_lock:
+            if not self._closed.is_set():
+                self._parked.append((conn, time.monotonic()))
+                if self._sweeper is None:
+                    self._sweeper = threading.Thread(target=self._sweep, daemon=True,
+                                                     name="tierd-pg-park")
+                    self._sweeper.start()
+                return
+        self._end_parked(conn)
+
+    def _unpark(self) -> psycopg.Connection[Any] | None:
+        with self._parked_lock:
+            return self._parked.pop()[0] if self._parked else None
+
+    def _sweep(self) -> None:
+        while True:
+            self._closed.wait(_PARK_S / 2)
+            now = time.monotonic()
+            with self._parked_lock:
+                closing = self._closed.is_set()
+                old = [c for c, t in self._parked if closing or now - t >= _PARK_S]
+                self._parked = [(c, t) for c, t in self._parked
+                                if not closing and now - t < _PARK_S]
+                done = not self._parked
+                if done:
+                    self._sweeper = None
+            for conn in old:
+                self._end_parked(conn)
+            if done:
+                return
+
+    def _end_parked(self, conn: psycopg.Connection[Any]) -> None:
+        try:
+            conn.execute(b"COMMIT")
+        except psycopg.Error:
+            conn.close()
+        self._pool.putconn(conn)
+
     def watch(self, callback: FeedCallback, *, poll: float = 1.0) -> Callable[[], None]:
         """Start a change feed (:class:`~tierd.meta.pg_changes.ChangeFeed`): ``callback(seq,
         keys)`` in a thread of its own for every later commit of another node (``keys``
@@ -444,6 +536,14 @@ class PgStore(KVStore):
         for feed in list(self._feeds):
             feed.close()
         self._feeds.clear()
+        with self._parked_lock:
+            self._closed.set()
+            parked, self._parked = self._parked, []
+            sweeper = self._sweeper
+        for conn, _ in parked:
+            self._end_parked(conn)
+        if sweeper is not None:
+            sweeper.join(5)
         self._pool.close()
 
     def stat(self) -> dict[str, int]:
@@ -462,6 +562,21 @@ class PgStore(KVStore):
 
     def headroom(self) -> int:
         return _HEADROOM
+
+
+def _prepare(conn: psycopg.Connection[Any]) -> None:
+    """A new pooled connection prepares the statements a begin runs."""
+    conn.execute(_PREPARE)
+
+
+def _results(cur: psycopg.Cursor[Any]) -> list[list[Any]]:
+    """The rows of each statement of a multi-statement query that returned rows."""
+    sets = []
+    while True:
+        if cur.description is not None:
+            sets.append(cur.fetchall())
+        if not cur.nextset():
+            return sets
 
 
 def _contiguous(frm: int | None, to: int,
