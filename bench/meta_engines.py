@@ -7,13 +7,18 @@ synchronously with lmdb today; the loop's budget is ~1 ms per call):
 * ``get``: point reads per second inside one open read transaction, and ``read_txn``: whole
   read transactions (begin, get, end) per second -- what one namespace lookup costs;
 * ``scan_1000``: scans of a 1000-key range per second;
-* ``get_latency_us`` / ``read_txn_latency_us``: median and 99th percentile of one get and of
-  one read transaction, in microseconds.
+* ``get_latency_us`` / ``read_txn_latency_us``: median and 99th percentile of one get (every
+  key read once before: a warm cache) and of one read transaction, in microseconds;
+* ``write_txn_latency_us``: one read-modify-write transaction (begin, get, put, commit);
+* ``feed_latency_us`` (pg only): from a commit's return on one node to the change feed's
+  callback on another (two stores on the database, as two nodes).
 
-Engines: ``lmdb`` (durable commits: an fdatasync each), ``group-lmdb`` (the daemon's default),
-``pg`` (every commit a durable PostgreSQL commit, fsync on, over TCP to 127.0.0.1) and
-``group-pg``.  The server is started here (tests/meta/pg_server.py: initdb in a temporary
-directory).  Prints one JSON document; ``--out FILE`` writes it there too.
+Engines: ``lmdb`` (durable commits: an fdatasync each), ``group-lmdb`` (the lmdb default),
+``pg`` (every commit a durable PostgreSQL commit, fsync on, over TCP to 127.0.0.1; the node's
+read cache on, the daemon's setup) and ``pg-cold`` (the same with a cache of 0 entries: every
+get a round trip, what a cache miss costs).  The server is started here
+(tests/meta/pg_server.py: initdb in a temporary directory).  Prints one JSON document;
+``--out FILE`` writes it there too.
 
     .venv/bin/python bench/meta_engines.py --seconds 2 --out bench/results/meta_engines.json
 """
@@ -26,6 +31,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -79,11 +85,20 @@ def measure(engine: KVStore, seconds: float) -> dict[str, Any]:
         with engine.begin(write=True) as tx:
             tx.put(b"W%08d" % i, b"x" * 100)
 
+    def write_txn(i: int) -> None:
+        with engine.begin(write=True) as tx:
+            n = int(tx.get(b"Cn") or b"0")
+            tx.put(b"Cn", b"%d" % (n + 1))
+
     out: dict[str, Any] = {}
     out["put_commit_per_s"], _ = rate(put_commit, seconds)
+    out["write_txn_per_s"], times = rate(write_txn, seconds)
+    out["write_txn_latency_us"] = pct(times)
     engine.sync()
     tx = engine.begin()
     try:
+        for i in range(NKEYS):  # every key read once: the cache (if any) is warm
+            tx.get(key(i))
         out["get_per_s"], times = rate(lambda i: tx.get(key(i % NKEYS)), seconds)
         out["get_latency_us"] = pct(times)
         out["scan_1000_per_s"], _ = rate(
@@ -103,6 +118,36 @@ def measure(engine: KVStore, seconds: float) -> dict[str, Any]:
     return {k: round(v) if isinstance(v, float) else v for k, v in out.items()}
 
 
+def feed_latency(url: str, commits: int = 200) -> dict[str, float]:
+    """Microseconds from a commit's return on node a to node b's feed callback."""
+    a, b = PgStore(url, node="a"), PgStore(url, node="b")
+    seen: dict[int, float] = {}
+    done = threading.Event()
+
+    def heard(seq: int, keys: list[bytes] | None) -> None:
+        seen[seq] = time.perf_counter()
+        if len(seen) >= commits:
+            done.set()
+
+    try:
+        stop = b.watch(heard)
+        while not b._feeds[0].ready.is_set():
+            time.sleep(0.01)
+        sent: dict[int, float] = {}
+        for i in range(commits):
+            with a.begin(write=True) as tx:
+                tx.put(b"F%d" % i, b"x")
+                seq = tx.seq + 1  # type: ignore[attr-defined]
+            sent[seq] = time.perf_counter()
+            time.sleep(0.002)
+        done.wait(30)
+        stop()
+        return pct([seen[s] - t for s, t in sent.items() if s in seen])
+    finally:
+        a.close()
+        b.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=2.0)
@@ -120,7 +165,7 @@ def main() -> None:
                 "group-lmdb": lambda: GroupCommitStore(
                     LmdbStore(Path(tmp) / "glmdb", metasync=True)),
                 "pg": lambda: PgStore(server.url("pg")),
-                "group-pg": lambda: GroupCommitStore(PgStore(server.url("gpg"))),
+                "pg-cold": lambda: PgStore(server.url("pgcold"), cache_entries=0),
             }
             for name, open_engine in opens.items():
                 engine = open_engine()
@@ -129,6 +174,7 @@ def main() -> None:
                 finally:
                     engine.close()
                 print(name, results[name], file=sys.stderr)
+            results["pg"]["feed_latency_us"] = feed_latency(server.url("feed"))
     finally:
         server.stop()
     doc = {"bench": "meta_engines", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

@@ -243,9 +243,11 @@ class Config:
             help="Where the metadata lives: empty for the embedded lmdb store in meta_dir "
             "(the default; no database needed), or a PostgreSQL database, "
             "postgresql://USER[:PASSWORD]@HOST[:PORT]/DB (libpq URL parameters allowed, e.g. "
-            "?sslmode=require or ?options=-csearch_path%3DSCHEMA).  The database's tables are "
-            "created at the first start.  meta_sync = group still groups commits in memory "
-            "on this node; commit sends every transaction to the database before it returns.",
+            "?sslmode=require or ?options=-csearch_path%3DSCHEMA), which every node of a "
+            "cluster names.  Its tables are created, or migrated, at start.  Every "
+            "transaction is then one database transaction, durable when it returns: "
+            "meta_sync's group commit does not apply (a per-node overlay would let two nodes "
+            "hand out the same inode numbers).",
             secret=True,  # it may carry a password
             metavar="postgresql://USER@HOST:PORT/DB",
         ),

@@ -23,7 +23,9 @@ Transactions:
 * **Reads** are ``REPEATABLE READ READ ONLY``: a snapshot.  PostgreSQL takes the snapshot at
   the first statement, not at ``BEGIN``, so :meth:`PgStore.begin` runs one at once: ``SELECT
   seq FROM meta_schema``, which also says which commit the snapshot ends at.  A reader begun
-  before a writer commits never sees that commit.
+  before a writer commits never sees that commit.  Ending a read transaction sends nothing:
+  its ``COMMIT`` goes out in the same message as the connection's next ``BEGIN`` (or a sweeper
+  sends it after 0.2 s), so a read transaction whose gets the cache answers is one round trip.
 * **Writes** are serialized, as the contract says (one writer at a time): a writer first locks
   the ``meta_schema`` row (``SELECT seq ... FOR UPDATE``), so writers of every node that shares
   the database queue there, and then runs ``READ COMMITTED``: with every writer behind the same
