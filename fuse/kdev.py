@@ -18,6 +18,7 @@ The operations take pyfuse3's argument types; this module passes duck-typed stan
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import errno
 import logging
 import os
@@ -275,15 +276,18 @@ class KernelSession:
         # The handler's first step runs here, at once: most requests (lookup, getattr,
         # create, a close with nothing to flush) never wait, and are answered before the
         # loop polls again, with no task made for them.  Only one that waits becomes a task,
-        # which goes on from where it stopped (:class:`_Resume`).
+        # which goes on from where it stopped (:class:`_Resume`), in the same context (a
+        # copy per request, as a task of its own would have had).
         coro = self._run(handler, req)
+        ctx = contextvars.copy_context()
         try:
-            waiting = coro.send(None)
+            waiting = ctx.run(coro.send, None)
         except StopIteration:
             if keep:
                 self._free.append(buf)
             return
-        task = asyncio.ensure_future(_resumed(_Resume(coro, waiting)))
+        loop = self._loop or asyncio.get_running_loop()
+        task = loop.create_task(_resumed(_Resume(coro, waiting)), context=ctx)
         self._tasks.add(task)
         task.add_done_callback(lambda t: self._task_done(t, buf if keep else None))
 

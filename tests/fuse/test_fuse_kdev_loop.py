@@ -3,7 +3,9 @@ are only what the loop needs: a handler's first step runs as the request is read
 a handler that waits becomes a task (``_Resume`` carries it on).  Checked: an answer given
 without waiting, one given after waiting, an errno raised after waiting, and an exception
 of the awaited call thrown into the handler, which handles it -- each seen by a real
-program's system call.  The namespace's operations are not involved: the daemon's whole
+program's system call -- and that each request keeps a context of its own (a context
+variable one handler sets is not seen by the next request, and is still there when a
+waiting handler goes on).  The namespace's operations are not involved: the daemon's whole
 suite (test_fuse_kernel.py and the others) runs them through the same loop.
 """
 
@@ -16,6 +18,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,6 +35,8 @@ pytestmark = [
 
 ROOT = pyfuse3.ROOT_INODE
 NAMES = {b"fast": 2, b"slow": 3, b"denied": 4, b"thrown": 5}
+#: what one request's handler sets; each request has a context of its own
+SEEN: ContextVar[bytes | None] = ContextVar("SEEN", default=None)
 
 
 class LoopOps:
@@ -60,11 +65,16 @@ class LoopOps:
             if ino != ROOT else self._attrs(ROOT)
 
     async def lookup(self, parent: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        if SEEN.get() is not None:  # set by another request: contexts leak between them
+            raise pyfuse3.FUSEError(errno.EIO)
+        SEEN.set(name)
         ino = NAMES.get(name)
         if ino is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         if name == b"slow":
             await asyncio.sleep(0.01)
+            if SEEN.get() != name:  # the task goes on in the context its first step had
+                raise pyfuse3.FUSEError(errno.EIO)
             return self._attrs(ino, 11)
         if name == b"denied":
             await asyncio.sleep(0.01)
