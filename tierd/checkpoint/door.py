@@ -31,7 +31,7 @@ log = get_logger("mempool")
 class MemoryDoor:
     def __init__(self, ns: NamespaceAPI, *, capacity: int, socket_path: Path,
                  default_quota: int = 0, far: FarMemory | None = None, keep_local: int = 2,
-                 keep_cold: int = 0) -> None:
+                 keep_cold: int = 0, shared: bool = False) -> None:
         self.ns = ns
         self.pool = MemPool(capacity, default_quota, far)
         self.pool.quotas = ns.pool_quotas()
@@ -45,7 +45,7 @@ class MemoryDoor:
                                                 capacity=self.pool.capacity))
         self.server = PoolServer(socket_path, self.pool)
         self.ckpt = CheckpointService(ns, self.pool, keep_local=keep_local,
-                                      keep_cold=keep_cold)
+                                      keep_cold=keep_cold, shared=shared)
         self.ckpt.register(self.server)
 
     @classmethod
@@ -53,7 +53,8 @@ class MemoryDoor:
         return cls(ns, capacity=cfg.pool_capacity, socket_path=cfg.pool_socket,
                    default_quota=cfg.pool_default_quota,
                    far=FarMemory(cfg.pool_latency_us, cfg.pool_bandwidth),
-                   keep_local=cfg.ckpt_keep_local, keep_cold=cfg.ckpt_keep_cold)
+                   keep_local=cfg.ckpt_keep_local, keep_cold=cfg.ckpt_keep_cold,
+                   shared=bool(cfg.node_name))
 
     async def start(self) -> None:
         parent = self.server.path.parent

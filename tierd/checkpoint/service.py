@@ -71,8 +71,10 @@ __all__ = ["COMMITTED", "FAILED", "LOCAL", "PERSISTED", "STAGING", "CheckpointSe
 
 class CheckpointService:
     def __init__(self, ns: NamespaceAPI, pool: MemPool, *, keep_local: int = 2,
-                 keep_cold: int = 0) -> None:
+                 keep_cold: int = 0, shared: bool = False) -> None:
         self.ns = ns
+        #: a node of a cluster: other nodes publish steps into the same runs
+        self.shared = shared
         self.pool = pool
         self.keep_local = keep_local
         self.keep_cold = keep_cold
@@ -143,7 +145,7 @@ class CheckpointService:
                     raise FsError(errno.EINVAL, f"{attr} must be a non-negative integer")
                 setattr(run, attr, v)
         await self._check_access(ident, run, create)
-        if not run.scanned:
+        if not run.scanned or self.shared:  # on a cluster: steps other nodes published
             await self._scan(run)
         await self.parts.resolve(run)
         run.used_at = time.monotonic()
@@ -191,15 +193,23 @@ class CheckpointService:
         except FsError:
             run.scanned = True
             return
+        seen: set[int] = set()
         for name_b, inode in await self.ns.listdir(Identity.ROOT, d.ino):
             name = name_b.decode(errors="replace")
             n = parse_step_dir(name)
+            if n is not None and inode.is_dir:
+                seen.add(n)
             if n is not None and inode.is_dir and n not in run.steps:
                 run.steps[n] = Step(n, Identity(inode.uid, inode.gid), LOCAL)
                 run.steps[n].local.set()
-            elif name.startswith(TMP_PREFIX):
+            elif name.startswith(TMP_PREFIX) and not self.shared:
+                # (on a cluster it may be another node's save in progress: left alone)
                 await publish.remove_step_dir(self.ns, Identity.ROOT, run.bucket, run.name,
                                               name)
+        if self.shared:  # steps another node deleted are gone here too
+            for n in [n for n, s in run.steps.items()
+                      if s.state in (LOCAL, PERSISTED) and n not in seen]:
+                del run.steps[n]
         for s in run.steps.values():
             if s.state == LOCAL and not s.inos:
                 await self._learn_inos(run, s)
