@@ -12,111 +12,45 @@ and metadata every node sees, the bytes on the node that wrote them), not persis
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import os
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 from botocore.exceptions import ClientError
 
-from .clusterlib import Cluster, Node, poll
+from .clusterlib import Cluster, poll
+from .traffic import Journal, digest, fuse_writer, listed, s3_writer, traffic
 
 pytestmark = pytest.mark.usefixtures("bucket")
 BUCKET = "dbfaults"
 
 
-@dataclass
-class Journal:
-    """What one writer was told: acknowledged (name -> sha256) and the failures it saw."""
-
-    acked: dict[str, str] = field(default_factory=dict)
-    failed: list[str] = field(default_factory=list)
-    wrong: list[str] = field(default_factory=list)  # failures of a kind that is not allowed
-
-
-def _s3_writer(node: Node, tag: str, stop: threading.Event, j: Journal) -> None:
-    s3 = node.s3(read_timeout=30, connect_timeout=5)
-    i = 0
-    while not stop.is_set():
-        key = f"{tag}/{i}"
-        data = os.urandom(1000 + 37 * i)
-        try:
-            s3.put_object(Bucket=BUCKET, Key=key, Body=data)
-        except ClientError as e:
-            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-            (j.failed if status >= 500 else j.wrong).append(f"{key}: {status} {e}")
-        except Exception as e:  # a broken connection, a timeout: the door itself failed
-            j.wrong.append(f"{key}: {type(e).__name__}: {e}")
-        else:
-            j.acked[key] = hashlib.sha256(data).hexdigest()
-        i += 1
-        time.sleep(0.002)
-
-
-def _fuse_writer(node: Node, tag: str, stop: threading.Event, j: Journal) -> None:
-    d = node.path(BUCKET, tag)
-    d.mkdir()
-    i = 0
-    while not stop.is_set():
-        key = f"{tag}/{i}"
-        data = os.urandom(1000 + 41 * i)
-        try:
-            with open(node.path(BUCKET, key), "wb") as f:
-                f.write(data)
-                os.fsync(f.fileno())
-        except OSError as e:
-            (j.failed if e.errno == errno.EIO else j.wrong).append(f"{key}: {e!r}")
-        else:
-            j.acked[key] = hashlib.sha256(data).hexdigest()
-        i += 1
-        time.sleep(0.002)
-
-
-def _under_traffic(cluster: Cluster, fault: Any, settle: float = 1.0) -> dict[str, Journal]:
+def _under_traffic(cluster: Cluster, fault: Callable[[], None],
+                   settle: float = 1.0) -> list[Journal]:
     """Writers on every node; ``fault()`` once they have been writing a while; they stop
     ``settle`` seconds after it returned."""
-    tags = {"s3-n1": (cluster[1], _s3_writer), "s3-n2": (cluster[2], _s3_writer),
-            "fuse-n3": (cluster[3], _fuse_writer)}
-    run = f"{time.monotonic_ns():x}"
-    journals = {f"{run}-{t}": Journal() for t in tags}
-    stop = threading.Event()
-    threads = [threading.Thread(target=fn, args=(node, f"{run}-{t}", stop,
-                                                 journals[f"{run}-{t}"]), daemon=True)
-               for t, (node, fn) in tags.items()]
-    for t in threads:
-        t.start()
-    time.sleep(0.7)
-    fault()
-    time.sleep(settle)
-    stop.set()
-    for t in threads:
-        t.join(60)
-        assert not t.is_alive(), "a writer hung"
+    with traffic(BUCKET, [(cluster[1], "s3-n1", s3_writer), (cluster[2], "s3-n2", s3_writer),
+                          (cluster[3], "fuse-n3", fuse_writer)]) as journals:
+        time.sleep(0.7)
+        fault()
+        time.sleep(settle)
     return journals
 
 
-def _check(cluster: Cluster, journals: dict[str, Journal]) -> None:
-    writers = {"s3-n1": cluster[1], "s3-n2": cluster[2], "fuse-n3": cluster[3]}
-    for tag, j in journals.items():
-        assert not j.wrong, f"{tag}: failures that are neither 5xx nor EIO: {j.wrong[:5]}"
-        assert j.acked, f"{tag} acknowledged nothing"
-        node = writers[tag.split("-", 1)[1]]
-        for key, digest in j.acked.items():
+def _check(cluster: Cluster, journals: list[Journal]) -> None:
+    for j in journals:
+        bad = j.wrong + j.broken
+        assert not bad, f"{j.tag}: failures that are neither 5xx nor EIO: {bad[:5]}"
+        assert j.acked, f"{j.tag} acknowledged nothing"
+        for key, sha in j.acked.items():
             # the node that acknowledged it reads it back (S3 and its mount alike)
-            body = node.s3().get_object(Bucket=BUCKET, Key=key)["Body"].read()
-            assert hashlib.sha256(body).hexdigest() == digest, key
-            got = node.path(BUCKET, key).read_bytes()
-            assert hashlib.sha256(got).hexdigest() == digest, key
+            body = j.node.s3().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+            assert digest(body) == sha, key
+            assert digest(j.node.path(BUCKET, key).read_bytes()) == sha, key
         for other in cluster.nodes:  # every node lists every acknowledged name
-            listed = {o["Key"] for page in other.s3().get_paginator("list_objects_v2")
-                      .paginate(Bucket=BUCKET, Prefix=tag + "/") for o in page.get("Contents", [])}
-            missing = set(j.acked) - listed
+            missing = set(j.acked) - listed(other, BUCKET, j.tag + "/")
             assert not missing, f"{other.name} does not list {sorted(missing)[:5]}"
-        print(f"{tag}: {len(j.acked)} acknowledged, {len(j.failed)} failed (5xx/EIO)")
+        print(f"{j.tag}: {len(j.acked)} acknowledged, {len(j.failed)} failed (5xx/EIO)")
 
 
 def _serves_again(cluster: Cluster) -> float:
