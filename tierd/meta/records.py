@@ -169,6 +169,8 @@ class MultipartUpload(Record):
     gid: int
     initiated_ns: int
     objmeta: dict[str, str] = field(default_factory=dict)
+    # in a cluster: the node whose hot tier holds the parts ("" on a single node)
+    node: str = ""
 
 
 @dataclass(slots=True)

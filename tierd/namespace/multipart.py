@@ -130,6 +130,17 @@ class MultipartOps(ObjectOps):
         if removed:
             log.info("recovered: %d leftover multipart files removed", removed)
 
+    def _held_here(self, up: MultipartUpload) -> MultipartUpload:
+        """On a cluster an upload's parts are written to the hot tier of the node that
+        created it: its parts and its completion must go there (listing and aborting it
+        work on every node)."""
+        if up.node != self.meta.node:
+            raise FsError(errno.EXDEV, f"multipart upload {up.upload_id!r} was created "
+                          f"through node {up.node or '(unnamed)'!r}: send its parts and its "
+                          "completion to that node (docs/cluster.md)",
+                          reason=Reason.INVALID_ARGUMENT)
+        return up
+
     def _upload(self, ident: Identity, upload_id: str, *,
                 bucket_owner: bool = False) -> MultipartUpload:
         """The upload, for its creator or root (EACCES else); with ``bucket_owner`` also
@@ -184,6 +195,7 @@ class MultipartOps(ObjectOps):
         up = MultipartUpload(
             upload_id=secrets.token_urlsafe(32), bucket=bucket, key=key, uid=ident.uid,
             gid=ident.gid, initiated_ns=now_ns(), objmeta=dict(objmeta or {}),
+            node=self.meta.node,
         )
         self._parts.create(up.upload_id)
         with self.meta.write() as tx:
@@ -220,7 +232,7 @@ class MultipartOps(ObjectOps):
         ``checksums`` is read only after the payload was verified: a door may fill in
         trailing checksums."""
         self._check_part_number(number)
-        self._upload(ident, upload_id)
+        self._held_here(self._upload(ident, upload_id))
         refuse_over_dirty_limit(self.placement)
         payload = body if isinstance(body, Payload) else Payload(body)
 
@@ -289,7 +301,7 @@ class MultipartOps(ObjectOps):
         """A part copied from an existing object; ``byte_range`` is inclusive (first, last).
         ``src_ident`` reads the source (as in :meth:`copy_object`)."""
         self._check_part_number(number)
-        self._upload(ident, upload_id)
+        self._held_here(self._upload(ident, upload_id))
         refuse_over_dirty_limit(self.placement)
         src = await self._open_source(src_ident or ident, src_bucket, src_key, src_version)
         try:
@@ -390,7 +402,7 @@ class MultipartOps(ObjectOps):
         metadata given at create.  ``if_match`` / ``if_none_match`` (``"*"``) are checked
         in the commit, as for a PUT: a failed condition (reason ``PreconditionFailed``)
         leaves the old object and the upload as they were."""
-        up = self._upload(ident, upload_id)
+        up = self._held_here(self._upload(ident, upload_id))
         self._chosen(upload_id, parts)  # answer a bad list before pausing the upload
         refuse_over_dirty_limit(self.placement)  # the object's bytes become dirty
         segments, _ = split_key(up.key)
