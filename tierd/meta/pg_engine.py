@@ -6,7 +6,8 @@ nothing but core SQL (no extension, no advisory lock), so PostgreSQL-compatible 
 serve it too.  Selected with the ``meta_url`` setting (``postgresql://user@host:port/db``);
 see docs/metadata.md, "PostgreSQL engine".
 
-Layout (version 2; :func:`_migrate` creates it, or brings version 1 up to it, at open):
+Layout (version 2; :func:`tierd.meta.pg_sql.migrate` creates it, or brings version 1 up to it,
+at open):
 
 * ``kv(k bytea primary key, v bytea not null)`` -- ``bytea`` compares byte by byte, so
   ``ORDER BY k`` is the contract's key order;
@@ -74,13 +75,21 @@ from tierd.errors import FsError
 from tierd.meta.kv import KVStore, KVTxn
 from tierd.meta.pg_cache import ReadCache
 from tierd.meta.pg_changes import ChangeFeed, FeedCallback
+from tierd.meta.pg_sql import (
+    CHANNEL,
+    NODE,
+    PG_SCHEMA_VERSION,  # re-exported: the layout version callers check
+    commit_query,
+    contiguous,
+    migrate,
+    prepare,
+    results,
+)
 
 log = logging.getLogger(__name__)
 
-#: the layout this code reads; :func:`_migrate` brings an older database up to it
-PG_SCHEMA_VERSION = 2
-#: the channel every write commit notifies (payload: its seq)
-CHANNEL = "tierd_changes"
+__all__ = ["CHANNEL", "DEFAULT_LOG_KEEP", "PG_SCHEMA_VERSION", "PgStore", "PgTxn"]
+
 #: keys fetched by a scan's first page; later pages double up to _SCAN_MAX, so taking a few
 #: entries costs one small query and a full scan few round trips
 _SCAN_FIRST = 64
@@ -93,6 +102,8 @@ _PENDING_MAX = 4096
 _TRACK_MAX = 10_000
 #: log rows a begin fetches to bring the cache up; further behind, the cache is dropped
 _LOG_FETCH_MAX = 512
+#: a commit whose unsent writes are at most this many bytes goes as one inline query
+_INLINE_MAX = 256 << 10
 #: log rows kept (each commit's keys); a node whose cache or feed is further behind than
 #: this drops its cache (a full invalidation)
 DEFAULT_LOG_KEEP = 100_000
@@ -106,18 +117,10 @@ _HEADROOM = 1 << 50
 
 # A begin is one simple-protocol query of several statements: one message each way, about
 # half what psycopg's pipeline mode costs for the same statements.  Its reads are statements
-# each pooled connection prepares once (_prepare), so they are not planned again each time.
+# each pooled connection prepares once (pg_sql.prepare), so they are not planned again each time.
 # The reader's snapshot is taken by its first statement, which reads the seq and the log after
 # the cache's seq together; the writer reads the log in a statement of its own, after the lock
 # (a READ COMMITTED statement begun before the wait would miss the commits it waited for).
-_PREPARE = (
-    b"PREPARE tierd_seq AS SELECT seq, NULL::bigint, NULL::bytea[] FROM meta_schema; "
-    b"PREPARE tierd_seq_log(bigint, int) AS SELECT m.seq, l.seq, l.keys FROM meta_schema m "
-    b"LEFT JOIN LATERAL (SELECT seq, keys FROM kv_log WHERE seq > $1 ORDER BY seq LIMIT $2) l "
-    b"ON true ORDER BY 2; "
-    b"PREPARE tierd_lock AS SELECT seq FROM meta_schema FOR UPDATE; "
-    b"PREPARE tierd_log(bigint, int) AS "
-    b"SELECT seq, keys FROM kv_log WHERE seq > $1 ORDER BY seq LIMIT $2")
 _BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
 _BEGIN_WRITE = b"BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE tierd_lock"
 _SEQ_READ = b"EXECUTE tierd_seq"
@@ -125,7 +128,7 @@ _SEQ_LOG_READ = b"EXECUTE tierd_seq_log(%d, %d)"
 _LOG_SINCE = b"; EXECUTE tierd_log(%d, %d)"
 _BUMP = b"UPDATE meta_schema SET seq = %s"
 _LOG = b"INSERT INTO kv_log (seq, node, keys) VALUES (%s, %s, %s::bytea[])"
-_TRIM = b"DELETE FROM kv_log WHERE seq <= %s"
+_TRIM = b"DELETE FROM kv_log WHERE seq <= %d"
 _GET = b"SELECT v FROM kv WHERE k = %b"
 _PUT = b"INSERT INTO kv (k, v) VALUES (%b, %b) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
 _DELETE = b"DELETE FROM kv WHERE k = %b"
@@ -140,44 +143,6 @@ _AFTER_END = b"SELECT k, v FROM kv WHERE k > %b AND k < %b ORDER BY k LIMIT %s"
 def _io_error(e: psycopg.Error, doing: str) -> FsError:
     return FsError(errno.EIO, f"metadata database error while {doing}: "
                    f"{type(e).__name__}: {e}".rstrip())
-
-
-def _migrate(conn: psycopg.Connection[Any]) -> None:
-    """Create the tables, or bring an older layout up to :data:`PG_SCHEMA_VERSION`; refuse
-    a newer one (a newer tierd wrote it).  Two nodes starting at once on an empty database
-    may both try to create the tables: the loser's error is retried once."""
-    for attempt in range(2):
-        try:
-            _migrate_once(conn)
-            return
-        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable,
-                psycopg.errors.DuplicateObject):
-            if attempt:
-                raise
-
-
-def _migrate_once(conn: psycopg.Connection[Any]) -> None:
-    with conn.transaction():
-        conn.execute("CREATE TABLE IF NOT EXISTS kv (k bytea PRIMARY KEY, v bytea NOT NULL)")
-        conn.execute("CREATE TABLE IF NOT EXISTS meta_schema (version integer NOT NULL, "
-                     "seq bigint NOT NULL DEFAULT 0)")
-        conn.execute("CREATE TABLE IF NOT EXISTS kv_log (seq bigint PRIMARY KEY, "
-                     "node text NOT NULL, keys bytea[] NOT NULL)")
-        row = conn.execute("SELECT version FROM meta_schema FOR UPDATE").fetchone()
-        if row is None:
-            conn.execute("INSERT INTO meta_schema (version) VALUES (%s)",
-                         (PG_SCHEMA_VERSION,))
-            return
-        found = int(row[0])
-        if found > PG_SCHEMA_VERSION:
-            raise RuntimeError(f"the metadata database has layout version {found}; this tierd "
-                               f"reads version {PG_SCHEMA_VERSION} (upgrade tierd)")
-        # each step brings version n to n + 1, in order
-        if found < 2:  # 1 -> 2: the commit counter (kv_log was created above)
-            conn.execute("ALTER TABLE meta_schema "
-                         "ADD COLUMN IF NOT EXISTS seq bigint NOT NULL DEFAULT 0")
-        if found < PG_SCHEMA_VERSION:
-            conn.execute("UPDATE meta_schema SET version = %s", (PG_SCHEMA_VERSION,))
 
 
 class PgTxn(KVTxn):
@@ -313,7 +278,11 @@ class PgTxn(KVTxn):
         try:
             if not changed:
                 conn.execute(b"COMMIT")
-            else:
+            elif self._unsent_bytes() <= _INLINE_MAX and written is not None:
+                unsent, self._unsent = self._unsent, {}
+                trim = new - store.log_keep if new % store.trim_every == 0 else None
+                conn.execute(commit_query(unsent, written, new, store.node, trim))
+            else:  # large: the values go as binary parameters, in a pipeline
                 keys = [] if written is None else list(written)
                 with conn.pipeline():
                     self._send_writes()
@@ -321,7 +290,7 @@ class PgTxn(KVTxn):
                     conn.execute(_LOG, (new, store.node, keys), binary=True)
                     conn.execute(f"NOTIFY {CHANNEL}, '{new}'".encode())
                     if new % store.trim_every == 0:
-                        conn.execute(_TRIM, (new - store.log_keep,))
+                        conn.execute(_TRIM % (new - store.log_keep,))
                     conn.execute(b"COMMIT")
         except psycopg.Error as e:
             self._fail()
@@ -332,6 +301,9 @@ class PgTxn(KVTxn):
         if changed:
             store.cache.committed(self.seq, new, written)
         self._end()
+
+    def _unsent_bytes(self) -> int:
+        return sum(len(k) + len(v or b"") for k, v in self._unsent.items())
 
     def abort(self) -> None:
         if self._done:
@@ -383,6 +355,8 @@ class PgStore(KVStore):
     def __init__(self, url: str, *, node: str = "", pool_size: int = 16,
                  timeout: float = 30.0, cache_entries: int = 200_000,
                  log_keep: int = DEFAULT_LOG_KEEP) -> None:
+        if not NODE.fullmatch(node):
+            raise ValueError(f"node name {node!r}: at most 64 of A-Z, a-z, 0-9, '_', '.', '-'")
         self.url = url
         self.node = node
         self.cache = ReadCache(cache_entries)
@@ -400,13 +374,13 @@ class PgStore(KVStore):
             url, min_size=1, max_size=pool_size, timeout=timeout, open=False,
             # psycopg's own automatic preparing is off: it answers a ROLLBACK with
             # DEALLOCATE ALL, which would drop the statements _prepare made
-            kwargs={"autocommit": True, "prepare_threshold": None}, configure=_prepare,
+            kwargs={"autocommit": True, "prepare_threshold": None}, configure=prepare,
             name="tierd-meta")
         # first one connection of our own: an unreachable server or a refused login is
         # psycopg's own message ("connection refused", "password authentication failed")
         # rather than the pool's "initialization incomplete"
         with psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(timeout))) as c:
-            _migrate(c)
+            migrate(c)
         self._pool.open(wait=True, timeout=timeout)
 
     def begin(self, write: bool = False) -> KVTxn:
@@ -437,7 +411,7 @@ class PgStore(KVStore):
             if parked:  # the previous read transaction's end
                 query = b"COMMIT; " + query
             try:
-                sets = _results(conn.execute(query))
+                sets = results(conn.execute(query))
                 if not sets or not sets[0]:
                     raise psycopg.DataError("meta_schema has no row")
                 seq = int(sets[0][0][0])
@@ -461,7 +435,7 @@ class PgStore(KVStore):
                         conn.close()
                 self._pool.putconn(conn)
                 raise _io_error(e, "starting a transaction") from e
-            cached = self.cache.advance(frm, seq, _contiguous(frm, seq, rows))
+            cached = self.cache.advance(frm, seq, contiguous(frm, seq, rows))
             return PgTxn(self, write, conn, seq, cached)
         raise AssertionError("unreachable")
 
@@ -564,31 +538,3 @@ class PgStore(KVStore):
 
     def headroom(self) -> int:
         return _HEADROOM
-
-
-def _prepare(conn: psycopg.Connection[Any]) -> None:
-    """A new pooled connection prepares the statements a begin runs."""
-    conn.execute(_PREPARE)
-
-
-def _results(cur: psycopg.Cursor[Any]) -> list[list[Any]]:
-    """The rows of each statement of a multi-statement query that returned rows."""
-    sets = []
-    while True:
-        if cur.description is not None:
-            sets.append(cur.fetchall())
-        if not cur.nextset():
-            return sets
-
-
-def _contiguous(frm: int | None, to: int,
-                rows: list[Any] | None) -> list[tuple[int, list[bytes]]] | None:
-    """The log rows fetched at begin, if they cover every commit from ``frm + 1`` to ``to``
-    (none missing to a trim or to the fetch limit); None otherwise (drop the cache)."""
-    if frm is None or rows is None:
-        return None if frm is not None else []
-    if frm >= to:
-        return []
-    if not rows or int(rows[0][0]) != frm + 1 or int(rows[-1][0]) < to:
-        return None
-    return [(int(s), [bytes(k) for k in keys]) for s, keys in rows]

@@ -1,0 +1,129 @@
+"""The SQL of the PostgreSQL engine (:mod:`tierd.meta.pg_engine`) that is more than one
+statement: the layout and its migration, the statements every pooled connection prepares, the
+one-message commit, and reading the answers of a multi-statement query.
+
+Kept apart from the engine's transaction logic so each reads on its own; the engine's module
+doc says why the queries have the shape they have.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+
+#: the layout this code reads; :func:`migrate` brings an older database up to it
+PG_SCHEMA_VERSION = 2
+#: the channel every write commit notifies (payload: its seq)
+CHANNEL = "tierd_changes"
+#: what a node may be called (it is written into the commit query as a literal)
+NODE = re.compile(r"[A-Za-z0-9_.-]{0,64}")
+
+#: what each pooled connection prepares (see the engine's begin)
+PREPARE = (
+    b"PREPARE tierd_seq AS SELECT seq, NULL::bigint, NULL::bytea[] FROM meta_schema; "
+    b"PREPARE tierd_seq_log(bigint, int) AS SELECT m.seq, l.seq, l.keys FROM meta_schema m "
+    b"LEFT JOIN LATERAL (SELECT seq, keys FROM kv_log WHERE seq > $1 ORDER BY seq LIMIT $2) l "
+    b"ON true ORDER BY 2; "
+    b"PREPARE tierd_lock AS SELECT seq FROM meta_schema FOR UPDATE; "
+    b"PREPARE tierd_log(bigint, int) AS "
+    b"SELECT seq, keys FROM kv_log WHERE seq > $1 ORDER BY seq LIMIT $2")
+
+
+def migrate(conn: psycopg.Connection[Any]) -> None:
+    """Create the tables, or bring an older layout up to :data:`PG_SCHEMA_VERSION`; refuse
+    a newer one (a newer tierd wrote it).  Two nodes starting at once on an empty database
+    may both try to create the tables: the loser's error is retried once."""
+    for attempt in range(2):
+        try:
+            _migrate_once(conn)
+            return
+        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable,
+                psycopg.errors.DuplicateObject):
+            if attempt:
+                raise
+
+
+def _migrate_once(conn: psycopg.Connection[Any]) -> None:
+    with conn.transaction():
+        conn.execute("CREATE TABLE IF NOT EXISTS kv (k bytea PRIMARY KEY, v bytea NOT NULL)")
+        conn.execute("CREATE TABLE IF NOT EXISTS meta_schema (version integer NOT NULL, "
+                     "seq bigint NOT NULL DEFAULT 0)")
+        conn.execute("CREATE TABLE IF NOT EXISTS kv_log (seq bigint PRIMARY KEY, "
+                     "node text NOT NULL, keys bytea[] NOT NULL)")
+        row = conn.execute("SELECT version FROM meta_schema FOR UPDATE").fetchone()
+        if row is None:
+            conn.execute("INSERT INTO meta_schema (version) VALUES (%s)",
+                         (PG_SCHEMA_VERSION,))
+            return
+        found = int(row[0])
+        if found > PG_SCHEMA_VERSION:
+            raise RuntimeError(f"the metadata database has layout version {found}; this tierd "
+                               f"reads version {PG_SCHEMA_VERSION} (upgrade tierd)")
+        # each step brings version n to n + 1, in order
+        if found < 2:  # 1 -> 2: the commit counter (kv_log was created above)
+            conn.execute("ALTER TABLE meta_schema "
+                         "ADD COLUMN IF NOT EXISTS seq bigint NOT NULL DEFAULT 0")
+        if found < PG_SCHEMA_VERSION:
+            conn.execute("UPDATE meta_schema SET version = %s", (PG_SCHEMA_VERSION,))
+
+
+def commit_query(unsent: dict[bytes, bytes | None], written: Iterable[bytes], new: int,
+                 node: str, trim_below: int | None) -> bytes:
+    """A writing commit as one simple-protocol query: the ``unsent`` writes (None: delete),
+    the seq bump to ``new``, the log row naming ``written``, the NOTIFY, the log trim (rows up
+    to ``trim_below``, if given) and COMMIT, in one message (psycopg's pipeline mode costs
+    about twice as much for a few statements).  Keys and values travel as hex literals
+    (``decode('..', 'hex')``: nothing in them can end a literal, whatever the server's string
+    settings); ``node`` matches :data:`NODE` (checked at open)."""
+    parts: list[bytes] = []
+    puts = [b"(%s, %s)" % (_hex(k), _hex(v)) for k, v in unsent.items() if v is not None]
+    dels = [_hex(k) for k, v in unsent.items() if v is None]
+    if puts:
+        parts.append(b"INSERT INTO kv (k, v) VALUES " + b", ".join(puts)
+                     + b" ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v")
+    if dels:
+        parts.append(b"DELETE FROM kv WHERE k IN (" + b", ".join(dels) + b")")
+    keys = b", ".join(_hex(k) for k in written)
+    parts += [b"UPDATE meta_schema SET seq = %d" % new,
+              b"INSERT INTO kv_log (seq, node, keys) VALUES (%d, '%s', ARRAY[%s]::bytea[])"
+              % (new, node.encode(), keys),
+              b"NOTIFY %s, '%d'" % (CHANNEL.encode(), new)]
+    if trim_below is not None:
+        parts.append(b"DELETE FROM kv_log WHERE seq <= %d" % trim_below)
+    parts.append(b"COMMIT")
+    return b"; ".join(parts)
+
+
+def _hex(b: bytes) -> bytes:
+    return b"decode('%s', 'hex')" % b.hex().encode()
+
+
+def prepare(conn: psycopg.Connection[Any]) -> None:
+    """A new pooled connection prepares the statements a begin runs."""
+    conn.execute(PREPARE)
+
+
+def results(cur: psycopg.Cursor[Any]) -> list[list[Any]]:
+    """The rows of each statement of a multi-statement query that returned rows."""
+    sets = []
+    while True:
+        if cur.description is not None:
+            sets.append(cur.fetchall())
+        if not cur.nextset():
+            return sets
+
+
+def contiguous(frm: int | None, to: int,
+                rows: list[Any] | None) -> list[tuple[int, list[bytes]]] | None:
+    """The log rows fetched at begin, if they cover every commit from ``frm + 1`` to ``to``
+    (none missing to a trim or to the fetch limit); None otherwise (drop the cache)."""
+    if frm is None or rows is None:
+        return None if frm is not None else []
+    if frm >= to:
+        return []
+    if not rows or int(rows[0][0]) != frm + 1 or int(rows[-1][0]) < to:
+        return None
+    return [(int(s), [bytes(k) for k in keys]) for s, keys in rows]
