@@ -308,3 +308,8 @@ def test_an_ended_read_transaction_does_not_keep_its_snapshot(
 
         wait_for(lambda: open_elsewhere() == 0, timeout=2.0)
         assert get(a, "k") == b"1"  # the parked connection is ended for real, and usable
+
+
+def test_a_node_name_that_could_break_the_commit_query_is_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="node name"):
+        PgStore(url, node="n1'); DROP TABLE kv; --")
