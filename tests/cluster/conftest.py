@@ -1,7 +1,7 @@
 """Fixtures of the cluster tests: one PostgreSQL server and one moto server for the session,
-and a three-node cluster (:mod:`tests.cluster.clusterlib`) per test module that asks for
-``cluster``.  A module needing other settings (a persist delay) overrides
-``cluster_settings``.
+and three-node clusters (:mod:`tests.cluster.clusterlib`): ``cluster`` gives a module the
+session's cluster for its ``cluster_settings`` (override it for other settings, e.g. a
+persist delay), started the first time a module asks for those settings.
 
 Skipped without FUSE or PostgreSQL, except under ``CI`` (dev.sh installs both), where they
 fail.
@@ -9,6 +9,7 @@ fail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -53,13 +54,42 @@ def cluster_settings() -> dict[str, str]:
     return {}
 
 
+class ClusterPool:
+    """The session's clusters, one per set of settings: modules with the same
+    ``cluster_settings`` share one (starting three daemons is most of a module's time), each
+    in buckets of its own."""
+
+    def __init__(self, pg: PgServer, moto: MotoServer) -> None:
+        self.pg, self.moto = pg, moto
+        self.stack = contextlib.ExitStack()
+        self.clusters: dict[frozenset[tuple[str, str]], Cluster] = {}
+
+    def get(self, settings: dict[str, str]) -> Cluster:
+        key = frozenset(settings.items())
+        c = self.clusters.get(key)
+        if c is None:
+            base = self.stack.enter_context(tempfile.TemporaryDirectory(prefix="tierd-cluster-"))
+            c = self.clusters[key] = self.stack.enter_context(
+                running_cluster(Path(base), self.pg, self.moto, 3, **settings))
+        c.pg_resume()  # a module that failed half-way may leave the database stopped ...
+        for node in c.nodes:  # ... or a node killed
+            if not node.running:
+                node.restart()
+        return c
+
+
+@pytest.fixture(scope="session")
+def cluster_pool(cluster_pg: PgServer, moto: MotoServer) -> Iterator[ClusterPool]:
+    pool = ClusterPool(cluster_pg, moto)
+    with pool.stack:
+        yield pool
+
+
 @pytest.fixture(scope="module")
-def cluster(cluster_pg: PgServer, moto: MotoServer,
-            cluster_settings: dict[str, str]) -> Iterator[Cluster]:
-    """Three nodes n1, n2, n3 over one database and one cold store, for the module."""
-    with tempfile.TemporaryDirectory(prefix="tierd-cluster-") as base, \
-            running_cluster(Path(base), cluster_pg, moto, 3, **cluster_settings) as c:
-        yield c
+def cluster(cluster_pool: ClusterPool, cluster_settings: dict[str, str]) -> Cluster:
+    """Three nodes n1, n2, n3 over one database and one cold store, shared with the other
+    modules of the session that ask for the same ``cluster_settings``."""
+    return cluster_pool.get(cluster_settings)
 
 
 @pytest.fixture(scope="module")
