@@ -9,12 +9,13 @@ node holds can already fetch it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from tierd.config import Config
 from tierd.logs import get_logger
 from tierd.meta import MetaStore
 from tierd.namespace import Namespace
+from tierd.namespace.remote import follow
 from tierd.peer import registry
 from tierd.peer.client import PeerClient
 from tierd.peer.door import PeerDoor
@@ -42,6 +43,24 @@ def node_alive(meta: MetaStore, node: str) -> bool:
     """Whether ``node`` heart-beat within its lease (a node never registered is not)."""
     info = registry.lookup(meta, node)
     return info is not None and registry.alive(info)
+
+
+def follow_cluster(namespace: Namespace, placement: Placement, meta: MetaStore,
+                   forget_keys: Callable[[], None]) -> Callable[[], None] | None:
+    """Follow the other nodes' commits (the engine's change feed): the namespace's
+    subscribers hear what changed (the FUSE door drops the kernel's cached entries and
+    attributes), this node reclaims its copies of files deleted elsewhere, forgets cached
+    S3 credentials when users or keys changed (a key revoked through one node stops
+    working on every node), and reads placement policies again when they changed."""
+
+    def also(keys: list[bytes] | None) -> None:
+        kinds = None if keys is None else {k[:1] for k in keys}
+        if kinds is None or kinds & {b"K", b"N"}:
+            forget_keys()
+        if kinds is None or b"Y" in kinds:
+            placement.reload_policies()
+
+    return follow(namespace, meta.engine, also=also)
 
 
 @contextlib.asynccontextmanager

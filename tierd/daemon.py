@@ -42,7 +42,7 @@ from tierd.admin import AdminAuth, bootstrap_admin_token, make_admin_app
 from tierd.admin.auth import TokenError
 from tierd.admin.metrics import instrument_admin
 from tierd.checkpoint.door import MemoryDoor
-from tierd.cluster import cluster_node
+from tierd.cluster import cluster_node, follow_cluster
 from tierd.config import Config, HostPort
 from tierd.errors import no_space
 from tierd.logs import AccessLogger, get_logger, kv
@@ -212,7 +212,8 @@ class Daemon:
             try:
                 if cfg.meta_url:
                     self.meta = await asyncio.to_thread(
-                        MetaStore.open_pg, cfg.meta_url, sync=cfg.meta_sync)
+                        MetaStore.open_pg, cfg.meta_url, sync=cfg.meta_sync,
+                        node=cfg.node_name)
                 else:
                     self.meta = await asyncio.to_thread(
                         MetaStore.open_lmdb, cfg.meta_dir, sync=cfg.meta_sync,
@@ -234,6 +235,10 @@ class Daemon:
                         cluster_node(cfg, self.meta, self.namespace, self.placement))
                 except OSError as e:  # PeerDoorError: its message names peer_listen
                     raise StartupError(str(e)) from None
+                stop_follow = follow_cluster(self.namespace, self.placement, self.meta,
+                                             self._forget_keys)
+                if stop_follow is not None:  # joins the feed's thread: off the loop
+                    stack.push_async_callback(asyncio.to_thread, stop_follow)
             self.memory = MemoryDoor.from_config(self.namespace, cfg)
             try:
                 await self.memory.start()
@@ -271,6 +276,11 @@ class Daemon:
             await asyncio.to_thread(self._write_endpoints)
             stack.callback(self._remove_endpoints)
             yield
+
+    def _forget_keys(self) -> None:
+        """Cached S3 credentials are stale (another node changed users or keys)."""
+        if self.keys is not None:
+            self.keys.invalidate()
 
     async def _setup_identity(self, meta: MetaStore) -> AdminAuth:
         """Users and keys (secrets key, migration of older records, the root key) and the

@@ -25,6 +25,7 @@ import struct
 from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
+from tierd.meta.nodes import scoped_ino, scoped_prefix
 from tierd.namespace.base import Change, NamespaceBase
 
 log = logging.getLogger(__name__)
@@ -65,22 +66,45 @@ def changes_of(keys: Iterable[bytes]) -> list[Change]:
 
 
 def follow(ns: NamespaceBase, engine: object,
-           loop: asyncio.AbstractEventLoop | None = None) -> Callable[[], None] | None:
+           loop: asyncio.AbstractEventLoop | None = None, *,
+           also: Callable[[list[bytes] | None], None] | None = None
+           ) -> Callable[[], None] | None:
     """Report every other node's change of ``engine``'s data to ``ns``'s subscribers, on
-    ``loop`` (default: the running loop).  Returns the function that stops it, or None when
-    the engine has no change feed (lmdb, memory: a single node has no other nodes)."""
+    ``loop`` (default: the running loop), and reclaim the data files other nodes' commits
+    made garbage on this node (their ``G`` keys under this node's name: a file deleted
+    through another node that this node held a copy of); ``also`` hears the raw keys on the
+    loop too (None: anything).  Returns the function that stops it, or None when the engine
+    has no change feed (lmdb, memory: a single node has no other nodes)."""
     if not isinstance(engine, ChangeSource):
         return None
     target = loop if loop is not None else asyncio.get_running_loop()
+    garbage = scoped_prefix(b"G", ns.meta.node) if ns.meta.node else None
 
     def on_commit(seq: int, keys: list[bytes] | None) -> None:  # the feed's thread
         changes = [EVERYTHING] if keys is None else changes_of(keys)
-        if not changes:
+        mine = [] if keys is None or garbage is None else [
+            scoped_ino(k, garbage) for k in keys
+            if k.startswith(garbage) and len(k) == len(garbage) + 8]
+        if not changes and not mine and also is None:
             return
         with contextlib.suppress(RuntimeError):  # a closed loop: the daemon is stopping
-            target.call_soon_threadsafe(_report, ns, changes)
+            target.call_soon_threadsafe(_apply, ns, changes, mine, also, keys)
 
     return engine.watch(on_commit)
+
+
+def _apply(ns: NamespaceBase, changes: list[Change], garbage: list[int],
+           also: Callable[[list[bytes] | None], None] | None,
+           keys: list[bytes] | None) -> None:
+    """On the loop: report the changes, reclaim this node's copies of dropped files."""
+    _report(ns, changes)
+    for ino in garbage:  # the dropping commit is durable: it is in the database's log
+        ns.garbage.add(ino)
+    if also is not None:
+        try:
+            also(keys)
+        except Exception:
+            log.exception("change follower failed")
 
 
 def _report(ns: NamespaceBase, changes: list[Change]) -> None:

@@ -144,6 +144,12 @@ class PlacementCore:
             self.mem.close()
             self.mem = None
 
+    def reload_policies(self) -> None:
+        """Read the placement policies again (another node of a cluster changed them)."""
+        with self.meta.snapshot() as tx:
+            self.policies = {p.prefix: p for p in tx.list_policies()}
+        self.policies_changed()
+
     def policies_changed(self) -> None:
         """Reads look at the files' (new) memory-tier placement again."""
         self._mem_seen.clear()
