@@ -4,7 +4,9 @@ does to the namespace is seen by the others.
 Buckets and objects made through n1's doors are listed on n2 and n3, by S3 and through their
 FUSE mounts; a rename and chmod through n1's mount is what n2's first lookup finds; an object
 n1 persisted reads back whole on n2 and n3 (S3 and FUSE), and after an overwrite on n1 the
-next GET on n2 returns the new bytes.
+next GET on n2 returns the new bytes; a rename, unlink or chmod through n1's mount reaches
+n2's kernel even after it cached the entry and attributes (the change feed invalidates them:
+the times are printed, ``-s`` shows them).
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ import threading
 import pytest
 from botocore.exceptions import ClientError
 
-from .clusterlib import Cluster
+from .clusterlib import Cluster, poll
 
 BUCKET = "coherence"
+#: how long a change made on another node may take to reach a node's kernel caches (the
+#: change feed: docs/cluster.md, "Consistency"); the tests print what it took
+STALE_S = 2.0
 
 
 def test_every_node_serves(cluster: Cluster) -> None:
@@ -133,3 +138,44 @@ def test_concurrent_writers_on_two_nodes_lose_nothing_to_write_back(
     s3 = cluster[3].s3()
     for key, data in written.items():
         assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == data, key
+
+
+def _file_on_n1(cluster: Cluster, bucket: str, name: str) -> bytes:
+    data = os.urandom(5000)
+    p = cluster[1].path(bucket, name)
+    with open(p, "wb") as f:
+        f.write(data)
+        os.fsync(f.fileno())
+    cluster[1].persist_wait(bucket)
+    return data
+
+
+def test_rename_through_n1_is_seen_by_n2s_next_lookup(cluster: Cluster, bucket: str) -> None:
+    data = _file_on_n1(cluster, bucket, "before")
+    n2 = cluster[2]
+    assert n2.path(bucket, "before").read_bytes() == data  # n2's kernel caches the entry
+    os.rename(cluster[1].path(bucket, "before"), cluster[1].path(bucket, "after"))
+    took = poll(lambda: not n2.path(bucket, "before").exists()
+                and n2.path(bucket, "after").exists(), timeout=STALE_S)
+    print(f"rename seen on n2 after {took:.3f} s")
+    assert n2.path(bucket, "after").read_bytes() == data
+
+
+def test_unlink_through_n1_is_seen_by_n2s_next_lookup(cluster: Cluster, bucket: str) -> None:
+    _file_on_n1(cluster, bucket, "doomed")
+    n2 = cluster[2]
+    assert n2.path(bucket, "doomed").stat().st_size == 5000
+    os.unlink(cluster[1].path(bucket, "doomed"))
+    took = poll(lambda: not n2.path(bucket, "doomed").exists(), timeout=STALE_S)
+    print(f"unlink seen on n2 after {took:.3f} s")
+    assert "doomed" not in os.listdir(n2.path(bucket))
+
+
+def test_chmod_through_n1_is_seen_by_n2s_next_stat(cluster: Cluster, bucket: str) -> None:
+    _file_on_n1(cluster, bucket, "modes")
+    n2 = cluster[2]
+    n2.path(bucket, "modes").stat()
+    os.chmod(cluster[1].path(bucket, "modes"), 0o640)
+    took = poll(lambda: stat.S_IMODE(n2.path(bucket, "modes").stat().st_mode) == 0o640,
+                timeout=STALE_S)
+    print(f"chmod seen on n2 after {took:.3f} s")
