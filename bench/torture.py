@@ -54,6 +54,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(HERE))
 
 import boto3  # noqa: E402
+from meta.pg_server import PgServer, find_bindir  # noqa: E402
 from moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer  # noqa: E402
 from torture_daemon import (  # noqa: E402
     ROOT_KEY,
@@ -128,6 +129,7 @@ class Torture:
         self.error_samples: list[str] = []
         self.times: defaultdict[str, float] = defaultdict(float)
         self.moto: MotoServer | None = None
+        self.pg: PgServer | None = None
         self.cold_prefix = f"run-{args.seed}-{os.getpid()}"
         self.killer: Killer | None = None
         self.cycles_done = 0
@@ -151,6 +153,17 @@ class Torture:
         a = self.args
         extra = ["--persist-delay", str(a.persist_delay), "--import-ttl", str(a.import_ttl),
                  "--s3-min-part-size", "64KiB", "--log-level", a.log_level]
+        if a.pg:
+            # the metadata in a real PostgreSQL server (fsync on: the kills are of the
+            # daemon, and the server's acknowledged commits are what must survive), the
+            # daemon a named node of a cluster of one (per-node records, homes, peer door)
+            bindir = find_bindir()
+            if bindir is None:
+                raise SystemExit("--pg: PostgreSQL is not installed")
+            self.pg = PgServer(bindir, fsync=True)
+            extra += ["--meta-url", self.pg.url(f"torture-{a.seed}"), "--node-name", "n1",
+                      "--peer-listen", "127.0.0.1:0",
+                      "--cluster-secret", "torture-cluster-secret"]
         if a.cold == "file":
             return [*extra, "--cold-url", f"file://{self.work / 'cold'}"]
         self.moto = MotoServer().start()
@@ -489,6 +502,8 @@ class Torture:
             self.tierd.stop()
             if self.moto is not None:
                 self.moto.close()
+            if self.pg is not None:
+                self.pg.stop()
         return self.result(time.monotonic() - t_start)
 
     def tierd_version(self) -> str:
@@ -514,6 +529,7 @@ class Torture:
         return {
             "command": [sys.executable, *sys.argv],
             "cold": self.args.cold, "seed": self.args.seed, "versioned": self.args.versioned,
+            "engine": "postgresql (node n1)" if self.args.pg else "lmdb",
             "cycles": self.cycles_done, "kills": dict(self.kills),
             "ops_acknowledged": dict(sorted(self.journal.acked_ops.items())),
             "ops_acknowledged_total": sum(self.journal.acked_ops.values()),
@@ -544,6 +560,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cold", choices=("file", "s3"), default="file",
                    help="cold store: a file:// directory or a moto server (s3://)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--pg", action="store_true",
+                   help="metadata in a PostgreSQL server the run starts, as node n1 of a "
+                        "cluster (default: lmdb, a single node)")
     p.add_argument("--versioned", action="store_true",
                    help="enable versioning on the bucket (every overwrite keeps a version)")
     p.add_argument("--out", type=Path, default=None, help="result JSON (default: stdout)")
