@@ -52,3 +52,24 @@ def test_another_nodes_chmod_rename_and_rewrite_reach_this_nodes_kernel(
     # an S3 delete through n3: gone from n2's mount
     cluster[3].s3().delete_object(Bucket=BUCKET, Key="g")
     poll(lambda: _missing(cluster[2].path(BUCKET, "g")), LIMIT)
+
+
+def _hot_file(node: object, ino: int) -> os.PathLike[str]:
+    h = f"{ino:016x}"
+    return node.data_dir / "hot" / h[-2:] / h  # type: ignore[attr-defined, no-any-return]
+
+
+def test_a_file_deleted_through_another_node_leaves_no_copy_on_any_hot_tier(
+        cluster: Cluster) -> None:
+    """The home (n1) holds the bytes it wrote, n2 a copy it read; a delete through n3 writes
+    a garbage key for each, and each node reclaims its own file when the change feed brings
+    the key (not only at its next start)."""
+    cluster[1].s3().create_bucket(Bucket=BUCKET + "-gc")
+    cluster[1].s3().put_object(Bucket=BUCKET + "-gc", Key="obj", Body=b"z" * 300_000)
+    ino = os.stat(cluster[1].path(BUCKET + "-gc", "obj")).st_ino
+    assert cluster[2].s3().get_object(Bucket=BUCKET + "-gc",
+                                      Key="obj")["Body"].read() == b"z" * 300_000
+    on1, on2 = _hot_file(cluster[1], ino), _hot_file(cluster[2], ino)
+    assert os.path.exists(on1) and os.path.exists(on2)
+    cluster[3].s3().delete_object(Bucket=BUCKET + "-gc", Key="obj")
+    poll(lambda: not os.path.exists(on1) and not os.path.exists(on2), LIMIT)
