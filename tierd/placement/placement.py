@@ -105,6 +105,9 @@ class Placement(Uploading):
         self._waiting_store: set[int] = set()  # failed because the store was down
         self._deferred: set[int] = set()  # still queued after a round (open for writing)
         self._later = Deadlines()  # ino -> when its persist delay is over
+        # ino -> when it was first queued (wall ns, its queue token's first 8 bytes): the
+        # stamp stays while the file is queued, so it is read once, not on every pass
+        self._queued_at: dict[int, int] = {}
         self._hurry = 0  # waiters for persistence (drain, write-through): no delay meanwhile
         # transfers (uploads, copies, fetches for them) at once; reconciles at once (they
         # mostly wait for a metadata flush, which concurrent ones share)
@@ -178,6 +181,8 @@ class Placement(Uploading):
                 with self.meta.snapshot() as tx:
                     queue = tx.list_queue()
                 live = set(queue)
+                for ino in [i for i in self._queued_at if i not in live]:
+                    del self._queued_at[ino]  # left the queue (and may come back anew)
                 for ino in list(self.dirty):  # a queue entry dropped by an aborted txn
                     if ino not in live and ino not in self._active:
                         self._set_dirty(ino, 0)
@@ -303,22 +308,33 @@ class Placement(Uploading):
         a file created and removed or rewritten within it (temporary files, write-then-
         rename) never costs the cold store anything, and a file written without pause is
         still persisted.  No delay while someone waits for persistence or dirty data
-        passes half its limit."""
+        passes half its limit.
+
+        The stamp of each inode is read from the queue once and kept (``_queued_at``) until
+        the inode leaves the queue: a burst of creates woke this for every file, and reading
+        every waiting token again each time cost more of the loop than the creates."""
         delay = self.settings.persist_delay
         if delay <= 0 or not queue or self._hurrying():
             return queue
         wall = time.time_ns()
         ready: list[int] = []
-        with self.meta.snapshot() as tx:
-            for ino in queue:
-                token = tx.queued(ino)
-                if token is None:
-                    continue
-                left = delay - (wall - int.from_bytes(token[:8], "big")) / 1e9
-                if left > 0:
-                    self._later.put(ino, now + left)
-                else:
-                    ready.append(ino)
+        known = self._queued_at
+        missing = [ino for ino in queue if ino not in known]
+        if missing:
+            with self.meta.snapshot() as tx:
+                for ino in missing:
+                    token = tx.queued(ino)
+                    if token is not None:
+                        known[ino] = int.from_bytes(token[:8], "big")
+        for ino in queue:
+            stamp = known.get(ino)
+            if stamp is None:
+                continue  # not queued (a hint for a file that left the queue meanwhile)
+            left = delay - (wall - stamp) / 1e9
+            if left > 0:
+                self._later.put(ino, now + left)
+            else:
+                ready.append(ino)
         return ready
 
     async def _one(self, ino: int) -> None:
@@ -327,6 +343,7 @@ class Placement(Uploading):
                 if not await self.reconcile(ino):
                     self._deferred.add(ino)
                     return
+            self._queued_at.pop(ino, None)  # dequeued: a new queueing has a new stamp
             self._not_before.pop(ino)
             self._waiting_store.discard(ino)
             self.rescue_done(ino)
