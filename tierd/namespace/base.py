@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import errno
 import functools
-import hashlib
 import logging
 import stat
 import time
@@ -66,18 +65,12 @@ class OpenFile:
     synced_gen: int = 0
     mtime_ns: int = 0
     ctime_ns: int = 0
-    md5: Any = None  # hashlib md5 object covering bytes [0, md5_pos) once hashing catches up
-    md5_pos: int = 0  # end of the bytes queued for hashing
-    md5_done: int = 0  # end of the bytes hashed so far
     privs: bool = False  # mode has setuid, or setgid with group exec: a write must drop them
     # the size the last commit recorded: a write below it changes bytes a committed (maybe
     # durable) version names, and needs a durable intention first (files.FileOps.write)
     committed_size: int = 0
     intent: bool = False  # this inode's ``V`` key is durable: bytes may change in place
     intending: asyncio.Future[None] | None = None  # the ``V`` key being made durable
-    # hashing runs behind the writes, on the other core, as a chain of tasks in write order
-    hash_tail: asyncio.Future[None] | None = None
-    hash_backlog: int = 0
     _fd: int = -1
     _unpin: Callable[[], None] | None = None
 
@@ -277,8 +270,6 @@ class NamespaceBase:
             of = OpenFile(inode.ino, functools.partial(self.hot.pin, inode.ino),
                           inode.size, mtime_ns=inode.mtime_ns,
                           ctime_ns=inode.ctime_ns, committed_size=inode.size)
-            if inode.size == 0:
-                of.md5 = hashlib.md5()
             self._open[inode.ino] = of
         of.refs += 1
         fh = self._next_fh

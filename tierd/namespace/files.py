@@ -27,8 +27,6 @@ from tierd.namespace.staging import retry_full
 from tierd.placement.paths import file_policy
 from tierd.tiers import fileio
 
-HASH_BACKLOG = 64 << 20  # writers wait when hashing falls this far behind
-
 
 def _access_mask(flags: int) -> tuple[bool, bool]:
     acc = flags & os.O_ACCMODE
@@ -141,28 +139,18 @@ class FileOps(EntryOps):
             self._cut_stale(of.fd, of.size)  # the gap must read as zeros
         if of.privs and not h.ident.is_root:
             self._drop_privs(of)
-        # claim the range synchronously so later writes see the new size and hash position
+        # claim the range synchronously so later writes see the new size
         old_size = of.size
         of.size = max(of.size, offset + n)
         of.touch()
-        hash_this = of.md5 is not None and offset == of.md5_pos
-        if hash_this:
-            of.md5_pos = offset + n
-        elif of.md5 is not None:
-            of.md5 = None
         try:  # a full hot tier evicts clean data and the write is tried again
             await retry_full(self.placement, n, lambda: fileio.pwrite(of.fd, data, offset))
         except OSError:
             # ENOSPC/EIO: do not leave a size that promises bytes that were never written
             if of.size == offset + n and old_size < of.size:
                 of.size = max(old_size, os.fstat(of.fd).st_size)
-            of.md5 = None
             raise
         crashpoint("write.done")
-        if hash_this and of.md5 is not None:
-            self._hash_behind(of, bytes(data))
-            if of.hash_backlog > HASH_BACKLOG and of.hash_tail is not None:
-                await asyncio.shield(of.hash_tail)
         return n
 
     async def flush(self, fh: int) -> int | None:
@@ -271,42 +259,19 @@ class FileOps(EntryOps):
                 tx.put_inode(inode)
         of.privs = False
 
-    @staticmethod
-    def _hash_behind(of: OpenFile, data: bytes) -> None:
-        """Queue ``data`` for the file's running MD5 after every earlier chunk."""
-        prev = of.hash_tail
-        h = of.md5  # a truncate to zero starts a new hash: chunks queued before it skip
-        of.hash_backlog += len(data)
-
-        async def step() -> None:
-            try:
-                if prev is not None:
-                    await prev
-                if of.md5 is h and h is not None:
-                    if len(data) <= fileio.INLINE_BYTES:
-                        h.update(data)
-                    else:
-                        await asyncio.to_thread(h.update, data)
-                    if of.md5 is h:
-                        of.md5_done += len(data)
-            except Exception:  # the ETag is then computed on demand instead
-                of.md5 = None
-            finally:
-                of.hash_backlog -= len(data)
-
-        of.hash_tail = asyncio.ensure_future(step())
-
     async def _commit_open(self, of: OpenFile, synced: int = -1) -> None:
         """Record an open file's live size and a new content version (no fsync).
         ``synced``: the data file was fsynced at that generation; if no write came in
         since, the commit also removes the in-place intention (its bytes are now the
-        recorded version's)."""
-        if of.hash_tail is not None:  # let hashing catch up so the ETag is complete
-            await asyncio.shield(of.hash_tail)
+        recorded version's).
+
+        The ETag is left unknown (``""``) unless the file is empty: hashing every byte as it
+        is written competed with the writer for the CPU (a sequential writer ran at half
+        speed on two cores).  It is computed when first asked for (:meth:`etag`: S3 HEAD,
+        GET, listings, conditions) or by the persister, whose upload reads the bytes anyway
+        and records the MD5 with the cold record if the version is still this one."""
         gen = of.gen
-        etag = ""
-        if of.md5 is not None and of.md5_done == of.md5_pos == of.size:
-            etag = of.md5.copy().hexdigest()
+        etag = EMPTY_MD5 if of.size == 0 else ""
         settled = of.intent and gen == synced
         with self.meta.write() as tx:
             inode = tx.get_inode(of.ino)
@@ -328,8 +293,10 @@ class FileOps(EntryOps):
             of.intent = False
 
     async def etag(self, ino: int) -> str:
-        """The MD5 ETag of a file, computed (in a thread) and cached when writes out of order
-        left it unknown.  A file changed meanwhile gets the hash of its new version."""
+        """The MD5 ETag of a file, computed (in a thread) and cached when it is unknown
+        (FUSE writes leave it so: :meth:`_commit_open`).  A file changed meanwhile gets the
+        hash of its new version.  The bytes are brought to hot first and held there while
+        hashed (a clean file may have been evicted, or be another node's)."""
         while True:
             with self.meta.snapshot() as tx:
                 inode = self._get(tx, ino)
@@ -339,7 +306,13 @@ class FileOps(EntryOps):
                 continue
             if inode.etag or not inode.is_reg:
                 return inode.etag
-            digest = await asyncio.to_thread(self._hash_file, ino, inode.size)
+            with self.placement.hold(ino):
+                if inode.size:
+                    await self.placement.ensure(ino, 0, inode.size, touch=False)
+                digest = await asyncio.to_thread(self._hash_file, ino, inode.size)
+            of = self._open.get(ino)
+            if of is not None and of.dirty:
+                continue  # written while hashed: commit and hash the new version
             with self.meta.write() as tx:
                 cur = self._get(tx, ino)
                 if cur.version != inode.version:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hashlib
 import os
 
 from tierd.acl import W_OK, Identity, check_access
@@ -74,10 +73,6 @@ class ResizeOps(NamespaceBase):
                 os.ftruncate(of.fd, size)  # no committed byte is lost
             of.size = size
             of.touch()
-            if size == 0:
-                of.md5, of.md5_pos, of.md5_done = hashlib.md5(), 0, 0
-            elif of.md5 is not None and size != of.md5_pos:
-                of.md5 = None
             await self._commit_open(of)
         else:
             fd = self.hot.open(ino)

@@ -17,16 +17,24 @@ durable put-intention, and one transaction that records what cold now holds.
   queue token is unchanged and the file has no unflushed writes it leaves the queue CLEAN.
   A reconcile that failed part-way records the puts that succeeded the same way (not
   dequeued), so the next round does not upload them again.
+* **The ETag:** content written through FUSE leaves the namespace's MD5 unknown (hashing
+  behind the writer halved its speed).  An upload of such a version hashes the file in a
+  thread while it is sent, and the record transaction stores that MD5 as the inode's ETag
+  if the version is still the one uploaded and nothing wrote to it since.
+* An empty file is uploaded without its hot file (nothing to read: no open on the loop).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import os
+import threading
 import time
 from dataclasses import dataclass, field
 
-from tierd.meta import STATE_CLEAN, ColdRecord, Inode, MetaTxn
+from tierd.meta import EMPTY_MD5, STATE_CLEAN, ColdRecord, Inode, MetaTxn
 from tierd.placement import intents
 from tierd.placement.deletes import Deleting
 from tierd.placement.engine import WARM
@@ -42,11 +50,15 @@ class Superseded(Exception):
 
 @dataclass
 class Round:
-    """One reconcile's progress: the keys put (key -> ETag) and their intention tokens."""
+    """One reconcile's progress: the keys put (key -> ETag), their intention tokens, and
+    the MD5 of the uploaded version when the namespace did not know it (``md5``, for the
+    version ``md5_version``)."""
 
     ino: int
     new: dict[str, str] = field(default_factory=dict)
     tokens: dict[str, bytes] = field(default_factory=dict)
+    md5: str = ""
+    md5_version: int = 0
 
 
 class Uploading(Deleting):
@@ -110,6 +122,7 @@ class Uploading(Deleting):
                 if complete or r.tokens:
                     with self.meta.write() as tx:
                         self._record(tx, r, old, version, size)
+                        self._learn_etag(tx, r)
                         if complete and tx.queued(ino) == token and not self.busy(ino):
                             tx.dequeue(ino)
                             self._mark_clean(tx, ino, version, bool(r.new))
@@ -148,6 +161,17 @@ class Uploading(Deleting):
             tx.put_cold(r.ino, ColdRecord(version, size, kept, time.time_ns()))
         else:
             tx.delete_cold(r.ino)
+
+    def _learn_etag(self, tx: MetaTxn, r: Round) -> None:
+        """The MD5 an upload computed becomes the inode's ETag if that version is current,
+        its ETag still unknown and no write is pending on it."""
+        if not r.md5:
+            return
+        cur = tx.get_inode(r.ino)
+        if (cur is not None and cur.version == r.md5_version and cur.etag == ""
+                and not self.busy(r.ino)):
+            cur.etag = r.md5
+            tx.put_inode(cur)
 
     @staticmethod
     def _mark_clean(tx: MetaTxn, ino: int, version: int, stored: bool) -> None:
@@ -192,31 +216,58 @@ class Uploading(Deleting):
             if have:
                 etag = await self._copy(key, have)
             if etag is None:
-                etag = await self._upload(inode, key)
+                etag = await self._upload(r, inode, key)
         r.new[key] = etag
 
-    async def _upload(self, inode: Inode, key: str) -> str:
+    async def _upload(self, r: Round, inode: Inode, key: str) -> str:
         ino, size = inode.ino, inode.size
-        await self.ensure(ino, 0, size, touch=False)  # the whole content must be local
         md5 = inode.etag if len(inode.etag) == 32 and "-" not in inode.etag else None
-        with self.hold(ino):
-            async with self.hot.fd(ino, create=True) as fd:
-                with self.meta.snapshot() as tx:  # no await from this check to the task
-                    if not self._still_wanted(tx, key, inode):
-                        raise Superseded(key)
-                task = asyncio.ensure_future(self.cold.put_file(key, fd, size, md5_hex=md5))
-                self._uploads[ino] = task
-                try:
-                    info = await task
-                except asyncio.CancelledError:
-                    me = asyncio.current_task()
-                    if task.cancelled() and (me is None or not me.cancelling()):
-                        raise Superseded(key) from None  # the file was deleted
-                    raise
-                finally:
-                    self._uploads.pop(ino, None)
+        if size == 0:  # nothing to read: no hot file to open (a create burst's cost)
+            info = await self._send(ino, key, inode, os.devnull, 0, md5 or EMPTY_MD5)
+        else:
+            await self.ensure(ino, 0, size, touch=False)  # the whole content must be local
+            with self.hold(ino):
+                async with self.hot.fd(ino, create=True) as fd:
+                    if md5 is not None:
+                        info = await self._send(ino, key, inode, fd, size, md5)
+                    else:  # FUSE-written: hashed alongside the upload, kept as the ETag
+                        info = await self._send_hashing(r, inode, key, fd)
         self.stats.uploaded_bytes += size
         return info.etag
+
+    async def _send_hashing(self, r: Round, inode: Inode, key: str, fd: int) -> ObjectInfo:
+        """Upload ``fd`` and hash it in a thread at the same time (both read the same page
+        cache; the upload is not held back, and a delete still cancels it at once).  The
+        MD5 goes to ``r`` for the record transaction; a failed hash only leaves the ETag
+        to be computed on demand."""
+        stop = threading.Event()
+        hashing = asyncio.ensure_future(asyncio.to_thread(_md5_of, fd, inode.size, stop))
+        try:
+            info = await self._send(inode.ino, key, inode, fd, inode.size, None)
+            with contextlib.suppress(OSError):
+                r.md5, r.md5_version = await hashing, inode.version
+            return info
+        finally:
+            stop.set()  # the thread reads ``fd``: it must be done before the fd closes
+            await asyncio.wait({hashing})
+
+    async def _send(self, ino: int, key: str, inode: Inode, source: int | str, size: int,
+                    md5: str | None) -> ObjectInfo:
+        """``cold.put_file`` as a task a delete of the file cancels (:meth:`gone`)."""
+        with self.meta.snapshot() as tx:  # no await from this check to the task
+            if not self._still_wanted(tx, key, inode):
+                raise Superseded(key)
+        task = asyncio.ensure_future(self.cold.put_file(key, source, size, md5_hex=md5))
+        self._uploads[ino] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if task.cancelled() and (me is None or not me.cancelling()):
+                raise Superseded(key) from None  # the file was deleted
+            raise
+        finally:
+            self._uploads.pop(ino, None)
 
     async def _copy(self, key: str, have: dict[str, str]) -> str | None:
         """Another name of the same content: a server-side copy from a key cold holds at
@@ -229,3 +280,18 @@ class Uploading(Deleting):
             except (ObjectNotFound, KeyConflict, KeyRejected):
                 continue
         return None
+
+
+def _md5_of(fd: int, size: int, stop: threading.Event) -> str:
+    """MD5 of the first ``size`` bytes of ``fd`` (a short tail reads as zeros, as the
+    namespace's on-demand hash reads it); ``""`` once ``stop`` is set."""
+    h = hashlib.md5(usedforsecurity=False)
+    pos = 0
+    while pos < size:
+        if stop.is_set():
+            return ""
+        n = min(4 << 20, size - pos)
+        chunk = os.pread(fd, n, pos) or bytes(n)
+        h.update(chunk)
+        pos += len(chunk)
+    return h.hexdigest()
