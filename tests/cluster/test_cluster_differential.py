@@ -5,9 +5,16 @@ local directory, the model.
 Operations are whole-file and each ends before the next begins (close-to-open: a writer
 closes before anyone reads): S3 PUT, GET, HEAD, DELETE and listings on any node's S3 door,
 and -- in the ``mixed`` variant -- writes, appends, reads, unlinks and renames through any
-node's FUSE mount too.  Write-back runs meanwhile (no delay), so reads on one node meet
-objects another node holds dirty, is uploading, or has persisted.  At the end every node
-lists and reads back the model's whole tree by S3.
+node's FUSE mount too.  Write-back is held back (30 s), so reads on one node meet objects
+another node holds dirty (the peer door); with write-back running meanwhile, two nodes
+writing one key race in the cold store and an import may bring a deleted key back
+(docs/cluster.md, "Not yet"), so that case is not compared here.  At the end every node
+lists and reads back the model's whole tree by S3 (and, mixed, through its mount).
+
+A read or listing through a mount may lag another node's change by the time the change feed
+takes to reach that node's kernel caches (docs/cluster.md, "Consistency"): such an
+observation that differs from the model is repeated for up to :data:`STALE_S` seconds, and
+the longest lag seen is printed.  Changes are never retried.
 
 The sequences are seeded (the seed is in the test id and the failure message) rather than
 drawn by hypothesis: a cluster cannot be reset between examples cheaply.
@@ -19,6 +26,7 @@ import errno
 import os
 import random
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,12 +38,21 @@ from .clusterlib import Cluster
 from .traffic import listed
 
 pytestmark = pytest.mark.usefixtures("bucket")
+
+
+@pytest.fixture(scope="module")
+def cluster_settings() -> dict[str, str]:
+    return {"TIERD_PERSIST_DELAY": "30"}
+
+
 BUCKET = "differential"
 DIRS = ("d0", "d1")
 FILES = ("f0", "f1", "f2", "f3")
 S3_OPS = ("put", "put", "get", "get", "head", "delete", "list")
 FUSE_OPS = ("fwrite", "fwrite", "fappend", "fread", "fread", "funlink", "frename", "flist")
 Outcome = tuple[str, Any]
+#: the longest a mount's read or listing may lag another node's change
+STALE_S = 1.0
 
 
 def gen_ops(seed: int, n: int, kinds: tuple[str, ...]) -> list[tuple[Any, ...]]:
@@ -137,14 +154,23 @@ def run(cluster: Cluster, model_dirs: Path, seed: int, kinds: tuple[str, ...],
         cluster[1].path(BUCKET, f"{prefix}/{d}").mkdir(parents=True)
     s3s = {i: cluster[i].s3() for i in (1, 2, 3)}
     log: list[str] = []
+    lags: list[float] = []
     for op in gen_ops(seed, n, kinds):
         op = (op[0], op[1], f"{prefix}/{op[2]}",
               f"{prefix}/{op[3]}" if op[0] == "frename" else op[3])
         want = apply_model(model_dirs, op)
         got = apply_cluster(cluster, s3s, op)
+        if got != want and op[0] in ("fread", "flist"):  # a kernel cache not reached yet
+            t0 = time.monotonic()
+            while got != want and time.monotonic() - t0 < STALE_S:
+                time.sleep(0.005)
+                got = apply_cluster(cluster, s3s, op)
+            lags.append(time.monotonic() - t0)
         log.append(f"{op[0]} n{op[1]} {op[2]} {short(op[3])} -> {short(want)}")
         assert got == want, (f"seed {seed}: {op[0]} on n{op[1]} of {op[2]}: cluster "
                              f"{short(got)}, model {short(want)}\n" + "\n".join(log))
+    if lags:
+        print(f"seed {seed}: {len(lags)} mount reads lagged, the longest {max(lags):.3f} s")
     # the end state, through every node's S3 door
     files = {str(p.relative_to(model_dirs)): p.read_bytes()
              for p in model.rglob("*") if p.is_file()}
@@ -154,6 +180,8 @@ def run(cluster: Cluster, model_dirs: Path, seed: int, kinds: tuple[str, ...],
         for key, data in files.items():
             body = s3s[i].get_object(Bucket=BUCKET, Key=key)["Body"].read()
             assert body == data, f"seed {seed}: n{i} reads other bytes for {key}"
+            if kinds != S3_OPS:
+                assert cluster[i].path(BUCKET, key).read_bytes() == data, (seed, i, key)
 
 
 def short(x: Any) -> str:
@@ -166,3 +194,8 @@ def test_s3_doors_of_three_nodes_behave_as_one_directory(
         cluster: Cluster, model_dirs: Path, seed: int) -> None:
     run(cluster, model_dirs, seed, S3_OPS)
 
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_s3_doors_and_mounts_of_three_nodes_behave_as_one_directory(
+        cluster: Cluster, model_dirs: Path, seed: int) -> None:
+    run(cluster, model_dirs, seed, S3_OPS + FUSE_OPS)
