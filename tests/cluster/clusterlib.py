@@ -7,18 +7,11 @@ would hear each other), one moto server over HTTP as the shared cold store, and 
 directory, S3 and admin ports, FUSE mount and peer port, all with the same ``meta_url``,
 the same ``cluster_secret`` and ``node_name`` n1, n2, ...
 
-What every node of a cluster must share besides the database (docs/cluster.md):
+What every node of a cluster must share besides the database (docs/cluster.md): the cold
+store, the root credentials (the environment) and ``cluster_secret``, from which each node
+derives the key its S3 secrets are sealed with (tierd/acl/secrets.py), so a key made on one
+node opens on every node.
 
-* ``secrets.key``: the S3 secret keys are sealed with ``<data_dir>/secrets.key``
-  (tierd/acl/secrets.py) and stored in the shared namespace, so a node with another key file
-  cannot open a key another node made -- and the root key given by the environment would be
-  resealed by each node in turn.  The cluster writes one random key into every data
-  directory before the first start.
-* the root credentials (the environment), the cold store.
-
-The cluster settings (``node_name``, ``peer_listen``, ``cluster_secret``) are passed when
-the tierd being tested knows them (:data:`CLUSTER_ENV`), so the harness runs against the
-working tree as it is.
 """
 
 from __future__ import annotations
@@ -36,12 +29,6 @@ from durability.coldlib import Cold, Tierd, wait_for
 from meta.pg_server import PgServer
 from moto_server import MotoServer, free_port
 
-from tierd.config import SETTINGS
-
-#: the environment names of the settings this tierd knows
-KNOWN_ENV = frozenset(s.env for s in SETTINGS)
-#: the cluster's settings, by environment name, that this tierd knows
-CLUSTER_ENV = KNOWN_ENV & {"TIERD_NODE_NAME", "TIERD_PEER_LISTEN", "TIERD_CLUSTER_SECRET"}
 SECRET = "cluster-test-secret-0123456789abcdef"
 
 
@@ -56,7 +43,6 @@ class Node(Tierd):
         env = {"TIERD_META_URL": meta_url, "TIERD_NODE_NAME": name,
                "TIERD_PEER_LISTEN": f"127.0.0.1:{self.peer_port}",
                "TIERD_CLUSTER_SECRET": SECRET}
-        env = {k: v for k, v in env.items() if k in KNOWN_ENV}
         super().__init__(base, cold, mount=True, **env, **settings)
         self.mnt: Path = base / "mnt"
 
@@ -88,7 +74,6 @@ class Cluster:
         self.db = f"c_{os.urandom(6).hex()}"
         self.meta_url = f"postgresql://tierd@127.0.0.1:{pg.port}/{self.db}"
         self.cold = Cold("s3", base, server=moto)
-        settings = {"TIERD_META_SYNC": "commit", **settings}
         self.nodes = [Node(base / f"n{i}", self.cold, f"n{i}", self.meta_url, **settings)
                       for i in range(1, n + 1)]
 
@@ -97,18 +82,12 @@ class Cluster:
         return self.nodes[i - 1]
 
     def start(self) -> Cluster:
-        """Create the database, give every node the same secrets key, start the first node
-        (it creates the schema) and then the others at once."""
+        """Create the database, start the first node (it creates the tables) and then the
+        others at once."""
         import psycopg
 
         with psycopg.connect(self.pg.admin_url(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {self.db}")
-        key = os.urandom(32)
-        for node in self.nodes:
-            node.data_dir.mkdir(parents=True, exist_ok=True)
-            path = node.data_dir / "secrets.key"
-            path.write_bytes(key)
-            path.chmod(0o600)
         try:
             self.nodes[0].start(60)
             with ThreadPoolExecutor(len(self.nodes)) as ex:
