@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -106,6 +107,18 @@ class Deleting(Reading):
             return "defer"
         return "delete"
 
+    def theirs_to_delete(self, tx: MetaTxn, it: Intent) -> bool:
+        """On a cluster, whether this node carries out ``it``: the node persisting a file
+        is the only one that knows whether an upload to a key is in flight (its
+        ``putting``), so a delete is left to the home of the intention's inode, and to the
+        home of the file the key names now (whose upload replaces the object anyway)."""
+        if not self.node:
+            return True
+        if not self.mine(tx, it.ino):
+            return False
+        owner = resolve(tx, it.key)
+        return owner is None or self.mine(tx, owner)
+
     # -- the worker -------------------------------------------------------------------------
     def kick_deletes(self) -> None:
         """Run a pass over the pending deletes (or another one after the running pass)."""
@@ -171,11 +184,13 @@ class Deleting(Reading):
                 return  # an upload to it is in flight: its record decides afterwards
             with self.meta.snapshot() as tx:
                 it = intents.get(tx, key)
-                if it is not None and not self.mine(tx, it.ino):
-                    # on a cluster the node persisting that inode carries it out: only it
-                    # knows whether an upload to the key is in flight (``putting``)
+                if it is not None and it.ino == intents.TOMB:
+                    expired = time.time_ns() - it.done_ns > intents.TOMB_TTL * 1e9
+                    verdict = "expired" if expired else "defer"
+                elif it is not None and not self.theirs_to_delete(tx, it):
                     return
-                verdict = self.decide(tx, it) if it is not None else "gone"
+                else:
+                    verdict = self.decide(tx, it) if it is not None else "gone"
             if it is None or verdict == "defer":
                 return
             if verdict == "delete":
@@ -195,7 +210,10 @@ class Deleting(Reading):
                 self.recent.deleted(key)
                 self.stats.cold_deleted += 1
             with self.meta.write() as tx:
-                intents.clear(tx, key, it.token)
+                if self.node and verdict == "delete":
+                    intents.tombstone(tx, key, it.token)
+                else:
+                    intents.clear(tx, key, it.token)
 
     # -- rescue -----------------------------------------------------------------------------
     async def rescue(self, ino: int) -> None:

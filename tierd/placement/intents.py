@@ -34,8 +34,15 @@ from tierd.meta import MetaTxn
 from tierd.meta.kv import prefix_end
 
 PREFIX = b"Z"
+_TOMB_HEAD = b"\xff" * 8
 HEAD = 400  # bytes of the cold key in the record's key (lmdb keys: at most 511 bytes)
 _U64 = struct.Struct(">Q")
+
+
+#: ``Intent.ino`` of a tombstone: a delete already carried out (see :func:`tombstone`)
+TOMB = (1 << 64) - 1
+#: seconds a tombstone keeps imports from bringing its key back
+TOMB_TTL = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +52,11 @@ class Intent:
     key: str
     ino: int
     token: bytes
+
+    @property
+    def done_ns(self) -> int:
+        """A tombstone's time of deletion (wall clock, ns); 0 for a pending delete."""
+        return int(_U64.unpack(self.token)[0]) if self.ino == TOMB else 0
 
 
 def _raw(key: str) -> bytes:
@@ -88,6 +100,18 @@ def clear(tx: MetaTxn, key: str, token: bytes) -> bool:
     return True
 
 
+def tombstone(tx: MetaTxn, key: str, token: bytes) -> bool:
+    """On a cluster, instead of :func:`clear` once the delete is carried out: keep the
+    record for :data:`TOMB_TTL` as a tombstone, so that another node's listing of cold read
+    before the delete does not import the object back (:class:`RecentDeletes` only knows
+    this node's deletes).  True if the intention was still the one with ``token``."""
+    cur = get(tx, key)
+    if cur is None or cur.token != token:
+        return False
+    tx.kv.put(_k(key), _U64.pack(TOMB) + _U64.pack(time.time_ns()) + _raw(key))
+    return True
+
+
 def pending_under(tx: MetaTxn, prefix: str) -> bool:
     """Whether any pending delete has a key starting with ``prefix`` (one seek, unless
     the prefix is longer than :data:`HEAD`)."""
@@ -117,7 +141,9 @@ def scan(tx: MetaTxn, after: str = "", limit: int = 256) -> list[Intent]:
 def count(tx: MetaTxn, limit: int = 10_000) -> tuple[int, bool]:
     """How many deletes are pending (counted up to ``limit``; True when truncated)."""
     n = 0
-    for _ in tx.kv.scan(PREFIX, prefix_end(PREFIX)):
+    for _, v in tx.kv.scan(PREFIX, prefix_end(PREFIX)):
+        if v[:8] == _TOMB_HEAD:
+            continue  # carried out already (a tombstone)
         n += 1
         if n >= limit:
             return n, True
