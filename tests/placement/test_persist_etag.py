@@ -149,3 +149,31 @@ async def test_a_file_queued_again_waits_the_delay_from_its_new_queueing(
         assert file_env.raw_get("dly/f") == b"two"
     finally:
         await file_env.close()
+
+
+async def test_persist_wait_does_not_list_the_whole_queue_per_persisted_file(
+    file_env: Env, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``drain`` asked after every persisted file whether any is left by listing the whole
+    queue: quadratic in the queued files, on the event loop (25 s for 3,000 in a profile).
+    Only the persister's full scans (every few seconds) may list it now."""
+    lists = 0
+    real = MetaTxn.list_queue
+
+    def counted(tx: MetaTxn) -> list[int]:
+        nonlocal lists
+        lists += 1
+        return real(tx)
+
+    monkeypatch.setattr(MetaTxn, "list_queue", counted)
+    ns, p = await file_env.open(persist_delay=3600)
+    try:
+        b = await ns.create_bucket(ROOT, "drn")
+        for i in range(150):
+            await write_file(ns, b.ino, f"f{i}".encode(), b"x")
+        lists = 0
+        assert await p.drain(timeout=120)
+        assert lists <= 10, f"the queue was listed {lists} times to drain 150 files"
+        assert file_env.raw_get("drn/f149") == b"x"
+    finally:
+        await file_env.close()

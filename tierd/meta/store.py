@@ -424,7 +424,13 @@ class MetaTxn:
         self.kv.delete(b"Q" + _u64(ino))
 
     def list_queue(self) -> list[int]:
-        return [int(_U64.unpack(k[1:])[0]) for k, _ in self.kv.scan(b"Q", prefix_end(b"Q"))]
+        return list(self.iter_queue())
+
+    def iter_queue(self) -> Iterator[int]:
+        """The queued inodes, read lazily: ``persist --wait`` asks after every persisted
+        file whether any is left, and stops at the first."""
+        for k, _ in self.kv.scan(b"Q", prefix_end(b"Q")):
+            yield int(_U64.unpack(k[1:])[0])
 
     def get_cold(self, ino: int) -> ColdRecord | None:
         raw = self.kv.get(b"R" + _u64(ino))

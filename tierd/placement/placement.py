@@ -23,6 +23,7 @@ import contextlib
 import heapq
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from tierd.errors import FsError, Reason
@@ -443,11 +444,12 @@ class Placement(Uploading):
     def _outstanding(self, tx: MetaTxn, prefix: str) -> str:
         """``wait`` while work under ``prefix`` can still be done, ``stuck`` when only
         unpersistable files (and deletes that wait for them) are left, else ``""``."""
+        queued: Iterable[int]
         if prefix:  # the prefix's subtree, not the whole queue
             queued = [f.ino for f in files_under(tx, prefix, versions=True)
                       if tx.queued(f.ino) is not None]
-        else:
-            queued = tx.list_queue()
+        else:  # lazily: this runs after every persisted file, and stops at the first
+            queued = tx.iter_queue()
         stuck = False
         for ino in queued:
             if not self.failures.unpersistable(ino):
