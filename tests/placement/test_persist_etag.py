@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,20 @@ MiB = 1 << 20
 
 def md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Count the calls of the real ``MetaTxn.<name>`` (a one-element list, reset by the
+    caller): the real method still answers."""
+    calls = [0]
+    real = getattr(MetaTxn, name)
+
+    def counted(tx: MetaTxn, *args: Any) -> Any:
+        calls[0] += 1
+        return real(tx, *args)
+
+    monkeypatch.setattr(MetaTxn, name, counted)
+    return calls
 
 
 @pytest.mark.parametrize("size", [100_000, 7 * MiB])  # a single PUT and a multipart upload
@@ -102,26 +117,18 @@ async def test_the_persist_delay_reads_each_queue_token_once(
     """Every pass of the persister looked at every waiting file's queue token again (in a
     create burst: once per create, 117,000 reads for 3,000 files)."""
     monkeypatch.setattr(placement_mod, "FULL_SCAN_INTERVAL", 0.0)  # every pass a full one
-    reads = 0
-    real = MetaTxn.queued
-
-    def counted(tx: MetaTxn, ino: int) -> bytes | None:
-        nonlocal reads
-        reads += 1
-        return real(tx, ino)
-
-    monkeypatch.setattr(MetaTxn, "queued", counted)
+    reads = count_calls(monkeypatch, "queued")
     ns, p = await file_env.open(persist_delay=3600)
     try:
         b = await ns.create_bucket(ROOT, "dly")
         for i in range(100):
             await write_file(ns, b.ino, f"f{i}".encode(), b"x")
         await asyncio.sleep(0.2)  # the persister has seen them all
-        reads = 0
+        reads[0] = 0
         for _ in range(20):  # twenty passes over the whole queue
             p.wake()
             await asyncio.sleep(0.02)
-        assert reads < 100, f"{reads} queue reads for 20 passes over 100 waiting files"
+        assert reads[0] < 100, f"{reads[0]} queue reads for 20 passes over 100 waiting files"
         assert not file_env.raw_exists("dly/f0")  # still waiting out the delay
     finally:
         await file_env.close()
@@ -157,23 +164,15 @@ async def test_persist_wait_does_not_list_the_whole_queue_per_persisted_file(
     """``drain`` asked after every persisted file whether any is left by listing the whole
     queue: quadratic in the queued files, on the event loop (25 s for 3,000 in a profile).
     Only the persister's full scans (every few seconds) may list it now."""
-    lists = 0
-    real = MetaTxn.list_queue
-
-    def counted(tx: MetaTxn) -> list[int]:
-        nonlocal lists
-        lists += 1
-        return real(tx)
-
-    monkeypatch.setattr(MetaTxn, "list_queue", counted)
+    lists = count_calls(monkeypatch, "list_queue")
     ns, p = await file_env.open(persist_delay=3600)
     try:
         b = await ns.create_bucket(ROOT, "drn")
         for i in range(150):
             await write_file(ns, b.ino, f"f{i}".encode(), b"x")
-        lists = 0
+        lists[0] = 0
         assert await p.drain(timeout=120)
-        assert lists <= 10, f"the queue was listed {lists} times to drain 150 files"
+        assert lists[0] <= 10, f"the queue was listed {lists[0]} times to drain 150 files"
         assert file_env.raw_get("drn/f149") == b"x"
     finally:
         await file_env.close()
