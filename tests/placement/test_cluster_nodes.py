@@ -334,3 +334,37 @@ def test_cold_deletes_leave_tombstones_and_wait_for_the_keys_home(tmp_path: Path
         for name in list(c.peer.nodes):
             c.run(c.stop(name))
         c.loop.close()
+
+
+def test_an_upload_waits_for_another_nodes_upload_to_the_same_key(cluster: Cluster) -> None:
+    """Uploads to one cold key are ordered across nodes (tierd.placement.putting): while
+    a live node's mark says its upload to the key may be in flight, another node's upload
+    waits (its file stays queued), so the newest version lands last; a dead node's mark,
+    or one past STALE_S, does not hold anything up; an upload removes its own mark."""
+    from tierd.placement import putting
+
+    a = cluster.run(cluster.start("a"))
+    b = cluster.run(cluster.start("b"))
+    cluster.run(a.create_bucket(ROOT, "bkt"))
+    ino = cluster.run(a.put_object(ROOT, "bkt", "k", body(b"new" * 100))).ino
+    cold = cluster.base / "cold" / "bkt" / "k"
+    alive = {"a": True, "b": True}
+    a.placement.home_alive = lambda node: alive[node]
+    with b.meta.write() as tx:
+        putting.mark(tx, "bkt/k", "b", 999)
+    assert cluster.run(a.placement.reconcile(ino)) is False  # b may be uploading: later
+    assert not cold.exists()
+    with a.meta.snapshot() as tx:
+        assert tx.queued(ino) is not None
+    alive["b"] = False  # b died with its mark left
+    assert cluster.run(a.placement.reconcile(ino)) is True
+    assert cold.read_bytes() == b"new" * 100
+    with a.meta.snapshot() as tx:  # a's upload replaced the dead mark, then removed it
+        assert putting.held_by(tx, "bkt/k", "b", None) == ""
+        assert tx.kv.get(b"T" + b"bkt/k") is None
+    # a node drops its own leftover marks when it starts, and only its own
+    with a.meta.write() as tx:
+        putting.mark(tx, "bkt/x", "b", 1)
+        putting.mark(tx, "bkt/y", "a", 2)
+        assert putting.drop_own(tx, "b") == 1
+        assert putting.held_by(tx, "bkt/y", "b", None) == "a"

@@ -28,7 +28,7 @@ from typing import Any
 
 from tierd.errors import FsError, Reason
 from tierd.meta import MetaTxn
-from tierd.placement import homes, intents
+from tierd.placement import homes, intents, putting
 from tierd.placement.failures import RETRY_MAX, Failures
 from tierd.placement.paths import file_keys, files_under
 from tierd.placement.upload import Uploading
@@ -97,6 +97,9 @@ class Placement(Uploading):
         hot = await asyncio.to_thread(self.hot.inventory)
         warm = await asyncio.to_thread(self.warm.inventory) if self.warm is not None else None
         self.load_state(hot, warm)
+        if self.node:  # marks of uploads of this node's previous run: none is in flight
+            with self.meta.write() as tx:
+                putting.drop_own(tx, self.node)
         self.init_deletes()
         self.init_uploads()
         self._wake_ev = asyncio.Event()

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 
 from tierd.meta import EMPTY_MD5, STATE_CLEAN, ColdRecord, Inode, MetaTxn
-from tierd.placement import intents
+from tierd.placement import intents, putting
 from tierd.placement.deletes import Deleting
 from tierd.placement.engine import WARM
 from tierd.placement.memtier import MEM
@@ -152,6 +152,8 @@ class Uploading(Deleting):
         names = set(file_keys(tx, r.ino)) if live else set()
         kept = {k: e for k, e in r.new.items() if k in names}
         for k, tok in r.tokens.items():
+            if self.node:
+                putting.unmark(tx, k, self.node)  # this node's upload to k is over
             if k in kept:
                 intents.clear(tx, k, tok)
         for k in old:
@@ -198,9 +200,15 @@ class Uploading(Deleting):
                 prior = intents.get(tx, key)
                 needy = (prior.ino if prior is not None and prior.ino != inode.ino
                          and self.needs_source(tx, prior.ino, key) else 0)
+                if self.node and putting.held_by(tx, key, self.node, self.home_alive):
+                    # another node's upload to this key may be in flight: after it lands
+                    # (the file stays queued and is tried again), so the newest lands last
+                    raise Superseded(key)
                 if not needy:
                     r.tokens[key] = intents.intend(tx, key, inode.ino)
                     self.putting[key] = inode.ino
+                    if self.node:
+                        putting.mark(tx, key, self.node, inode.ino)
                     break
             await self.rescue(needy)  # then check again
         else:
