@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import time
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -309,6 +310,10 @@ def test_cold_deletes_leave_tombstones_and_wait_for_the_keys_home(tmp_path: Path
         with a.meta.snapshot() as tx:
             assert intents.pending(tx, "bkt/gone")  # imports keep away from it
             assert intents.count(tx) == (0, False)  # not a pending delete any more
+        # and persist --wait has nothing left to wait for (it waited out the tombstone)
+        t0 = time.monotonic()
+        assert c.run(a.placement.drain("bkt/", timeout=5))
+        assert time.monotonic() - t0 < 4
         # a key n b's file holds: a's delete worker leaves an intention on it to b
         ino = c.run(b.put_object(ROOT, "bkt", "bs", body(b"y" * 10))).ino
         with a.meta.write() as tx:

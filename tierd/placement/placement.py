@@ -459,6 +459,8 @@ class Placement(Uploading):
                 return "wait"
             stuck = True
         for it in intents.under(tx, prefix):
+            if it.ino == intents.TOMB:
+                continue  # carried out already (a cluster's tombstone): nothing to wait for
             if not (it.ino and self.failures.unpersistable(it.ino)):
                 return "wait"
             stuck = True
