@@ -130,6 +130,8 @@ def test_a_version_written_on_one_node_is_read_on_another_from_its_hot_tier(
     assert cluster.run(get(b, "ckpt.bin")) == data
     assert cluster.peer.calls >= 1
     assert b.placement.stats.peer_read_bytes == len(data)
+    assert b.placement.stats.fetched_bytes == 0  # none of it came from cold
+    assert b.placement.stats.filled[("hot", "peer")] == len(data)
     assert a.placement.stats.peer_served_bytes == len(data)
     # b now holds the blocks in its own hot file, recorded under its own name
     rec = stored(a, ino)

@@ -470,6 +470,8 @@ class Reading(Evicting):
             dst.add_bytes(ino, sum(bitmap.block_bytes(v.size, b) for b in fresh))
             for b in fresh:
                 dst.add(ino, b)
+            if src == "cold" and self.held_elsewhere(v.home, v.version, v.rec):
+                src = "peer"  # another node's door (counted as peer_read_bytes), not cold
             self.stats.filled[(dst.name, src)] += n
             if src == "cold":
                 self.stats.fetched_bytes += n
