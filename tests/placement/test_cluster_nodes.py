@@ -15,7 +15,7 @@ import asyncio
 import errno
 import os
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -82,14 +82,25 @@ class Cluster:
         await close_namespace(ns)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Any:
-    (tmp_path / "cold").mkdir()
-    c = Cluster(tmp_path, persist_delay=3600.0)  # nothing reaches cold unless drained
+def _running(base: Path, persist_delay: float) -> Iterator[Cluster]:
+    (base / "cold").mkdir()
+    c = Cluster(base, persist_delay)
     yield c
     for name in list(c.peer.nodes):
         c.run(c.stop(name))
     c.loop.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """Nothing reaches cold unless drained (persist delay one hour)."""
+    yield from _running(tmp_path, 3600.0)
+
+
+@pytest.fixture
+def c(tmp_path: Path) -> Iterator[Cluster]:
+    """Write-back at once: every home persists what it holds as soon as it can."""
+    yield from _running(tmp_path, 0.0)
 
 
 async def kick(ns: Namespace) -> None:
@@ -174,33 +185,26 @@ def test_a_reader_never_gets_bytes_of_another_version(cluster: Cluster) -> None:
 
 
 def test_only_the_home_persists_and_a_dead_home_is_an_error_not_stale_bytes(
-        tmp_path: Path) -> None:
-    (tmp_path / "cold").mkdir()
-    c = Cluster(tmp_path, persist_delay=0.0)
-    try:
-        a = c.run(c.start("a"))
-        b = c.run(c.start("b"))
-        c.run(a.create_bucket(ROOT, "bkt"))
-        data = os.urandom(1 << 20)
-        ino = c.run(a.put_object(ROOT, "bkt", "k", body(data))).ino
-        assert c.run(a.placement.drain(timeout=30))
-        assert b.placement.stats.uploaded_bytes == 0  # b never touched a's file
-        assert a.placement.stats.uploaded_bytes == len(data)
-        assert c.run(get(b, "k")) == data  # clean now: from cold, no peer call
-        assert c.peer.calls == 0
-        # a new version on a, and a gone before it persisted it: b reports the error
-        c.run(a.placement.shutdown())  # a's persister stops (a dies)
-        fh, _ = c.run(a.open_file(ROOT, ino, os.O_RDWR))
-        c.run(a.write(fh, 0, b"new"))
-        c.run(a.release(fh))
-        c.peer.nodes.pop("a")
-        with pytest.raises(FsError) as e:
-            c.run(get(b, "k"))
-        assert e.value.errno == errno.EIO and "'a'" in str(e.value)
-    finally:
-        for name in list(c.peer.nodes):
-            c.run(c.stop(name))
-        c.loop.close()
+        c: Cluster, tmp_path: Path) -> None:
+    a = c.run(c.start("a"))
+    b = c.run(c.start("b"))
+    c.run(a.create_bucket(ROOT, "bkt"))
+    data = os.urandom(1 << 20)
+    ino = c.run(a.put_object(ROOT, "bkt", "k", body(data))).ino
+    assert c.run(a.placement.drain(timeout=30))
+    assert b.placement.stats.uploaded_bytes == 0  # b never touched a's file
+    assert a.placement.stats.uploaded_bytes == len(data)
+    assert c.run(get(b, "k")) == data  # clean now: from cold, no peer call
+    assert c.peer.calls == 0
+    # a new version on a, and a gone before it persisted it: b reports the error
+    c.run(a.placement.shutdown())  # a's persister stops (a dies)
+    fh, _ = c.run(a.open_file(ROOT, ino, os.O_RDWR))
+    c.run(a.write(fh, 0, b"new"))
+    c.run(a.release(fh))
+    c.peer.nodes.pop("a")
+    with pytest.raises(FsError) as e:
+        c.run(get(b, "k"))
+    assert e.value.errno == errno.EIO and "'a'" in str(e.value)
 
 
 def test_node_records_are_the_nodes_own(tmp_path: Path) -> None:
@@ -237,110 +241,97 @@ def test_node_records_are_the_nodes_own(tmp_path: Path) -> None:
 
 
 def test_a_dead_homes_files_are_taken_over_when_cold_has_them_else_listed(
-        tmp_path: Path) -> None:
-    (tmp_path / "cold").mkdir()
-    c = Cluster(tmp_path, persist_delay=0.0)
-    try:
-        a = c.run(c.start("a"))
-        b = c.run(c.start("b"))
-        c.run(a.create_bucket(ROOT, "bkt"))
-        clean = os.urandom(1 << 16)
-        c.run(a.put_object(ROOT, "bkt", "clean", body(clean)))
-        assert c.run(a.placement.drain(timeout=30))
-        c.run(a.placement.close())  # a stops persisting (it dies) ...
-        dirty = c.run(a.put_object(ROOT, "bkt", "dirty", body(b"only on a"))).ino
-        bucket = c.run(b.get_bucket("bkt")).ino
-        # ... and b renames a's clean file: a names-only change a's persister would do
-        c.run(b.rename(ROOT, bucket, b"clean", bucket, b"moved"))
-        with b.meta.snapshot() as tx:
-            queue = tx.list_queue()
-        b.placement.home_alive = lambda node: node != "a"
-        b.placement._sweep_homes(queue)
-        # the clean file is b's now; the dirty one is listed by name, not taken
-        with b.meta.snapshot() as tx:
-            homes = {k: tx.get_stored_inode(v.ino).home  # type: ignore[union-attr]
-                     for k, v in (("moved", tx.lookup(bucket, b"moved")),
-                                  ("dirty", tx.lookup(bucket, b"dirty"))) if v is not None}
-        assert homes == {"moved": "b", "dirty": "a"}
-        doc = b.placement.queue_summary()
-        assert doc["stranded"] == [{"node": "a", "files": 1, "first": ["bkt/dirty"]}]
-        assert dirty in b.placement.stranded["a"].inos
-        b.placement.wake()
-        assert c.run(b.placement.drain("bkt/moved", timeout=30))
-        assert (tmp_path / "cold" / "bkt" / "moved").read_bytes() == clean
-        for _ in range(200):  # the old key's delete runs behind the copy
-            if not (tmp_path / "cold" / "bkt" / "clean").exists():
-                break
-            c.run(kick(b))
-        assert not (tmp_path / "cold" / "bkt" / "clean").exists()
-        assert c.run(get(b, "moved")) == clean
-        # a live home keeps its files: nothing is taken from it
-        b.placement.home_alive = lambda node: True
-        b.placement._sweep_homes(queue)
-        assert b.placement.stranded == {}
-    finally:
-        for name in list(c.peer.nodes):
-            c.run(c.stop(name))
-        c.loop.close()
+        c: Cluster, tmp_path: Path) -> None:
+    a = c.run(c.start("a"))
+    b = c.run(c.start("b"))
+    c.run(a.create_bucket(ROOT, "bkt"))
+    clean = os.urandom(1 << 16)
+    c.run(a.put_object(ROOT, "bkt", "clean", body(clean)))
+    assert c.run(a.placement.drain(timeout=30))
+    c.run(a.placement.close())  # a stops persisting (it dies) ...
+    dirty = c.run(a.put_object(ROOT, "bkt", "dirty", body(b"only on a"))).ino
+    bucket = c.run(b.get_bucket("bkt")).ino
+    # ... and b renames a's clean file: a names-only change a's persister would do
+    c.run(b.rename(ROOT, bucket, b"clean", bucket, b"moved"))
+    with b.meta.snapshot() as tx:
+        queue = tx.list_queue()
+    b.placement.home_alive = lambda node: node != "a"
+    b.placement._sweep_homes(queue)
+    # the clean file is b's now; the dirty one is listed by name, not taken
+    with b.meta.snapshot() as tx:
+        homes = {k: tx.get_stored_inode(v.ino).home  # type: ignore[union-attr]
+                 for k, v in (("moved", tx.lookup(bucket, b"moved")),
+                              ("dirty", tx.lookup(bucket, b"dirty"))) if v is not None}
+    assert homes == {"moved": "b", "dirty": "a"}
+    doc = b.placement.queue_summary()
+    assert doc["stranded"] == [{"node": "a", "files": 1, "first": ["bkt/dirty"]}]
+    assert dirty in b.placement.stranded["a"].inos
+    b.placement.wake()
+    assert c.run(b.placement.drain("bkt/moved", timeout=30))
+    assert (tmp_path / "cold" / "bkt" / "moved").read_bytes() == clean
+    for _ in range(200):  # the old key's delete runs behind the copy
+        if not (tmp_path / "cold" / "bkt" / "clean").exists():
+            break
+        c.run(kick(b))
+    assert not (tmp_path / "cold" / "bkt" / "clean").exists()
+    assert c.run(get(b, "moved")) == clean
+    # a live home keeps its files: nothing is taken from it
+    b.placement.home_alive = lambda node: True
+    b.placement._sweep_homes(queue)
+    assert b.placement.stranded == {}
 
 
-def test_cold_deletes_leave_tombstones_and_wait_for_the_keys_home(tmp_path: Path) -> None:
+def test_cold_deletes_leave_tombstones_and_wait_for_the_keys_home(
+        c: Cluster, tmp_path: Path) -> None:
     """On a cluster a carried-out delete stays a tombstone for a while (another node's
     listing read before it must not import the object back), and a pending delete of a key
     that now names a file another node persists is left to that node (only it knows
     whether its upload to the key is in flight)."""
     from tierd.placement import intents
 
-    (tmp_path / "cold").mkdir()
-    c = Cluster(tmp_path, persist_delay=0.0)
+    a = c.run(c.start("a"))
+    b = c.run(c.start("b"))
+    c.run(a.create_bucket(ROOT, "bkt"))
+    c.run(a.put_object(ROOT, "bkt", "gone", body(b"x" * 1000)))
+    assert c.run(a.placement.drain(timeout=30))
+    assert (tmp_path / "cold" / "bkt" / "gone").exists()
+    c.run(a.delete_object(ROOT, "bkt", "gone"))
+    for _ in range(200):
+        c.run(kick(a))
+        with a.meta.snapshot() as tx:
+            it = intents.get(tx, "bkt/gone")
+        if it is not None and it.ino == intents.TOMB:
+            break
+    assert not (tmp_path / "cold" / "bkt" / "gone").exists()
+    assert it is not None and it.ino == intents.TOMB and it.done_ns > 0
+    with a.meta.snapshot() as tx:
+        assert intents.pending(tx, "bkt/gone")  # imports keep away from it
+        assert intents.count(tx) == (0, False)  # not a pending delete any more
+    # and persist --wait has nothing left to wait for (it waited out the tombstone)
+    t0 = time.monotonic()
+    assert c.run(a.placement.drain("bkt/", timeout=5))
+    assert time.monotonic() - t0 < 4
+    # a key n b's file holds: a's delete worker leaves an intention on it to b
+    ino = c.run(b.put_object(ROOT, "bkt", "bs", body(b"y" * 10))).ino
+    with a.meta.write() as tx:
+        intents.intend(tx, "bkt/bs", 0)
+        assert not a.placement.theirs_to_delete(tx, intents.get(tx, "bkt/bs"))  # type: ignore[arg-type]
+    with b.meta.snapshot() as tx:
+        assert b.placement.theirs_to_delete(tx, intents.get(tx, "bkt/bs"))  # type: ignore[arg-type]
+        assert tx.get_inode(ino) is not None
+    # an old tombstone goes at the next pass
+    intents_ttl = intents.TOMB_TTL
+    intents.TOMB_TTL = 0.0
     try:
-        a = c.run(c.start("a"))
-        b = c.run(c.start("b"))
-        c.run(a.create_bucket(ROOT, "bkt"))
-        c.run(a.put_object(ROOT, "bkt", "gone", body(b"x" * 1000)))
-        assert c.run(a.placement.drain(timeout=30))
-        assert (tmp_path / "cold" / "bkt" / "gone").exists()
-        c.run(a.delete_object(ROOT, "bkt", "gone"))
-        for _ in range(200):
+        for _ in range(100):
             c.run(kick(a))
             with a.meta.snapshot() as tx:
-                it = intents.get(tx, "bkt/gone")
-            if it is not None and it.ino == intents.TOMB:
-                break
-        assert not (tmp_path / "cold" / "bkt" / "gone").exists()
-        assert it is not None and it.ino == intents.TOMB and it.done_ns > 0
+                if intents.get(tx, "bkt/gone") is None:
+                    break
         with a.meta.snapshot() as tx:
-            assert intents.pending(tx, "bkt/gone")  # imports keep away from it
-            assert intents.count(tx) == (0, False)  # not a pending delete any more
-        # and persist --wait has nothing left to wait for (it waited out the tombstone)
-        t0 = time.monotonic()
-        assert c.run(a.placement.drain("bkt/", timeout=5))
-        assert time.monotonic() - t0 < 4
-        # a key n b's file holds: a's delete worker leaves an intention on it to b
-        ino = c.run(b.put_object(ROOT, "bkt", "bs", body(b"y" * 10))).ino
-        with a.meta.write() as tx:
-            intents.intend(tx, "bkt/bs", 0)
-            assert not a.placement.theirs_to_delete(tx, intents.get(tx, "bkt/bs"))  # type: ignore[arg-type]
-        with b.meta.snapshot() as tx:
-            assert b.placement.theirs_to_delete(tx, intents.get(tx, "bkt/bs"))  # type: ignore[arg-type]
-            assert tx.get_inode(ino) is not None
-        # an old tombstone goes at the next pass
-        intents_ttl = intents.TOMB_TTL
-        intents.TOMB_TTL = 0.0
-        try:
-            for _ in range(100):
-                c.run(kick(a))
-                with a.meta.snapshot() as tx:
-                    if intents.get(tx, "bkt/gone") is None:
-                        break
-            with a.meta.snapshot() as tx:
-                assert intents.get(tx, "bkt/gone") is None
-        finally:
-            intents.TOMB_TTL = intents_ttl
+            assert intents.get(tx, "bkt/gone") is None
     finally:
-        for name in list(c.peer.nodes):
-            c.run(c.stop(name))
-        c.loop.close()
+        intents.TOMB_TTL = intents_ttl
 
 
 def test_an_upload_waits_for_another_nodes_upload_to_the_same_key(cluster: Cluster) -> None:
