@@ -63,11 +63,18 @@ def _raw(key: str) -> bytes:
     return key.encode("utf-8", "surrogateescape")
 
 
-def _k(key: str) -> bytes:
+def record_key(key: str, prefix: bytes = PREFIX) -> bytes:
+    """The metadata key of a record about cold ``key`` (here ``Z``; ``putting.py``'s ``T``
+    marks too): ``prefix`` + the cold key's first :data:`HEAD` bytes, plus a digest of the
+    whole when longer, so records sort by cold key and a prefix is one range scan."""
     raw = _raw(key)
     if len(raw) <= HEAD:
-        return PREFIX + raw
-    return PREFIX + raw[:HEAD] + hashlib.sha256(raw).digest()[:16]
+        return prefix + raw
+    return prefix + raw[:HEAD] + hashlib.sha256(raw).digest()[:16]
+
+
+def _k(key: str) -> bytes:
+    return record_key(key)
 
 
 def _decode(v: bytes) -> Intent:

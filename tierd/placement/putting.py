@@ -27,7 +27,7 @@ import msgpack
 
 from tierd.meta import MetaTxn
 from tierd.meta.kv import prefix_end
-from tierd.placement.intents import HEAD, _k
+from tierd.placement.intents import record_key
 
 PREFIX = b"T"
 #: seconds after which a mark is taken for a leftover (an upload takes far less)
@@ -35,7 +35,7 @@ STALE_S = 600.0
 
 
 def _key(key: str) -> bytes:
-    return PREFIX + _k(key)[1:]
+    return record_key(key, PREFIX)
 
 
 def mark(tx: MetaTxn, key: str, node: str, ino: int) -> None:
@@ -73,4 +73,4 @@ def drop_own(tx: MetaTxn, node: str) -> int:
     return len(gone)
 
 
-__all__ = ["HEAD", "PREFIX", "STALE_S", "drop_own", "held_by", "mark", "unmark"]
+__all__ = ["PREFIX", "STALE_S", "drop_own", "held_by", "mark", "unmark"]
