@@ -12,7 +12,6 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from tierd.config import Config
-from tierd.logs import get_logger
 from tierd.meta import MetaStore
 from tierd.namespace import Namespace
 from tierd.namespace.remote import follow
@@ -22,8 +21,6 @@ from tierd.peer.door import PeerDoor
 from tierd.peer.server import FileSlice, LocalReader, VersionGone
 from tierd.placement import Placement
 from tierd.placement.peerreads import VersionMoved
-
-log = get_logger("cluster")
 
 
 def local_reader(placement: Placement) -> LocalReader:
