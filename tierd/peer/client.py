@@ -23,6 +23,7 @@ import asyncio
 import errno
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -180,6 +181,53 @@ class PeerClient:
             raise NotHeld(f"node {home!r} does not hold version {version} of inode {ino}: "
                           f"{why}")
         raise _down(f"node {home!r} refused to read inode {ino} "
+                    f"(HTTP {status}): {why}")
+
+    async def stream_part(self, home: str, upload_id: str, number: int, etag: str,
+                          size: int, sink: Callable[[bytes], Awaitable[None]]) -> int:
+        """Hand part ``number`` of multipart upload ``upload_id`` (the one with this
+        ``etag`` and ``size``), as node ``home`` holds it, to ``sink`` chunk by chunk;
+        returns how many bytes.  :class:`NotHeld` when ``home`` holds no such part (it
+        was uploaded again, or the upload ended); ``FsError(EIO)`` naming ``home`` when it
+        cannot answer.  A connection failure before the first byte is retried as
+        :meth:`read`'s; after it, bytes already handed over cannot be taken back: EIO."""
+        path = f"/v1/part/{upload_id}/{number}"
+        query = {"etag": etag, "size": str(size)}
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            info = await self._where(home, fresh=attempt > 0)
+            url = URL(info.url + path)
+            headers = auth.sign(self._secret, self.node, "GET", url.path, query)
+            got = 0
+            try:
+                async with self._http().get(url, params=query, headers=headers) as resp:
+                    if resp.status != 200:
+                        status = resp.status
+                        why = _message(await _body(resp, home, path, 65536))
+                        break
+                    async for chunk in resp.content.iter_chunked(1 << 20):
+                        got += len(chunk)
+                        if got > size:
+                            raise _down(f"node {home!r} sent more than the {size} bytes "
+                                        f"of part {number} of upload {upload_id!r}")
+                        await sink(chunk)
+                    return got
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+                if got or isinstance(e, aiohttp.ServerTimeoutError):
+                    raise _down(f"node {home!r} at {info.url} stopped sending part "
+                                f"{number} of upload {upload_id!r} after {got} bytes: "
+                                f"{e}") from e
+                last = e
+                if attempt < self.retries:
+                    await asyncio.sleep(self.backoff_s * (2 ** attempt))
+        else:
+            raise _down(f"node {home!r}: its peer door at {info.url} is unreachable "
+                        f"({last}); part {number} of upload {upload_id!r} is on its hot "
+                        "tier alone: complete the upload again once the node is back")
+        if status == 404:
+            raise NotHeld(f"node {home!r} does not hold part {number} of upload "
+                          f"{upload_id!r} with ETag {etag}: {why}")
+        raise _down(f"node {home!r} refused to send part {number} of upload {upload_id!r} "
                     f"(HTTP {status}): {why}")
 
     async def ping(self, home: str) -> dict[str, Any]:

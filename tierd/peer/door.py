@@ -20,7 +20,7 @@ from tierd.logs import get_logger
 from tierd.meta.store import MetaStore
 from tierd.peer import registry, server
 from tierd.peer.registry import Heartbeat, NodeInfo
-from tierd.peer.server import LocalReader
+from tierd.peer.server import LocalReader, PartReader
 
 log = get_logger("peer")
 
@@ -53,19 +53,21 @@ def _why(e: OSError, host: str) -> str:
 class PeerDoor:
     """Node ``node``'s peer data door on ``listen``, reachable at ``url`` ("" = the
     default: :func:`default_url`), serving ``reader`` to requests signed with ``secret``
-    and registered in ``meta``."""
+    and registered in ``meta`` (and multipart parts with ``part_reader``)."""
 
     def __init__(self, *, node: str, secret: str, listen: HostPort, meta: MetaStore,
                  reader: LocalReader, url: str = "",
                  heartbeat_s: float = registry.HEARTBEAT_S,
-                 max_length: int = server.MAX_LENGTH) -> None:
+                 max_length: int = server.MAX_LENGTH,
+                 part_reader: PartReader | None = None) -> None:
         self.node = node
         self.listen = listen
         self.meta = meta
         self.url = url
         self.bound: HostPort | None = None
         self.info: NodeInfo | None = None
-        self._app = server.make_app(node, secret, reader, max_length=max_length)
+        self._app = server.make_app(node, secret, reader, max_length=max_length,
+                                    part_reader=part_reader)
         self._heartbeat_s = heartbeat_s
         self._runner: web.AppRunner | None = None
         self.heartbeat: Heartbeat | None = None

@@ -7,6 +7,10 @@ Routes (every request signed: :mod:`tierd.peer.auth`):
   of the file); 404 when this node does not hold that version; 409 when the inode is no
   longer at version ``V`` here (:class:`VersionGone`: the caller re-reads the metadata);
   400 for a bad parameter or a length over ``max_length``.
+* ``GET /v1/part/{upload}/{n}?etag=E&size=S`` -> 200 with the ``S`` bytes of part ``n`` of
+  multipart upload ``upload`` as this node holds it (streamed by ``sendfile``, never whole
+  in memory); 404 when this node's current record of that part is not this ETag and size,
+  or the upload ended (:mod:`tierd.namespace.mpu_remote`: another node completes it).
 * ``GET /v1/ping`` -> ``{"node": ..., "time_ns": ...}``: a signed liveness check.
 
 401: the request is not signed (or not in this door's form); 403: the signature or its date
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -61,6 +66,11 @@ LocalReader = Callable[[int, int, int, int],
 #: the largest ``length`` one request may ask for (bytes)
 MAX_LENGTH = 16 << 20
 _MAX_INT = (1 << 63) - 1
+
+#: ``(upload id, part number, etag, size) -> FileSlice`` of that part held here, or None
+PartReader = Callable[[str, int, str, int], Awaitable[FileSlice | None]]
+_UPLOAD_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_ETAG = re.compile(r"[0-9a-f]{32}")
 
 _NODE: web.AppKey[str] = web.AppKey("tierd.peer.node", str)
 
@@ -108,9 +118,11 @@ async def _send_file(request: web.Request, part: FileSlice,
 
 def make_app(node: str, secret: str, reader: LocalReader, *,
              max_length: int = MAX_LENGTH, max_skew_s: float = auth.MAX_SKEW_S,
-             clock: Callable[[], float] = time.time) -> web.Application:
+             clock: Callable[[], float] = time.time,
+             part_reader: PartReader | None = None) -> web.Application:
     """The door's application for node ``node``; ``clock`` is the clock the signatures'
-    dates are judged by (tests move it)."""
+    dates are judged by (tests move it); ``part_reader`` serves multipart parts (without
+    it the part route answers 404)."""
 
     refusals = LogBudget(10, 60.0)
 
@@ -160,11 +172,35 @@ def make_app(node: str, secret: str, reader: LocalReader, *,
             got = memoryview(got)[:length]
         return web.Response(body=got, content_type="application/octet-stream")
 
+    async def part(request: web.Request) -> web.StreamResponse:
+        upload_id = request.match_info["upload"]
+        etag = request.query.get("etag", "")
+        try:
+            number = _int_param(request, "part number", request.match_info["number"])
+            size = _int_param(request, "size", request.query.get("size"))
+        except ValueError as e:
+            return _error(request, 400, str(e))
+        if not _UPLOAD_ID.fullmatch(upload_id) or not _ETAG.fullmatch(etag):
+            return _error(request, 400, "the upload id or the part's etag is malformed")
+        try:
+            got = None if part_reader is None else await part_reader(upload_id, number,
+                                                                     etag, size)
+        except (FsError, OSError) as e:
+            log.warning("peer read of part %d of upload %r for node %s failed: %s", number,
+                        upload_id, request.headers[auth.HDR_NODE], e)
+            return _error(request, 503, f"node {node} could not read part {number} of "
+                                        f"upload {upload_id!r}: {e}")
+        if got is None:
+            return _error(request, 404, f"node {node} does not hold part {number} with "
+                                        f"ETag {etag} of upload {upload_id!r}")
+        return await _send_file(request, got, got.length)
+
     async def ping(request: web.Request) -> web.Response:
         return web.json_response({"node": node, "time_ns": time.time_ns()})
 
     app = web.Application(middlewares=[signed])
     app[_NODE] = node
     app.router.add_get("/v1/data/{ino}", data)
+    app.router.add_get("/v1/part/{upload}/{number}", part)
     app.router.add_get("/v1/ping", ping)
     return app
