@@ -48,7 +48,8 @@ def follow_cluster(namespace: Namespace, placement: Placement, meta: MetaStore,
     subscribers hear what changed (the FUSE door drops the kernel's cached entries and
     attributes), this node reclaims its copies of files deleted elsewhere, forgets cached
     S3 credentials when users or keys changed (a key revoked through one node stops
-    working on every node), and reads placement policies again when they changed."""
+    working on every node), reads placement policies again when they changed, and
+    reclaims its multipart part files that uploads ended or re-uploaded elsewhere left."""
 
     def also(keys: list[bytes] | None) -> None:
         kinds = None if keys is None else {k[:1] for k in keys}
@@ -56,6 +57,8 @@ def follow_cluster(namespace: Namespace, placement: Placement, meta: MetaStore,
             forget_keys()
         if kinds is None or b"Y" in kinds:
             placement.reload_policies()
+        if kinds is None or kinds & {b"M", b"P"}:
+            namespace.uploads_changed(keys)
 
     return follow(namespace, meta.engine, also=also)
 
@@ -69,14 +72,16 @@ async def cluster_node(cfg: Config, meta: MetaStore, namespace: Namespace,
     client = PeerClient(cfg.node_name, cfg.cluster_secret, meta)
     door = PeerDoor(node=cfg.node_name, secret=cfg.cluster_secret, listen=cfg.peer_listen,
                     meta=meta, reader=local_reader(placement),
-                    url=cfg.peer_url)
+                    url=cfg.peer_url, part_reader=namespace.part_slice)
     await door.start()
     placement.peer = client
+    namespace.part_peer = client
     placement.home_alive = lambda node: node_alive(meta, node)
     try:
         yield door
     finally:
         placement.home_alive = None
         placement.peer = None
+        namespace.part_peer = None
         await door.stop()
         await client.close()

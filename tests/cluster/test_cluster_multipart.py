@@ -1,47 +1,183 @@
-"""Multipart uploads on a cluster: the parts are written to the hot tier of the node the
-upload was created through, so its parts and its completion must go there; another node
-refuses them with a clear S3 error (400 InvalidArgument naming the node), and listing and
-aborting work on every node (tierd.namespace.multipart)."""
+"""Multipart uploads across the nodes of a cluster, as behind a load balancer: any node takes
+any part (on its own hot tier) and completes any upload, fetching the parts other nodes hold
+through their peer doors (tierd/namespace/mpu_remote.py).  Every node lists the upload and
+its parts; a completion or an abort through any node leaves no part file on any node, also
+on a node that was down meanwhile; a node holding a part that is down makes Complete fail
+with a 5xx naming it, and the upload completes once it is back."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+from pathlib import Path
+from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 
-from .clusterlib import Cluster
+from .clusterlib import Cluster, Node, poll
 
-BUCKET = "mpu"
+pytestmark = pytest.mark.usefixtures("bucket")
+BUCKET = "mpux"
 PART = 5 << 20
 
 
-def test_an_upload_goes_to_its_node_and_others_say_so(cluster: Cluster) -> None:
-    s1, s2 = cluster[1].s3(), cluster[2].s3()
-    s1.create_bucket(Bucket=BUCKET)
-    up = s1.create_multipart_upload(Bucket=BUCKET, Key="big")["UploadId"]
-    data = [os.urandom(PART), os.urandom(1000)]
-    with pytest.raises(ClientError) as e:
-        s2.upload_part(Bucket=BUCKET, Key="big", UploadId=up, PartNumber=1, Body=data[0])
-    err = e.value.response
-    assert err["ResponseMetadata"]["HTTPStatusCode"] == 400
-    assert err["Error"]["Code"] == "InvalidArgument" and "'n1'" in err["Error"]["Message"]
-    etags = [s1.upload_part(Bucket=BUCKET, Key="big", UploadId=up, PartNumber=i + 1,
-                            Body=d)["ETag"] for i, d in enumerate(data)]
-    # listing its parts works anywhere (records only), completing only on n1
-    assert [p["PartNumber"] for p in s2.list_parts(
-        Bucket=BUCKET, Key="big", UploadId=up)["Parts"]] == [1, 2]
-    parts = {"Parts": [{"PartNumber": i + 1, "ETag": t} for i, t in enumerate(etags)]}
-    with pytest.raises(ClientError) as e:
-        s2.complete_multipart_upload(Bucket=BUCKET, Key="big", UploadId=up,
-                                     MultipartUpload=parts)
-    assert e.value.response["Error"]["Code"] == "InvalidArgument"
-    s1.complete_multipart_upload(Bucket=BUCKET, Key="big", UploadId=up, MultipartUpload=parts)
-    assert s2.get_object(Bucket=BUCKET, Key="big")["Body"].read() == b"".join(data)
-    # an abort through another node ends the upload everywhere
-    up2 = s1.create_multipart_upload(Bucket=BUCKET, Key="dropped")["UploadId"]
-    s3 = cluster[3].s3()
-    s3.abort_multipart_upload(Bucket=BUCKET, Key="dropped", UploadId=up2)
-    with pytest.raises(ClientError) as e:
-        s1.upload_part(Bucket=BUCKET, Key="dropped", UploadId=up2, PartNumber=1, Body=b"x")
-    assert e.value.response["Error"]["Code"] == "NoSuchUpload"
+def _dir(node: Node, upload: str) -> Path:
+    """The upload's directory on ``node``'s hot tier."""
+    return node.data_dir / "hot" / "mpu" / upload
+
+
+def _clients(cluster: Cluster) -> dict[int, Any]:
+    return {i: cluster[i].s3() for i in (1, 2, 3)}
+
+
+def _put(s3: Any, key: str, up: str, number: int, data: bytes) -> dict[str, Any]:
+    etag = s3.upload_part(Bucket=BUCKET, Key=key, UploadId=up, PartNumber=number,
+                          Body=data)["ETag"]
+    assert etag.strip('"') == hashlib.md5(data).hexdigest()
+    return {"PartNumber": number, "ETag": etag}
+
+
+def _sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def _mpu_etag(parts: list[bytes]) -> str:
+    md5s = b"".join(hashlib.md5(p).digest() for p in parts)
+    return f'"{hashlib.md5(md5s).hexdigest()}-{len(parts)}"'
+
+
+def _gone(cluster: Cluster, up: str, *nodes: int) -> bool:
+    return not any(_dir(cluster[i], up).exists() for i in nodes)
+
+
+def test_parts_spread_over_three_nodes_complete_on_n2_and_read_on_all(
+        cluster: Cluster) -> None:
+    s = _clients(cluster)
+    up = s[1].create_multipart_upload(Bucket=BUCKET, Key="spread")["UploadId"]
+    data = [os.urandom(PART), os.urandom(PART), os.urandom(PART + 4096), os.urandom(1000)]
+    via = [1, 2, 3, 2]  # part n through node via[n-1]
+    listed = [_put(s[via[i]], "spread", up, i + 1, d) for i, d in enumerate(data)]
+    for i in (1, 2, 3):  # parts and upload listed on every node, with their sizes
+        got = s[i].list_parts(Bucket=BUCKET, Key="spread", UploadId=up)["Parts"]
+        assert [(p["PartNumber"], p["ETag"], p["Size"]) for p in got] == [
+            (n["PartNumber"], n["ETag"], len(d)) for n, d in zip(listed, data, strict=True)]
+        ups = s[i].list_multipart_uploads(Bucket=BUCKET)["Uploads"]
+        assert up in [u["UploadId"] for u in ups]
+    for i in (1, 2, 3):  # each part went to the hot tier of the node that took it
+        assert _dir(cluster[i], up).is_dir(), f"n{i} holds no part"
+    done = s[2].complete_multipart_upload(Bucket=BUCKET, Key="spread", UploadId=up,
+                                          MultipartUpload={"Parts": listed})
+    assert done["ETag"] == _mpu_etag(data)
+    want = _sha(b"".join(data))
+    for i in (1, 2, 3):
+        got_obj = s[i].get_object(Bucket=BUCKET, Key="spread")
+        assert got_obj["ETag"] == done["ETag"]
+        assert _sha(got_obj["Body"].read()) == want, f"n{i} reads other bytes"
+    poll(lambda: _gone(cluster, up, 1, 2, 3), 15)  # no part file left on any node
+    for i in (1, 2, 3):
+        with pytest.raises(ClientError) as e:
+            s[i].list_parts(Bucket=BUCKET, Key="spread", UploadId=up)
+        assert e.value.response["Error"]["Code"] == "NoSuchUpload"
+
+
+def test_an_abort_on_n3_reclaims_the_parts_on_n1_and_n2(cluster: Cluster) -> None:
+    s = _clients(cluster)
+    up = s[1].create_multipart_upload(Bucket=BUCKET, Key="dropped")["UploadId"]
+    _put(s[1], "dropped", up, 1, os.urandom(PART))
+    _put(s[2], "dropped", up, 2, os.urandom(1000))
+    assert os.listdir(_dir(cluster[1], up)) and os.listdir(_dir(cluster[2], up))
+    s[3].abort_multipart_upload(Bucket=BUCKET, Key="dropped", UploadId=up)
+    poll(lambda: _gone(cluster, up, 1, 2, 3), 15)
+    for i in (1, 2, 3):
+        with pytest.raises(ClientError) as e:
+            s[i].list_parts(Bucket=BUCKET, Key="dropped", UploadId=up)
+        assert e.value.response["Error"]["Code"] == "NoSuchUpload"
+        ups = s[i].list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])
+        assert up not in [u["UploadId"] for u in ups]
+        with pytest.raises(ClientError) as e:
+            _put(s[i], "dropped", up, 3, b"late")
+        assert e.value.response["Error"]["Code"] == "NoSuchUpload"
+    assert _gone(cluster, up, 1, 2, 3)  # the refused late parts left nothing either
+
+
+def test_a_part_copied_again_on_another_node_replaces_it_and_its_file_goes(
+        cluster: Cluster) -> None:
+    s = _clients(cluster)
+    up = s[3].create_multipart_upload(Bucket=BUCKET, Key="again")["UploadId"]
+    first = os.urandom(1000)
+    _put(s[1], "again", up, 2, first)  # before any slot size: a file of its own on n1
+    own = [f for f in os.listdir(_dir(cluster[1], up)) if f.startswith("p2-")]
+    assert len(own) == 1
+    p1 = _put(s[1], "again", up, 1, os.urandom(PART))
+    body1 = s[3].list_parts(Bucket=BUCKET, Key="again", UploadId=up)["Parts"]
+    assert [p["ETag"] for p in body1][1] == f'"{hashlib.md5(first).hexdigest()}"'
+    second = os.urandom(2000)  # through n2, copied from an object written through n1
+    s[1].put_object(Bucket=BUCKET, Key="again-src", Body=b"x" * 100 + second)
+    p2 = {"PartNumber": 2, "ETag": s[2].upload_part_copy(
+        Bucket=BUCKET, Key="again", UploadId=up, PartNumber=2, CopySourceRange="bytes=100-2099",
+        CopySource={"Bucket": BUCKET, "Key": "again-src"})["CopyPartResult"]["ETag"]}
+    assert p2["ETag"] == f'"{hashlib.md5(second).hexdigest()}"'
+    poll(lambda: not (_dir(cluster[1], up) / own[0]).exists(), 15)  # n1's old part file
+    for i in (1, 2, 3):
+        parts = s[i].list_parts(Bucket=BUCKET, Key="again", UploadId=up)["Parts"]
+        assert [(p["ETag"], p["Size"]) for p in parts] == [(p1["ETag"], PART),
+                                                           (p2["ETag"], 2000)]
+    s[1].complete_multipart_upload(Bucket=BUCKET, Key="again", UploadId=up,
+                                   MultipartUpload={"Parts": [p1, p2]})
+    got = s[3].get_object(Bucket=BUCKET, Key="again")["Body"].read()
+    assert len(got) == PART + 2000 and got[PART:] == second
+    poll(lambda: _gone(cluster, up, 1, 2, 3), 15)
+
+
+def test_a_dead_holder_fails_complete_clearly_and_it_completes_once_back(
+        cluster: Cluster) -> None:
+    s = _clients(cluster)
+    up = s[2].create_multipart_upload(Bucket=BUCKET, Key="held")["UploadId"]
+    data = [os.urandom(PART), os.urandom(PART), os.urandom(3000)]
+    listed = [_put(s[i], "held", up, i, d) for i, d in zip((1, 2, 3), data, strict=True)]
+    n1 = cluster[1]
+    n1.kill9()
+    try:
+        for i in (2, 3):  # whichever node completes: a 5xx naming n1, no object
+            with pytest.raises(ClientError) as e:
+                s[i].complete_multipart_upload(Bucket=BUCKET, Key="held", UploadId=up,
+                                               MultipartUpload={"Parts": listed})
+            err = e.value.response
+            assert err["ResponseMetadata"]["HTTPStatusCode"] in (500, 503), err
+            assert err["Error"]["Code"] in ("ServiceUnavailable", "SlowDown",
+                                            "InternalError"), err
+            assert "'n1'" in err["Error"]["Message"], err
+            with pytest.raises(ClientError) as e:
+                s[i].head_object(Bucket=BUCKET, Key="held")
+            assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+            parts = s[i].list_parts(Bucket=BUCKET, Key="held", UploadId=up)["Parts"]
+            assert [p["PartNumber"] for p in parts] == [1, 2, 3]
+    finally:
+        n1.start(60)
+    done = s[3].complete_multipart_upload(Bucket=BUCKET, Key="held", UploadId=up,
+                                          MultipartUpload={"Parts": listed})
+    assert done["ETag"] == _mpu_etag(data)
+    want = _sha(b"".join(data))
+    s[1] = n1.s3()
+    for i in (1, 2, 3):
+        assert _sha(s[i].get_object(Bucket=BUCKET, Key="held")["Body"].read()) == want
+    poll(lambda: _gone(cluster, up, 1, 2, 3), 15)
+
+
+def test_a_node_down_during_an_abort_reclaims_its_parts_when_it_restarts(
+        cluster: Cluster) -> None:
+    s = _clients(cluster)
+    up = s[2].create_multipart_upload(Bucket=BUCKET, Key="later")["UploadId"]
+    _put(s[1], "later", up, 1, os.urandom(PART))
+    _put(s[1], "later", up, 3, os.urandom(100))
+    _put(s[2], "later", up, 2, os.urandom(PART))
+    n1 = cluster[1]
+    n1.kill9()
+    try:
+        s[3].abort_multipart_upload(Bucket=BUCKET, Key="later", UploadId=up)
+        poll(lambda: _gone(cluster, up, 2, 3), 15)
+        assert _dir(n1, up).is_dir()  # down: nothing removed its files yet
+    finally:
+        n1.start(60)
+    assert _gone(cluster, up, 1)  # reconciled with the records at start

@@ -180,7 +180,8 @@ class UploadPart(Record):
     1..N-1.  Where the bytes are (see :mod:`tierd.namespace.mpu_parts`): with ``slot_size``
     > 0 in the upload's data file at ``(number - 1) * slot_size`` (so completing can rename
     that file into place without copying), else in the file named ``file``, else (records
-    written before these fields existed) in the file named after the part number."""
+    written before these fields existed) in the file named after the part number; on the
+    hot tier of node ``node`` (:mod:`tierd.namespace.mpu_remote`)."""
 
     number: int
     etag: str  # MD5 hex of the part
@@ -189,6 +190,9 @@ class UploadPart(Record):
     checksums: dict[str, str] = field(default_factory=dict)
     slot_size: int = 0
     file: str = ""
+    # in a cluster: the node whose hot tier holds the bytes ("" = the upload's own ``node``,
+    # as every part was before parts could be uploaded through any node)
+    node: str = ""
 
 
 @dataclass(slots=True)

@@ -1,6 +1,7 @@
 """Where the parts of a multipart upload are written, so that completing copies nothing.
 
-An upload owns the directory ``<hot>/mpu/<upload id>/``:
+An upload owns the directory ``<hot>/mpu/<upload id>/`` (on a cluster, one on each node that
+took a part of it, laid out alike for the parts that node holds: :mod:`.mpu_remote`):
 
 * ``data`` -- the upload's **data file**.  The first part that arrives with a known size of
   at least the minimum part size (or part 1, whatever its size) fixes the upload's **slot
@@ -80,6 +81,7 @@ class UploadState:
 
     slot_size: int = 0
     writing: set[int] = field(default_factory=set)  # part numbers being written to slots
+    files: set[str] = field(default_factory=set)  # own part files being written
     active: int = 0  # thread jobs writing ``data`` now
     completing: int = 0  # Complete calls past validation
     gone: bool = False  # completed or aborted: writers must stop
@@ -177,6 +179,8 @@ class PartTarget:
             raise no_such_upload(upload_id) from None
         if slot_size:
             state.writing.add(number)
+        else:
+            state.files.add(self.file)  # a reclaim (mpu_remote.Reclaimer) leaves it alone
         self._inflight: asyncio.Future[object] | None = None
         self._closed = False
 
@@ -268,6 +272,8 @@ class PartTarget:
         os.close(self.fd)
         if self.slot_size:
             self.state.writing.discard(self.number)
+        else:
+            self.state.files.discard(self.file)
         if failed and self.file:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
@@ -345,6 +351,34 @@ class PartStore:
 
     async def remove(self, upload_id: str) -> None:
         await asyncio.to_thread(shutil.rmtree, self.dir(upload_id), True)
+
+    def uploads_here(self) -> list[str]:
+        """The uploads that have a directory here (blocking: a directory listing)."""
+        try:
+            return [e.name for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            return []
+
+    def files(self, upload_id: str) -> list[str] | None:
+        """The names in an upload's directory; None when it has none (blocking)."""
+        try:
+            return os.listdir(self.dir(upload_id))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def in_flight(self, upload_id: str) -> set[str]:
+        """The own part files being written now (not yet named by a record)."""
+        st = self._states.get(upload_id)
+        return set(st.files) if st is not None else set()
+
+    def drop_files(self, upload_id: str, names: Iterable[str]) -> int:
+        """Remove these files of an upload's directory (blocking); how many were there."""
+        n = 0
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.dir(upload_id), name))
+                n += 1
+        return n
 
     def recover(self, uploads: dict[str, list[UploadPart]]) -> int:
         """At start: remove directories of uploads that no longer exist and files no part

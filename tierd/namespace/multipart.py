@@ -9,6 +9,8 @@ moves the bytes; Python never holds them).  Either way the result then goes in e
 PUT: one transaction -- which also deletes the upload -- atomic replace, old bytes readable
 by open handles.  A part is fdatasynced and its record made durable before it is
 acknowledged.  Permission is checked when the upload starts and again when it completes.
+On a cluster any node takes any part and completes any upload, fetching the parts other
+nodes hold (:mod:`tierd.namespace.mpu_remote`).
 """
 
 from __future__ import annotations
@@ -40,9 +42,18 @@ from tierd.namespace.mpu_parts import (
     md5,
     no_such_upload,
 )
+from tierd.namespace.mpu_remote import (
+    PartFetcher,
+    Reclaimer,
+    fill_spread,
+    holder,
+    local_parts,
+    part_slice,
+)
 from tierd.namespace.names import split_key
 from tierd.namespace.objects import ObjectOps, ObjectReader
 from tierd.namespace.staging import full_error, refuse_over_dirty_limit, retry_full
+from tierd.peer.server import FileSlice
 from tierd.tiers.fileio import copy_range
 
 log = logging.getLogger("tierd.namespace")
@@ -53,6 +64,8 @@ MAX_PART_NUMBER = 10000
 
 class MultipartOps(ObjectOps):
     min_part_size = MIN_PART_SIZE
+    #: on a cluster: how this node streams the parts other nodes hold (tierd.cluster)
+    part_peer: PartFetcher | None = None
 
     # -- copy ------------------------------------------------------------------------------
     async def copy_object(
@@ -121,25 +134,32 @@ class MultipartOps(ObjectOps):
     def _parts(self) -> PartStore:
         return PartStore(os.path.join(self.hot.root, "mpu"))
 
+    @functools.cached_property
+    def _reclaimer(self) -> Reclaimer:
+        return Reclaimer(self.meta, self._parts)
+
     def _recover_uploads(self) -> None:
-        """At start: drop what a crash left in upload directories (see PartStore.recover)."""
+        """At start: drop what a crash left in upload directories, and on a cluster what
+        other nodes' completions, aborts and re-uploads made garbage here while this node
+        was down (see PartStore.recover): only this node's parts are kept."""
         with self.meta.snapshot() as tx:
-            uploads = {u.upload_id: list(tx.list_parts(u.upload_id))
+            uploads = {u.upload_id: local_parts(u, tx.list_parts(u.upload_id),
+                                                self.meta.node)
                        for u in tx.list_uploads()}
         removed = self._parts.recover(uploads)
         if removed:
             log.info("recovered: %d leftover multipart files removed", removed)
 
-    def _held_here(self, up: MultipartUpload) -> MultipartUpload:
-        """On a cluster an upload's parts are written to the hot tier of the node that
-        created it: its parts and its completion must go there (listing and aborting it
-        work on every node)."""
-        if up.node != self.meta.node:
-            raise FsError(errno.EXDEV, f"multipart upload {up.upload_id!r} was created "
-                          f"through node {up.node or '(unnamed)'!r}: send its parts and its "
-                          "completion to that node (docs/cluster.md)",
-                          reason=Reason.INVALID_ARGUMENT)
-        return up
+    def uploads_changed(self, keys: list[bytes] | None) -> None:
+        """On the loop, from the change feed: another node committed ``keys`` (None:
+        anything); this node reclaims its part files those commits left unneeded."""
+        self._reclaimer.changed(keys)
+
+    async def part_slice(self, upload_id: str, number: int, etag: str,
+                         size: int) -> FileSlice | None:
+        """The peer door's answer for a part this node holds (mpu_remote.part_slice)."""
+        return await asyncio.to_thread(part_slice, self.meta, self._parts, upload_id,
+                                       number, etag, size)
 
     def _upload(self, ident: Identity, upload_id: str, *,
                 bucket_owner: bool = False) -> MultipartUpload:
@@ -195,7 +215,7 @@ class MultipartOps(ObjectOps):
         up = MultipartUpload(
             upload_id=secrets.token_urlsafe(32), bucket=bucket, key=key, uid=ident.uid,
             gid=ident.gid, initiated_ns=now_ns(), objmeta=dict(objmeta or {}),
-            node=self.meta.node,
+            node=self.meta.node,  # (its parts may go to any node: UploadPart.node)
         )
         self._parts.create(up.upload_id)
         with self.meta.write() as tx:
@@ -212,14 +232,25 @@ class MultipartOps(ObjectOps):
         with self.meta.snapshot() as tx:
             return list(tx.list_parts(upload_id))
 
+    def _local_parts(self, upload_id: str) -> list[UploadPart]:
+        """The parts this node holds (the ones in its data file set its slot size)."""
+        with self.meta.snapshot() as tx:
+            return local_parts(tx.get_upload(upload_id), tx.list_parts(upload_id),
+                               self.meta.node)
+
     def _state(self, upload_id: str) -> UploadState:
-        return self._parts.state(upload_id, lambda: self._stored_parts(upload_id))
+        return self._parts.state(upload_id, lambda: self._local_parts(upload_id))
 
     def _target(self, upload_id: str, number: int, size: int | None) -> PartTarget:
         with self.meta.snapshot() as tx:
-            if tx.get_upload(upload_id) is None:
+            up = tx.get_upload(upload_id)
+            if up is None:
                 raise no_such_upload(upload_id)
             current = tx.get_part(upload_id, number)
+        if current is not None and holder(up, current) != self.meta.node:
+            current = None  # held elsewhere: it takes no slot of this node's data file
+        if up.node != self.meta.node:  # the first part here of an upload made elsewhere
+            self._parts.create(upload_id)
         return self._parts.target(upload_id, number, size, self._state(upload_id), current,
                                   self.min_part_size)
 
@@ -232,7 +263,7 @@ class MultipartOps(ObjectOps):
         ``checksums`` is read only after the payload was verified: a door may fill in
         trailing checksums."""
         self._check_part_number(number)
-        self._held_here(self._upload(ident, upload_id))
+        self._upload(ident, upload_id)
         refuse_over_dirty_limit(self.placement)
         payload = body if isinstance(body, Payload) else Payload(body)
 
@@ -271,7 +302,8 @@ class MultipartOps(ObjectOps):
                 verify()
             # checksums are read only now: a door may fill in trailing checksums
             part = UploadPart(number, digest.hexdigest(), got, now_ns(),
-                              dict(checksums or {}), target.slot_size, target.file)
+                              dict(checksums or {}), target.slot_size, target.file,
+                              self.meta.node)
             await self._store_part(upload_id, target.state, part)
             stored = True
         finally:
@@ -284,12 +316,17 @@ class MultipartOps(ObjectOps):
         while a Complete of the upload runs: it sees the records frozen."""
         await st.may_write(upload_id)
         with self.meta.write() as tx:
-            if tx.get_upload(upload_id) is None:  # aborted while the body streamed
-                raise no_such_upload(upload_id, "was aborted or completed")
-            old = tx.get_part(upload_id, part.number)
-            tx.put_part(upload_id, part)
+            up = tx.get_upload(upload_id)
+            if up is not None:
+                old = tx.get_part(upload_id, part.number)
+                tx.put_part(upload_id, part)
+        if up is None:  # aborted or completed (maybe on another node) while it streamed
+            self._parts.forget(upload_id)
+            await self._parts.remove(upload_id)
+            raise no_such_upload(upload_id, "was aborted or completed")
         await self._sync_meta()
-        if old is not None and not old.slot_size:  # own files have unique names
+        # own files have unique names; a part on another node is its node's to reclaim
+        if old is not None and not old.slot_size and holder(up, old) == self.meta.node:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._parts.location(upload_id, old)[0])
 
@@ -301,7 +338,7 @@ class MultipartOps(ObjectOps):
         """A part copied from an existing object; ``byte_range`` is inclusive (first, last).
         ``src_ident`` reads the source (as in :meth:`copy_object`)."""
         self._check_part_number(number)
-        self._held_here(self._upload(ident, upload_id))
+        self._upload(ident, upload_id)
         refuse_over_dirty_limit(self.placement)
         src = await self._open_source(src_ident or ident, src_bucket, src_key, src_version)
         try:
@@ -402,7 +439,7 @@ class MultipartOps(ObjectOps):
         metadata given at create.  ``if_match`` / ``if_none_match`` (``"*"``) are checked
         in the commit, as for a PUT: a failed condition (reason ``PreconditionFailed``)
         leaves the old object and the upload as they were."""
-        up = self._held_here(self._upload(ident, upload_id))
+        up = self._upload(ident, upload_id)
         self._chosen(upload_id, parts)  # answer a bad list before pausing the upload
         refuse_over_dirty_limit(self.placement)  # the object's bytes become dirty
         segments, _ = split_key(up.key)
@@ -417,7 +454,8 @@ class MultipartOps(ObjectOps):
             try:
                 await st.idle()
                 chosen, every = self._chosen(upload_id, parts)  # frozen from here on
-                path, size = await self._assemble(upload_id, st, chosen, every)
+                path, size = await self._assemble(
+                    up, st, chosen, local_parts(up, every, self.meta.node))
                 digest = hashlib.md5(b"".join(bytes.fromhex(p.etag) for p in chosen))
 
                 def finish(tx: MetaTxn) -> None:  # in the transaction installing the object
@@ -436,18 +474,22 @@ class MultipartOps(ObjectOps):
         await self._parts.remove(upload_id)
         return inode
 
-    async def _assemble(self, upload_id: str, st: UploadState, chosen: list[UploadPart],
-                        every: list[UploadPart]) -> tuple[str, int]:
+    async def _assemble(self, up: MultipartUpload, st: UploadState,
+                        chosen: list[UploadPart], mine: list[UploadPart]) -> tuple[str, int]:
         """A staging file holding the object: the upload's data file itself (a hard link,
         so the upload keeps its bytes until the commit) when the parts lie in it in order,
-        else a kernel-side concatenation.  Returns (path, size)."""
+        else a concatenation -- in the kernel for this node's parts, through the peer
+        doors for other nodes' (``mine``: every part this node holds).  Returns (path,
+        size); the file is fsynced."""
+        upload_id = up.upload_id
         size = sum(p.size for p in chosen)
-        ok, copy_last = self._parts.in_place(upload_id, chosen)
+        local = all(holder(up, p) == self.meta.node for p in chosen)
+        ok, copy_last = self._parts.in_place(upload_id, chosen) if local else (False, False)
         if ok:
             data = os.path.join(self._parts.dir(upload_id), DATA)
             k = len(chosen)
             # bytes past the object may be cut only if no part is (or is being) stored there
-            may_cut = not st.writing and not any(p.slot_size and p.number > k for p in every)
+            may_cut = not st.writing and not any(p.slot_size and p.number > k for p in mine)
             last = None
             if copy_last:  # (source, offset, length, offset in data)
                 src, off = self._parts.location(upload_id, chosen[-1])
@@ -458,8 +500,9 @@ class MultipartOps(ObjectOps):
         await self.placement.room_for_write(size)
         path, fd = self.hot.new_temp()
         try:
-            await retry_full(self.placement, size, lambda: asyncio.to_thread(
-                self._concat, upload_id, chosen, fd), "an object's assembly")
+            await retry_full(self.placement, size, lambda: fill_spread(
+                self._parts, self.part_peer, self.meta.node, up, chosen, fd),
+                "an object's assembly")
             await retry_full(self.placement, size, lambda: asyncio.to_thread(
                 os.fsync, fd), "an object's assembly", again=False)
         except BaseException:
@@ -468,18 +511,6 @@ class MultipartOps(ObjectOps):
             raise
         os.close(fd)
         return path, size
-
-    def _concat(self, upload_id: str, parts: list[UploadPart], fd: int) -> int:
-        pos = 0
-        for p in parts:
-            path, offset = self._parts.location(upload_id, p)
-            src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                copy_range(src, fd, p.size, offset, pos)
-            finally:
-                os.close(src)
-            pos += p.size
-        return pos
 
 
 def _link_data(data: str, path: str, size: int, may_cut: bool,
