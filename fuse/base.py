@@ -132,6 +132,9 @@ class OpsBase(pyfuse3.Operations):
     #: (``tierd_fuse.kdev.DirToken.add``, set on the instance it serves)
     readdir_reply: Callable[[Any, bytes, pyfuse3.EntryAttributes, int], bool] = staticmethod(
         pyfuse3.readdir_reply)
+    #: listings hand the kernel each entry's attributes (readdirplus): the kernel backend
+    #: always asks for it; libfuse may answer a plain READDIR, which pyfuse3 does not tell
+    readdir_gives_attrs = False
 
     def __init__(
         self,
@@ -188,6 +191,7 @@ class OpsBase(pyfuse3.Operations):
     def entry(self, inode: Inode) -> pyfuse3.EntryAttributes:
         """Reply to a request that makes the kernel link a name: it counts one lookup."""
         self.kcache.looked_up(inode.ino)
+        self.kcache.gave_attrs(inode.ino, inode.version)
         return entry_attributes(inode, self.entry_timeout, self.attr_timeout)
 
     def init(self) -> None:

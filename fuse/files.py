@@ -6,6 +6,11 @@ is the kernel's side of caching:
 
 * ``keep_cache`` on open while the inode's content version is the one the kernel's page
   cache holds, so a file read again is served from the kernel at memory speed;
+* close-to-open across doors and nodes: an open that finds another content version than
+  the one whose attributes the kernel was last given makes the kernel drop them (an
+  attribute-only inode invalidation, sent before the OPEN reply) -- without it the kernel
+  would read the new bytes up to the old size, which it trusts for the attribute timeout
+  (another node's change reaches it only later, through the change feed);
 * after a handle that wrote commits (flush, fsync, release) the new version is recorded as
   cached -- the kernel's pages already hold those writes (the mount does not use the
   kernel's writeback cache: writes reach the daemon as they happen, see docs/fuse.md).
@@ -52,6 +57,11 @@ class FileOps(OpsBase):
             # kernel checks the same mode bits and ACL from its cache)
             await self.ns.access(ident, inode, X_OK)
         fh, attrs = await self.ns.open_file(ident, inode, flags)
+        if self.kcache.attrs_stale(inode, attrs.version) and not (
+                flags & os.O_TRUNC and _writable(flags)):
+            # the open is answered after this: the kernel's next stat or read asks for the
+            # attributes (a truncating open needs none: the kernel sets the size to 0)
+            self.invalidator.attrs_now(inode)
         return self._file_info(fh, attrs, flags, ident)
 
     @fs_errors
@@ -123,6 +133,8 @@ class FileOps(OpsBase):
         st.wrote = False
         if version is not None:
             self.kcache.cached(st.ino, version)
+            # the kernel sized the file from these writes itself
+            self.kcache.gave_attrs(st.ino, version)
 
     @fs_errors
     async def flush(self, fh: int) -> None:

@@ -6,7 +6,9 @@
   exactly that name: entries added or removed meanwhile are neither repeated nor skipped.
 * :class:`KernelCache` -- what the kernel may have cached: lookup counts (so state for an
   inode is dropped when the kernel forgets it) and, per inode, the content version its page
-  cache holds, which decides ``keep_cache`` at the next open.
+  cache holds, which decides ``keep_cache`` at the next open, and the content version of the
+  attributes (above all the size) it was last given, which decides at an open whether its
+  cached attributes must be dropped first (close-to-open across nodes, docs/fuse.md).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class KernelCache:
     def __init__(self) -> None:
         self.lookups: dict[int, int] = {}
         self.versions: dict[int, int] = {}
+        #: ino -> content version of the attributes last handed to the kernel
+        self.attrs: dict[int, int] = {}
 
     def looked_up(self, ino: int, n: int = 1) -> None:
         self.lookups[ino] = self.lookups.get(ino, 0) + n
@@ -76,7 +80,22 @@ class KernelCache:
             return False
         self.lookups.pop(ino, None)
         self.versions.pop(ino, None)
+        self.attrs.pop(ino, None)
         return True
+
+    def gave_attrs(self, ino: int, version: int) -> None:
+        """A reply handed the kernel the attributes of content ``version`` (an entry, a
+        getattr or setattr reply, a readdirplus entry), or the kernel computed them itself
+        from writes through this mount that committed ``version``."""
+        self.attrs[ino] = version
+
+    def attrs_stale(self, ino: int, version: int) -> bool:
+        """True when the kernel may hold attributes of another content version than
+        ``version`` (the one an open now sees); the version is then recorded as given, since
+        the caller makes the kernel fetch it."""
+        stale = self.attrs.get(ino) != version
+        self.attrs[ino] = version
+        return stale
 
     def keep_cache(self, ino: int, version: int) -> bool:
         """True when the kernel's pages of ``ino`` (if any) hold content ``version``; the
@@ -90,5 +109,7 @@ class KernelCache:
         self.versions[ino] = version
 
     def drop(self, ino: int) -> None:
-        """Content changed behind the kernel's back: the next open must not keep pages."""
+        """Content changed behind the kernel's back: the next open must not keep pages, nor
+        the attributes the kernel holds."""
         self.versions.pop(ino, None)
+        self.attrs.pop(ino, None)

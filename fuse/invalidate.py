@@ -81,6 +81,20 @@ class Invalidator:
                 self._on_inode(ch.ino)
             self._queue.put(_Inode(ch.ino))
 
+    def attrs_now(self, ino: int) -> None:
+        """Make the kernel drop the cached attributes (and ACLs) of ``ino`` now, on the
+        calling thread (the loop): an attribute-only invalidation takes no page lock and
+        waits for no request, unlike the page invalidations the worker sends."""
+        try:
+            if self.notifier is pyfuse3:
+                pyfuse3.invalidate_inode(ino, attr_only=True)
+            else:
+                self.notifier.invalidate_attrs(ino)
+            self.sent += 1
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTCONN, errno.EBADF):
+                log.warning("kernel attribute invalidation of inode %d failed: %s", ino, e)
+
     def _run(self) -> None:
         while True:
             job = self._queue.get()

@@ -192,6 +192,7 @@ class KernelSession:
         self._done: asyncio.Future[None] | None = None
         self._handlers: dict[int, Handler] = self._table()
         ops.readdir_reply = DirToken.add  # readdir fills this backend's tokens
+        ops.readdir_gives_attrs = True  # DO_READDIRPLUS; a plain READDIR undoes it below
 
     # -- the loop ------------------------------------------------------------------------------
     async def serve(self) -> None:
@@ -340,11 +341,17 @@ class KernelSession:
         os.writev(self.fd, [K.OUT_HEADER.pack(size, K.NOTIFY_INVAL_ENTRY, 0), body, name,
                             b"\0"])
 
-    def invalidate_inode(self, ino: int) -> None:
-        """FUSE_NOTIFY_INVAL_INODE of attributes and all cached pages."""
-        body = K.NOTIFY_INVAL_INODE_OUT.pack(ino, 0, 0)
+    def invalidate_inode(self, ino: int, off: int = 0) -> None:
+        """FUSE_NOTIFY_INVAL_INODE of attributes and all cached pages (``off`` -1: of the
+        attributes only, which never blocks: :meth:`invalidate_attrs`)."""
+        body = K.NOTIFY_INVAL_INODE_OUT.pack(ino, off, 0)
         size = K.OUT_HEADER.size + len(body)
         os.writev(self.fd, [K.OUT_HEADER.pack(size, K.NOTIFY_INVAL_INODE, 0), body])
+
+    def invalidate_attrs(self, ino: int) -> None:
+        """FUSE_NOTIFY_INVAL_INODE with offset -1: the kernel drops the inode's cached
+        attributes and ACLs, no pages (safe on the loop: no page lock is taken)."""
+        self.invalidate_inode(ino, -1)
 
     # -- INIT ------------------------------------------------------------------------------------
     def _init(self, req: Request) -> None:
@@ -621,8 +628,9 @@ class KernelSession:
         token = DirToken(size, plus)
         await self.ops.readdir(fh, off, cast(pyfuse3.ReaddirToken, token))
         if not plus:  # a plain READDIR links nothing: undo the lookups readdir counted
-            for ino in token.inos:
+            for ino in token.inos:  # (and gave no attributes)
                 self.ops.kcache.forget(ino, 1)
+                self.ops.kcache.attrs.pop(ino, None)
         return [token.buf]
 
     async def _releasedir(self, req: Request) -> Sequence[Buffer]:

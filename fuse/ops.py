@@ -57,6 +57,7 @@ class TierdOps(FileOps):
     @fs_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         attrs = await self.ns.getattr(self.ident(ctx), inode)
+        self.kcache.gave_attrs(inode, attrs.version)
         return entry_attributes(attrs, self.entry_timeout, self.attr_timeout)
 
     @fs_errors
@@ -98,6 +99,7 @@ class TierdOps(FileOps):
                 mtime_ns=None if mtime is None else UTIME_NOW, fh=fh, killpriv=killpriv)
         if size is not None and new.is_reg:
             self.kcache.cached(inode, new.version)  # the kernel truncated its pages itself
+        self.kcache.gave_attrs(inode, new.version)
         return entry_attributes(new, self.entry_timeout, self.attr_timeout)
 
     @staticmethod
@@ -191,6 +193,8 @@ class TierdOps(FileOps):
                 if not self.readdir_reply(token, name, attrs, dh.offset_after(name)):
                     return
                 self.kcache.looked_up(inode.ino)
+                if self.readdir_gives_attrs:
+                    self.kcache.gave_attrs(inode.ino, inode.version)
                 marker = name
             if len(entries) < READDIR_BATCH:
                 return

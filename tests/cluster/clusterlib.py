@@ -157,3 +157,26 @@ def poll(what: Callable[[], Any], timeout: float = 10.0, every: float = 0.02) ->
     t0 = time.monotonic()
     wait_for(lambda: bool(what()), timeout, getattr(what, "__name__", "condition"), every)
     return time.monotonic() - t0
+
+
+@contextlib.contextmanager
+def feeds_stalled(cluster: Cluster) -> Iterator[list[int]]:
+    """SIGSTOP the PostgreSQL backends of every node's change feed (the sessions that
+    ``LISTEN``, tierd.meta.pg_changes) for the block, as a stall of those connections
+    alone: no node hears another's commits, while every other query is answered.  Yields
+    the stopped backends' pids."""
+    import psycopg
+
+    with psycopg.connect(cluster.pg.admin_url(), autocommit=True) as conn:
+        pids = [int(r[0]) for r in conn.execute(  # a feed's last query is one of these two
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND (query = "
+            "'LISTEN tierd_changes' OR query LIKE 'SELECT seq, node, keys FROM kv_log%%')",
+            (cluster.db,))]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pids
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
