@@ -165,6 +165,35 @@ def test_a_dead_holder_fails_complete_clearly_and_it_completes_once_back(
     poll(lambda: _gone(cluster, up, 1, 2, 3), 15)
 
 
+def test_a_part_whose_bytes_changed_on_its_node_never_makes_an_object(
+        cluster: Cluster) -> None:
+    """The bytes a node sends for a part are checked against the part's record (MD5 and
+    size) before the object is installed: here they rotted on n1's disk."""
+    s = _clients(cluster)
+    up = s[2].create_multipart_upload(Bucket=BUCKET, Key="rot")["UploadId"]
+    data = [os.urandom(PART), os.urandom(500)]
+    listed = [_put(s[1], "rot", up, 1, data[0]), _put(s[2], "rot", up, 2, data[1])]
+    [held] = [f for f in os.listdir(_dir(cluster[1], up))]
+    with open(_dir(cluster[1], up) / held, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\0rot\0")
+    with pytest.raises(ClientError) as e:
+        s[3].complete_multipart_upload(Bucket=BUCKET, Key="rot", UploadId=up,
+                                       MultipartUpload={"Parts": listed})
+    err = e.value.response
+    assert err["ResponseMetadata"]["HTTPStatusCode"] >= 500, err
+    assert "'n1'" in err["Error"]["Message"] and "MD5" in err["Error"]["Message"], err
+    with pytest.raises(ClientError) as e:
+        s[3].head_object(Bucket=BUCKET, Key="rot")
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+    listed[0] = _put(s[3], "rot", up, 1, data[0])  # the part sent again: it completes
+    s[3].complete_multipart_upload(Bucket=BUCKET, Key="rot", UploadId=up,
+                                   MultipartUpload={"Parts": listed})
+    assert _sha(s[1].get_object(Bucket=BUCKET, Key="rot")["Body"].read()) == _sha(
+        b"".join(data))
+    poll(lambda: _gone(cluster, up, 1, 2, 3), 15)
+
+
 def test_a_node_down_during_an_abort_reclaims_its_parts_when_it_restarts(
         cluster: Cluster) -> None:
     s = _clients(cluster)

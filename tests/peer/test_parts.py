@@ -4,9 +4,11 @@ refusal maps to the error Complete acts on (tierd.namespace.mpu_remote)."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hashlib
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 from tierd.config_parsers import HostPort
 from tierd.errors import FsError, Reason
 from tierd.meta.store import MetaStore
-from tierd.peer import auth
+from tierd.peer import auth, registry
 from tierd.peer.client import NotHeld, PeerClient
 from tierd.peer.door import PeerDoor
 from tierd.peer.server import FileSlice, PartReader
@@ -63,14 +65,14 @@ async def door_with(meta: MetaStore, parts: PartReader | None) -> AsyncIterator[
 
 
 async def _stream(client: PeerClient, etag: str, size: int,
-                  number: int = 1) -> tuple[bytes, int]:
+                  number: int = 1, home: str = "n1") -> tuple[bytes, int]:
     """(the bytes, how many chunks the sink got)."""
     out: list[bytes] = []
 
     async def sink(b: bytes) -> None:
         out.append(b)
 
-    got = await client.stream_part("n1", UPLOAD, number, etag, size, sink)
+    got = await client.stream_part(home, UPLOAD, number, etag, size, sink)
     data = b"".join(out)
     assert got == len(data)
     return data, len(out)
@@ -146,5 +148,12 @@ async def test_a_node_down_or_a_part_cut_short_is_eio_naming_the_node(
             await _stream(client, etag, len(data))
         assert err.value.errno == errno.EIO and err.value.reason == Reason.SERVICE_UNAVAILABLE
         assert "'n1'" in str(err.value) and "once the node is back" in str(err.value)
+        # a node whose heartbeat is past its lease is not even asked
+        await asyncio.to_thread(registry.register, meta, "n4", "http://127.0.0.1:1",
+                                now_ns=time.time_ns() - int(60e9))
+        with pytest.raises(FsError) as err:
+            await _stream(client, etag, len(data), home="n4")
+        assert err.value.errno == errno.EIO and "'n4'" in str(err.value)
+        assert "down" in str(err.value) and "part 1 of upload" in str(err.value)
     finally:
         await client.close()

@@ -121,21 +121,23 @@ class PeerClient:
         if session is not None:
             await session.close()
 
-    async def _where(self, home: str, fresh: bool) -> NodeInfo:
-        """``home``'s registry entry, alive, or ``FsError(EIO)``."""
+    async def _where(self, home: str, fresh: bool,
+                     holds: str = "the unpersisted bytes") -> NodeInfo:
+        """``home``'s registry entry, alive, or ``FsError(EIO)`` saying it ``holds`` what
+        was asked for."""
         now = time.monotonic()
         known = self._known.get(home)
         if fresh or known is None or now - known[0] > URL_TTL_S:
             info = await asyncio.to_thread(registry.lookup, self.meta, home)
             if info is None:
-                raise _down(f"node {home!r} holds the unpersisted bytes but is "
+                raise _down(f"node {home!r} holds {holds} but is "
                             "not in the cluster's node registry")
             known = (now, info)
             self._known[home] = known
         info = known[1]
         if not registry.alive(info, lease_s=self.lease_s):
             self._known.pop(home, None)
-            raise _down(f"node {home!r} holds the unpersisted bytes but is down "
+            raise _down(f"node {home!r} holds {holds} but is down "
                         f"(last heartbeat {registry.age_s(info):.0f} s ago)")
         return info
 
@@ -195,7 +197,8 @@ class PeerClient:
         query = {"etag": etag, "size": str(size)}
         last: Exception | None = None
         for attempt in range(self.retries + 1):
-            info = await self._where(home, fresh=attempt > 0)
+            info = await self._where(home, fresh=attempt > 0,
+                                     holds=f"part {number} of upload {upload_id!r}")
             url = URL(info.url + path)
             headers = auth.sign(self._secret, self.node, "GET", url.path, query)
             got = 0
