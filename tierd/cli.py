@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -151,18 +152,48 @@ def meta() -> None:
     """Move the metadata between engines (lmdb <-> PostgreSQL) while the daemon is stopped.
 
     The engine is the one the settings name: meta_url, else lmdb in meta_dir.
+
+    \b
+    Growing a single node into a cluster (docs/cluster.md):
+      tierd meta dump ns.dump --data-dir DIR          (the single node, stopped)
+      tierd meta load ns.dump --node n1 --data-dir DIR --meta-url postgresql://...
+                      --cluster-secret ...            (into the cluster's empty database)
+    then start node n1 on DIR; its files not yet in cold stay on it, served to the other
+    nodes and persisted by it.  Back to one node: dump the cluster's database and load it
+    with --node NAME into an lmdb store (NAME's data directory).
     """
 
 
+def _transfer_config(config_file: str | None, settings: dict[str, str | None]) -> Config:
+    """The settings of a dump or load.  ``cluster_secret`` is also taken beside a single
+    node's settings (a daemon would refuse it without ``node_name``): a load re-seals the
+    S3 secrets between that node's key and the cluster's."""
+    try:
+        return load_config(cli=settings, config_file=config_file)
+    except ConfigError:
+        secret = settings.get("cluster_secret") or os.environ.get("TIERD_CLUSTER_SECRET")
+        if not secret:
+            raise
+        env = {k: v for k, v in os.environ.items() if k != "TIERD_CLUSTER_SECRET"}
+        try:
+            config = load_config(cli={**settings, "cluster_secret": None}, env=env,
+                                 config_file=config_file)
+        except ConfigError:
+            pass
+        else:
+            return dataclasses.replace(config, cluster_secret=secret)
+        raise
+
+
 def _run_transfer(config_file: str | None, settings: dict[str, str | None],
-                  action: Callable[[Any], int]) -> int:
+                  action: Callable[[Any, Config], int]) -> int:
     """Load the settings, take the data directory's lock, open the raw engine, run
     ``action`` on it; exit 2 for bad settings, 1 for anything else that fails."""
     from tierd.daemon import DataDirLock
     from tierd.meta.transfer import open_engine
 
     try:
-        config = load_config(cli=settings, config_file=config_file)
+        config = _transfer_config(config_file, settings)
     except ConfigError as e:
         click.echo(f"tierd: configuration error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
@@ -173,7 +204,7 @@ def _run_transfer(config_file: str | None, settings: dict[str, str | None],
         try:
             engine = open_engine(config.meta_url, config.meta_dir, config.meta_map_size)
             try:
-                return action(engine)
+                return action(engine, config)
             finally:
                 engine.close()
         finally:
@@ -197,24 +228,78 @@ def meta_dump(file: str, config_file: str | None, **settings: str | None) -> Non
 
     from tierd.meta.transfer import dump_file
 
-    n = _run_transfer(config_file, settings, lambda engine: dump_file(engine, Path(file)))
+    n = _run_transfer(config_file, settings,
+                      lambda engine, _config: dump_file(engine, Path(file)))
     click.echo(f"dumped {n} keys to {file}")
+
+
+def _resealer(config: Config, into_cluster: bool) -> Callable[[str, bytes], bytes]:
+    """Re-seals S3 secrets between this data directory's secrets.key (a single node) and
+    the key derived from cluster_secret (every node of a cluster): a key sealed with one
+    opens only with it.  The boxes are made at the first sealed secret."""
+    from tierd.acl.secrets import KEY_FILE, SecretBox, SecretError
+    from tierd.meta.transfer import DumpError
+
+    boxes: list[SecretBox] = []
+
+    def reseal(access_key: str, sealed: bytes) -> bytes:
+        if not boxes:
+            if not config.cluster_secret:
+                raise DumpError("the namespace holds S3 access keys whose secrets must be "
+                                "sealed again with the cluster's key: set cluster_secret "
+                                "(TIERD_CLUSTER_SECRET), the same as the nodes'")
+            key_file = config.data_dir / KEY_FILE
+            if into_cluster and not key_file.exists():
+                raise DumpError(f"{key_file} is missing: give the single node's data "
+                                "directory (--data-dir), whose key sealed its S3 secrets")
+            local = SecretBox.from_data_dir(config.data_dir)
+            shared = SecretBox.from_cluster_secret(config.cluster_secret)
+            boxes.extend([local, shared] if into_cluster else [shared, local])
+        try:
+            return boxes[1].seal(boxes[0].open(sealed, access_key), access_key)
+        except SecretError as e:
+            raise DumpError(f"access key {access_key}: {e}") from None
+
+    return reseal
 
 
 @meta.command("load")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--node", default="", metavar="NAME",
+              help="Into a cluster's database (meta_url): adopt a single node's namespace as "
+                   "node NAME, the node that will serve this data directory (its files not "
+                   "yet in cold, open or being written stay its own).  Into lmdb: make a "
+                   "cluster's namespace node NAME's alone (refused while another node holds "
+                   "bytes not yet in cold).")
 @_config_option
 @_setting_options
-def meta_load(file: str, config_file: str | None, **settings: str | None) -> None:
-    """Load FILE (from `tierd meta dump`) into the empty store, in one transaction."""
+def meta_load(file: str, node: str, config_file: str | None, **settings: str | None) -> None:
+    """Load FILE (from `tierd meta dump`) into the empty store, in one transaction.
+
+    Refused, with nothing written: a store that is not empty, a damaged or cut file, a
+    --node adoption of a dump that is a cluster's already, or the reverse of one that is
+    a single node's.
+    """
+    from tierd.config import parse_node_name
     from tierd.meta.transfer import load
 
-    def action(engine: Any) -> int:
+    try:
+        parse_node_name(node, None)  # type: ignore[arg-type]  # the context is unused
+    except ValueError as e:
+        click.echo(f"tierd: --node: {e}", err=True)
+        sys.exit(EXIT_CONFIG)
+
+    def action(engine: Any, config: Config) -> int:
+        if node and config.node_name and config.node_name != node:
+            raise ValueError(f"--node {node} but node_name is {config.node_name}: adopt the "
+                             "namespace as the node that will serve this data directory")
+        into_cluster = bool(config.meta_url)
         with open(file, "rb") as f:
-            return load(engine, f)
+            return load(engine, f, node=node, cluster=into_cluster,
+                        reseal=_resealer(config, into_cluster) if node else None)
 
     n = _run_transfer(config_file, settings, action)
-    click.echo(f"loaded {n} keys from {file}")
+    click.echo(f"loaded {n} keys from {file}" + (f" as node {node}" if node else ""))
 
 
 @cli.command()
