@@ -216,16 +216,37 @@ async def fill_spread(store: PartStore, peer: PartFetcher | None, node: str,
     return pos
 
 
+#: what to look at in one upload's directory: the files of these part numbers, or (None)
+#: every file (its upload was created or ended, or the feed had a gap)
+Scope = set[int] | None
+
+
+def _part_of(name: str) -> int | None:
+    """The part number a part file's name carries (``p<n>-<token>`` or ``<n>``)."""
+    head = name[1:].partition("-")[0] if name.startswith("p") else name
+    return int(head) if head.isdigit() else None
+
+
 class Reclaimer:
     """Reconciles this node's upload directories with the records (see the module doc):
-    :meth:`changed` hears the change feed's keys, a task sweeps the uploads named."""
+    :meth:`changed` hears the change feed's keys, a task sweeps what they name.  A part
+    record's change looks at that part's files alone (a record read each), so an upload
+    of many parts costs each node a constant per part, not a scan of every record."""
 
     def __init__(self, meta: MetaStore, store: PartStore) -> None:
         self.meta, self.store = meta, store
-        self._pending: set[str] = set()
+        self._pending: dict[str, Scope] = {}
         self._all = False
         self._task: asyncio.Task[None] | None = None
         self.removed = 0  # entries removed so far (tests, logs)
+
+    def _want(self, upload_id: str, number: int | None) -> None:
+        if number is None:
+            self._pending[upload_id] = None
+            return
+        scope = self._pending.setdefault(upload_id, set())
+        if scope is not None:  # (None: the whole directory is looked at already)
+            scope.add(number)
 
     def changed(self, keys: list[bytes] | None) -> None:
         """On the loop: another node committed ``keys`` (None: anything)."""
@@ -234,9 +255,10 @@ class Reclaimer:
         else:
             for k in keys:
                 if k[:1] == b"M":
-                    self._pending.add(k[1:].decode(errors="replace"))
-                elif k[:1] == b"P" and b"\0" in k:
-                    self._pending.add(k[1:k.index(b"\0")].decode(errors="replace"))
+                    self._want(k[1:].decode(errors="replace"), None)
+                elif k[:1] == b"P" and len(k) > 5 and k[-5:-4] == b"\0":
+                    self._want(k[1:-5].decode(errors="replace"),
+                               int.from_bytes(k[-4:], "big"))
         if (self._all or self._pending) and (self._task is None or self._task.done()):
             self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -244,25 +266,29 @@ class Reclaimer:
         while self._all or self._pending:
             if self._all:
                 self._all = False
-                self._pending.update(await asyncio.to_thread(self.store.uploads_here))
-            ids, self._pending = self._pending, set()
-            for upload_id in sorted(ids):
+                for upload_id in await asyncio.to_thread(self.store.uploads_here):
+                    self._pending[upload_id] = None
+            todo, self._pending = self._pending, {}
+            for upload_id, scope in todo.items():
                 try:
-                    self.removed += await self.sweep(upload_id)
+                    self.removed += await self.sweep(upload_id, scope)
                 except Exception:
                     log.exception("reclaiming the part files of upload %r failed",
                                   upload_id)
 
-    async def sweep(self, upload_id: str) -> int:
-        """Remove what of ``upload_id``'s directory here no record needs any more.  The
-        order matters: the files are listed first, then the ones being written are
-        taken, then the records are read; a file stored meanwhile has its record by then,
-        and one created after the listing is not touched."""
+    async def sweep(self, upload_id: str, scope: Scope = None) -> int:
+        """Remove what of ``upload_id``'s directory here (the files of the part numbers
+        in ``scope``; None: all) no record needs any more.  The order matters: the files
+        are listed first, then the ones being written are taken, then the records are
+        read; a file stored meanwhile has its record by then, and one created after the
+        listing is not touched."""
         names = await asyncio.to_thread(self.store.files, upload_id)
         if names is None:
             return 0
+        if scope is not None:
+            names = [n for n in names if _part_of(n) in scope]
         writing = self.store.in_flight(upload_id)
-        up, keep = await asyncio.to_thread(self._needed, upload_id)
+        up, keep = await asyncio.to_thread(self._needed, upload_id, scope)
         if up is None:
             self.store.forget(upload_id)  # ended elsewhere: writers here fail
             await self.store.remove(upload_id)
@@ -272,8 +298,16 @@ class Reclaimer:
         drop = [n for n in names if n not in keep and n not in writing]
         return await asyncio.to_thread(self.store.drop_files, upload_id, drop) if drop else 0
 
-    def _needed(self, upload_id: str) -> tuple[MultipartUpload | None, set[str]]:
+    def _needed(self, upload_id: str,
+                scope: Scope) -> tuple[MultipartUpload | None, set[str]]:
+        """(the upload, the names of this node's part files its records name)."""
         with self.meta.snapshot() as tx:
             up = tx.get_upload(upload_id)
-            parts = local_parts(up, tx.list_parts(upload_id), self.meta.node)
+            if up is None:
+                return None, set()
+            if scope is None:
+                got = list(tx.list_parts(upload_id))
+            else:
+                got = [p for p in (tx.get_part(upload_id, n) for n in scope) if p is not None]
+        parts = local_parts(up, got, self.meta.node)
         return up, {DATA} | {p.file or str(p.number) for p in parts if not p.slot_size}
