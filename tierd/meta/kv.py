@@ -69,6 +69,9 @@ class KVStore(ABC):
     """An engine: opens transactions, syncs to stable storage, closes."""
 
     name: str
+    #: True when begin and commit wait on the network: the engine then has ``abegin`` and
+    #: ``aend``, which MetaStore's async transactions await (embedded engines stay inline)
+    remote = False
 
     @abstractmethod
     def begin(self, write: bool = False) -> KVTxn:

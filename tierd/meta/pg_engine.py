@@ -55,8 +55,10 @@ Range scans page by key (``k >= $lo AND k < $hi ORDER BY k LIMIT n``, resuming a
 key returned), so they are lazy, see the transaction's own writes made between pages (as the
 memory engine does), and hold no server-side cursor across the caller's writes.
 
-Every call that misses the cache is a network round trip: the caller runs it in a thread, or
-measures what one costs on its event loop (bench/meta_engines.py; figures in docs/metadata.md).
+Every call that misses the cache is a network round trip.  The daemon begins and commits its
+transactions off the event loop (:meth:`PgStore.abegin`, :meth:`PgStore.aend`:
+:mod:`tierd.meta.pg_async`); a get that misses the cache inside a body still runs on the loop
+(bench/meta_engines.py and bench/loop_lag.py measure both; figures in docs/metadata.md).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, wait
 from typing import Any
 
 import psycopg
@@ -73,6 +76,7 @@ from psycopg_pool import ConnectionPool
 
 from tierd.errors import FsError
 from tierd.meta.kv import KVStore, KVTxn
+from tierd.meta.pg_async import AsyncGate, WriterLock
 from tierd.meta.pg_cache import ReadCache
 from tierd.meta.pg_changes import ChangeFeed, FeedCallback
 from tierd.meta.pg_sql import (
@@ -159,6 +163,8 @@ class PgTxn(KVTxn):
         #: every write of this transaction (None once there are too many to remember)
         self._written: dict[bytes, bytes | None] | None = {}
         self._done = False
+        #: called once when an async transaction ends (:mod:`tierd.meta.pg_async`)
+        self.on_end: Callable[[], None] | None = None
 
     def _check(self) -> None:
         if self._done:
@@ -350,6 +356,7 @@ class PgStore(KVStore):
     change log (other nodes' feeds report its commits; its own feed skips them)."""
 
     name = "pg"
+    remote = True  # begins and commits wait on the network: MetaStore runs them in threads
     space_hint = "delete something, or give the metadata database more space"
 
     def __init__(self, url: str, *, node: str = "", pool_size: int = 16,
@@ -363,7 +370,8 @@ class PgStore(KVStore):
         self.log_keep = max(1, log_keep)
         #: a writer trims the log when its seq is a multiple of this (about 1 in 1000)
         self.trim_every = max(1, min(1000, self.log_keep // 10))
-        self._writer = threading.Lock()  # this process's writers queue here, not in a socket
+        # this process's writers queue here, not in a socket
+        self._writers: WriterLock[PgTxn] = WriterLock()
         self._feeds: list[ChangeFeed] = []
         # connections whose read transaction ended without its COMMIT (see _park)
         self._parked: list[tuple[psycopg.Connection[Any], float]] = []
@@ -382,16 +390,56 @@ class PgStore(KVStore):
         with psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(timeout))) as c:
             migrate(c)
         self._pool.open(wait=True, timeout=timeout)
+        self._async = AsyncGate(self, pool_size)
+        #: the async write commit in flight, if any (:mod:`tierd.meta.pg_async`)
+        self.committing: Future[None] | None = None
 
     def begin(self, write: bool = False) -> KVTxn:
-        if write:
-            self._writer.acquire()
+        """A transaction begun here, in the caller's thread.  A writer takes over a write
+        transaction begun for a coroutine that has not resumed yet (:meth:`begin_offered`):
+        on the loop thread it could not wait for it."""
+        committing = self.committing
+        if not write and committing is not None:
+            wait([committing])  # (see pg_async: a read sees the writes begun before it)
+        if write and (offered := self._writers.acquire(steal=True)) is not None:
+            return offered
         try:
             return self._begin(write)
         except BaseException:
             if write:
-                self._writer.release()
+                self._writers.release()
             raise
+
+    def begin_read(self) -> PgTxn:
+        """A read transaction (run in a thread of :mod:`tierd.meta.pg_async`)."""
+        return self._begin(False)
+
+    def begin_offered(self) -> PgTxn:
+        """A write transaction for a coroutine (in a thread of :mod:`tierd.meta.pg_async`):
+        it waits for this process's writers without taking over theirs, and is offered to
+        a synchronous :meth:`begin` until the coroutine :meth:`claim` s it."""
+        self._writers.acquire(steal=False)
+        try:
+            txn = self._begin(True)
+        except BaseException:
+            self._writers.release()
+            raise
+        self._writers.offer(txn)
+        return txn
+
+    def claim(self, txn: PgTxn) -> bool:
+        """Take ``txn`` (from :meth:`begin_offered`) for its coroutine; False when a
+        synchronous writer took it over (the coroutine begins again)."""
+        return self._writers.claim(txn)
+
+    async def abegin(self, write: bool = False) -> PgTxn:
+        """:meth:`begin` off the event loop (:mod:`tierd.meta.pg_async`)."""
+        return await self._async.begin(write)
+
+    async def aend(self, txn: KVTxn, commit: bool) -> None:
+        """End a transaction of :meth:`abegin`: commit it, or abort it."""
+        assert isinstance(txn, PgTxn)
+        await self._async.end(txn, commit)
 
     def _begin(self, write: bool) -> PgTxn:
         # after a database restart every pooled connection is broken: try them all
@@ -444,7 +492,7 @@ class PgStore(KVStore):
             conn.close()
         self._pool.putconn(conn)  # the pool replaces a closed connection
         if txn.write:
-            self._writer.release()
+            self._writers.release()
 
     def _park(self, conn: psycopg.Connection[Any]) -> None:
         """A read transaction ended: keep its connection, with the transaction still open on
@@ -508,6 +556,10 @@ class PgStore(KVStore):
     def sync(self) -> None:
         return None  # every commit is durable when it returns
 
+    async def sync_async(self, upto: int | None = None, *, urgent: bool = True) -> None:
+        """:meth:`sync` for MetaStore.flush: nothing to wait for, no thread to start."""
+        return None
+
     def close(self) -> None:
         for feed in list(self._feeds):
             feed.close()
@@ -520,6 +572,7 @@ class PgStore(KVStore):
             self._end_parked(conn)
         if sweeper is not None:
             sweeper.join(5)
+        self._async.close()
         self._pool.close()
 
     def stat(self) -> dict[str, int]:

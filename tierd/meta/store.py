@@ -53,6 +53,7 @@ from types import TracebackType
 import msgpack
 
 from tierd.meta import nodes
+from tierd.meta.atxn import AsyncTxn
 from tierd.meta.kv import KVStore, KVTxn, prefix_end
 from tierd.meta.records import (
     AccessKey,
@@ -574,6 +575,15 @@ class MetaStore:
             yield tx
         finally:
             tx.abort()
+
+    def awrite(self) -> AsyncTxn:
+        """``async with meta.awrite() as tx``: :meth:`write` whose begin and commit never
+        block the event loop (:mod:`tierd.meta.atxn`); what coroutines use."""
+        return AsyncTxn(self, True)
+
+    def asnapshot(self) -> AsyncTxn:
+        """``async with meta.asnapshot() as tx``: :meth:`snapshot` for coroutines."""
+        return AsyncTxn(self, False, snapshot=True)
 
     def sync(self) -> None:
         """Make every committed transaction survive a machine crash (blocking)."""

@@ -1,0 +1,65 @@
+"""Metadata transactions for coroutines: ``async with meta.awrite() as tx`` (and
+``meta.asnapshot()``), whose begin and commit never block the event loop.
+
+The body between them is the same synchronous code as in ``with meta.write() as tx``, run
+on the loop.  Over an engine that waits on the network (``KVStore.remote``: PostgreSQL) the
+begin -- for a writer, the wait for the cluster's writer lock -- and the writing commit run in
+threads (:mod:`tierd.meta.pg_async`), and other coroutines run meanwhile.  Over the embedded
+engines (lmdb behind group commit, memory) both run inline and nothing yields: such a
+transaction is exactly as fast, and as atomic towards other coroutines, as the synchronous
+one.
+
+What the caller must keep in mind over PostgreSQL: other coroutines may run while the commit
+is in flight (the ``await`` in ``__aexit__``), so in-memory state that must agree with the
+committed metadata changes *after* the ``async with`` block, as it already had to for a
+commit that fails.  A commit, once sent, completes even if the task is cancelled (the
+cancellation reaches the task at its next await).
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tierd.meta.store import MetaStore, MetaTxn
+
+
+class AsyncTxn:
+    """One transaction of ``store``: ``write``, or a read that ``snapshot`` always aborts."""
+
+    __slots__ = ("_snapshot", "_store", "_tx", "_write")
+
+    def __init__(self, store: MetaStore, write: bool, snapshot: bool = False) -> None:
+        self._store = store
+        self._write = write
+        self._snapshot = snapshot
+        self._tx: MetaTxn | None = None
+
+    async def __aenter__(self) -> MetaTxn:
+        from tierd.meta.store import MetaTxn
+
+        engine: Any = self._store.engine
+        if engine.remote:
+            kv = await engine.abegin(self._write)
+        else:
+            kv = engine.begin(write=self._write)
+        self._tx = MetaTxn(kv, self._store.node)
+        return self._tx
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        tx, self._tx = self._tx, None
+        assert tx is not None, "transaction not begun"
+        commit = exc_type is None and not self._snapshot
+        engine: Any = self._store.engine
+        if engine.remote:
+            await engine.aend(tx.kv, commit)
+        elif commit:
+            tx.kv.commit()
+        else:
+            tx.kv.abort()

@@ -1,0 +1,230 @@
+"""Begin and commit of PostgreSQL transactions off the event loop.
+
+Over PostgreSQL a transaction's begin is a round trip, and a writer's begin also waits for
+the ``meta_schema`` row lock, that is for the whole of any other node's write transaction; a
+writing commit is another round trip (:mod:`tierd.meta.pg_engine`).  Run on the event loop,
+each would stall every request of the node for that long.  :class:`AsyncGate` runs them in
+threads of its own, for :meth:`tierd.meta.store.MetaStore.awrite` and
+:meth:`~tierd.meta.store.MetaStore.asnapshot`; the body between them stays on the loop,
+synchronous, as with the embedded engines (which never come here: no thread hop for them).
+
+Sizes (the engine's pool holds ``pool_size`` connections, 16 by default):
+
+* at most ``pool_size - RESERVE`` async read transactions are open at once (an asyncio
+  semaphore; begun, their bodies wait for the loop while they hold a connection), and one
+  async writer.  The rest of the pool is for the transactions still begun synchronously: on
+  the loop they must always find a connection that frees itself without the loop (a worker
+  thread's transaction, a committing writer), or the loop would wait for readers that only
+  the loop can finish.
+* begins run in ``pool_size - RESERVE + 1`` threads (every admitted transaction a thread,
+  so none waits behind another's round trip); write commits and rollbacks run in a thread
+  of their own (one writer at a time holds the lock, and a commit must never queue behind
+  begins that wait for that very lock).
+
+A read transaction begun while a write commit is in flight waits for it (a synchronous one
+too, in ``PgStore.begin``): a coroutine that
+saw the in-memory effects of a writer's body (a handle, a size) must not then read the
+metadata from before it.  A read waits for a commit, never for the lock.
+
+Async writers of one loop take turns on an asyncio lock, from before their begin until their
+commit is sent (the next writer's begin then waits for the lock in its thread while the
+commit runs: the two round trips overlap).  A writer begun in a thread may be taken over by
+a synchronous writer before its coroutine resumes (``PgStore.begin`` steals it): a
+synchronous writer on the loop thread would otherwise wait for a lock that only the loop can
+release.  The coroutine then begins again.
+
+A commit, once sent, is waited for even when the task is cancelled (the cancellation is
+delivered at the caller's next await): the caller's code after the commit -- its in-memory
+state, notifications -- must see the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from tierd.meta.pg_engine import PgStore, PgTxn
+
+T = TypeVar("T")
+Txn = TypeVar("Txn")
+
+#: connections of the pool kept for the transactions begun synchronously (on the loop or in
+#: worker threads), out of reach of the async readers
+RESERVE = 4
+
+
+class WriterLock(Generic[Txn]):
+    """The process's write lock of a PgStore, and the write transaction begun for a
+    coroutine that has not taken it yet (:meth:`offer`, :meth:`claim`), which a synchronous
+    writer takes over instead of waiting (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._busy = False
+        self.ready: Txn | None = None
+
+    def acquire(self, steal: bool) -> Txn | None:
+        """Wait for the lock; with ``steal``, return an offered transaction instead (its
+        lock passes to the caller) when there is one."""
+        with self._cond:
+            while self._busy:
+                if steal and self.ready is not None:
+                    txn, self.ready = self.ready, None
+                    return txn
+                self._cond.wait()
+            self._busy = True
+            return None
+
+    def offer(self, txn: Txn) -> None:
+        with self._cond:
+            self.ready = txn
+            self._cond.notify_all()
+
+    def claim(self, txn: Txn) -> bool:
+        with self._cond:
+            if self.ready is txn:
+                self.ready = None
+                return True
+            return False
+
+    def release(self) -> None:
+        with self._cond:
+            self._busy = False
+            self._cond.notify_all()
+
+
+class _LoopGate:
+    """The async primitives of one event loop (asyncio's are bound to the loop they are
+    first used on)."""
+
+    def __init__(self, readers: int) -> None:
+        self.writer = asyncio.Lock()
+        self.readers = asyncio.Semaphore(readers)
+        #: the write commit in flight (one at a time: the writers' lock)
+        self.commit: asyncio.Future[None] | None = None
+
+
+async def wait_out(fut: asyncio.Future[T]) -> T:
+    """The result of ``fut``, waited for even if the task is cancelled meanwhile; the
+    cancellation is then delivered at the task's next await."""
+    cancelled = False
+    task = asyncio.current_task()
+    while not fut.done():
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if fut.done():
+                break
+            cancelled = True
+            if task is not None:
+                task.uncancel()
+        except BaseException:  # fut's own error: result() raises it
+            break
+    if cancelled and task is not None:
+        task.cancel()
+    return fut.result()
+
+
+class AsyncGate:
+    """Begin, commit and abort of ``store``'s transactions in threads (see the module doc)."""
+
+    def __init__(self, store: PgStore, pool_size: int) -> None:
+        self.store = store
+        #: async read transactions open at once (the rest of the pool: RESERVE, a writer)
+        self.readers = max(1, pool_size - RESERVE)
+        self.threads = self.readers + 1
+        self._begins = ThreadPoolExecutor(self.threads, thread_name_prefix="tierd-pg-begin")
+        self._commits = ThreadPoolExecutor(1, thread_name_prefix="tierd-pg-commit")
+        self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopGate] = (
+            weakref.WeakKeyDictionary())
+
+    def _gate(self, loop: asyncio.AbstractEventLoop) -> _LoopGate:
+        gate = self._gates.get(loop)
+        if gate is None:
+            gate = self._gates[loop] = _LoopGate(self.readers)
+        return gate
+
+    async def _begun(self, loop: asyncio.AbstractEventLoop, write: bool) -> PgTxn:
+        """One begin in a thread; a task cancelled meanwhile leaves the transaction to a
+        callback that ends it once begun."""
+        fut = loop.run_in_executor(self._begins, self.store.begin_offered if write
+                                   else self.store.begin_read)
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(self._drop_begun)
+            raise
+
+    def _drop_begun(self, fut: asyncio.Future[PgTxn]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        txn = fut.result()
+        if not txn.write:
+            txn.abort()  # ends without a round trip (parks its connection)
+        elif self.store.claim(txn):  # (else a synchronous writer took it over)
+            self._commits.submit(txn.abort)
+
+    async def begin(self, write: bool) -> PgTxn:
+        loop = asyncio.get_running_loop()
+        gate = self._gate(loop)
+        if not write:
+            commit = gate.commit
+            if commit is not None and not commit.done():
+                # a read begun after a writer's body sees its commit, as when the commit
+                # returned before anything else ran: the caller may have seen in-memory
+                # state that body changed (an open file, a handle's size)
+                await asyncio.wait([commit])
+            await gate.readers.acquire()
+            try:
+                txn = await self._begun(loop, False)
+            except BaseException:
+                gate.readers.release()
+                raise
+            txn.on_end = gate.readers.release
+            return txn
+        await gate.writer.acquire()
+        try:
+            while True:
+                txn = await self._begun(loop, True)
+                if self.store.claim(txn):
+                    break  # (else a synchronous writer took it over: begin again)
+        except BaseException:
+            gate.writer.release()
+            raise
+        txn.on_end = gate.writer.release
+        return txn
+
+    async def end(self, txn: PgTxn, commit: bool) -> None:
+        """Commit (or abort) ``txn``: a reader's end sends nothing and stays on the loop; a
+        writer's runs in the commit thread and is waited for (see the module doc)."""
+        release: Callable[[], None] | None = txn.on_end
+        txn.on_end = None
+        if not txn.write:
+            try:
+                txn.commit() if commit else txn.abort()
+            finally:
+                if release is not None:
+                    release()
+            return
+        if release is not None:
+            release()  # the next writer's begin may wait for the lock meanwhile
+        loop = asyncio.get_running_loop()
+        cf = self._commits.submit(txn.commit if commit else txn.abort)
+        self.store.committing = cf  # what a synchronous reader waits for (PgStore.begin)
+        fut = asyncio.wrap_future(cf, loop=loop)
+        gate = self._gate(loop)
+        gate.commit = fut
+        try:
+            await wait_out(fut)
+        finally:
+            if gate.commit is fut:
+                gate.commit = None
+
+    def close(self) -> None:
+        self._begins.shutdown(wait=True)
+        self._commits.shutdown(wait=True)
