@@ -7,8 +7,10 @@ with a 5xx naming it, and the upload completes once it is back."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +164,26 @@ def test_a_dead_holder_fails_complete_clearly_and_it_completes_once_back(
     for i in (1, 2, 3):
         assert _sha(s[i].get_object(Bucket=BUCKET, Key="held")["Body"].read()) == want
     poll(lambda: _gone(cluster, up, 1, 2, 3), 15)
+
+
+def test_two_completes_at_once_on_two_nodes_both_answer_the_object(
+        cluster: Cluster) -> None:
+    """A client's retry through another node while the first Complete still fetches
+    parts (a load balancer's timeout): the one that loses answers like the winner."""
+    s = _clients(cluster)
+    for rnd in range(2):
+        key = f"twice{rnd}"
+        up = s[1].create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
+        data = [os.urandom(3 * PART) for _ in range(3)]
+        listed = [_put(s[i], key, up, i, d) for i, d in zip((1, 2, 3), data, strict=True)]
+        with ThreadPoolExecutor(2) as ex:
+            answers = [f.result() for f in [
+                ex.submit(s[i].complete_multipart_upload, Bucket=BUCKET, Key=key,
+                          UploadId=up, MultipartUpload={"Parts": listed}) for i in (2, 3)]]
+        assert [a["ETag"] for a in answers] == [_mpu_etag(data)] * 2
+        assert _sha(s[1].get_object(Bucket=BUCKET, Key=key)["Body"].read()) == _sha(
+            b"".join(data))
+        poll(functools.partial(_gone, cluster, up, 1, 2, 3), 15)
 
 
 def test_a_part_whose_bytes_changed_on_its_node_never_makes_an_object(

@@ -460,7 +460,7 @@ class MultipartOps(ObjectOps):
 
                 def finish(tx: MetaTxn) -> None:  # in the transaction installing the object
                     if tx.get_upload(upload_id) is None:
-                        raise no_such_upload(upload_id, "was aborted")
+                        raise no_such_upload(upload_id, "was completed or aborted meanwhile")
                     tx.delete_upload(upload_id)
                     tx.delete_parts(upload_id)
 

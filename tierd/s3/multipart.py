@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from tierd.errors import FsError
+from tierd.errors import FsError, Reason
 from tierd.namespace.api import Inode, MultipartUpload, UploadPart
 from tierd.s3 import checksums, xmlio
 from tierd.s3.body import Body
@@ -365,7 +365,12 @@ async def complete(ctx: Ctx) -> web.Response:
                                                 [(n, e) for n, e, _ in listed], objmeta=extra,
                                                 if_match=if_match, if_none_match=if_none)
     except FsError as e:
-        raise await put_error(ctx, e) from None
+        # another Complete of it won meanwhile (a client's retry, maybe through another
+        # node behind a load balancer): the same answer as that one got
+        done = await _completed_before(ctx) if e.reason is Reason.NO_SUCH_UPLOAD else None
+        if done is None:
+            raise await put_error(ctx, e) from None
+        inode = done
     set_version_header(ctx, inode)
     return _complete_answer(ctx, inode)
 
