@@ -11,7 +11,11 @@ ratios (mount / raw):
   mount is served from the kernel's page cache it kept (``keep_cache``);
 * ``rand_read_4k``: fio 4 KiB random reads for ``--rand-seconds`` on the cached file;
 * ``meta``: a Python script creating (open O_CREAT + close), stating and unlinking
-  ``--files`` files, in its own process, reported per phase as operations per second.
+  ``--files`` files, in its own process, reported per phase as operations per second; for
+  a tierd mount also the FUSE requests the daemon answered meanwhile, per operation: how
+  many per file and their mean handler time (``requests`` in the JSON, from the daemon's
+  ``tierd_request_duration_seconds``), which splits a create's or unlink's time between
+  the daemon's handlers and the kernel round trips around them.
 
 Before every measured run the daemon's background persistence (write-back to the cold tier,
 on the same disk here) is waited for through the admin API and the disk synced, so no run
@@ -199,12 +203,37 @@ class Runner:
             out["cpu_s_per_gib"] = round((fio_cpu + daemon_cpu) / gib, 3)
         return out
 
-    def meta(self, target: Path, n: int) -> dict[str, float]:
+    def meta(self, target: Path, n: int, admin: str | None = None) -> dict[str, Any]:
         self.settle()
+        before = fuse_requests(admin) if admin else {}
         r = subprocess.run([sys.executable, "-c", META_SCRIPT, str(target / "meta"), str(n)],
                            capture_output=True, text=True, timeout=TIMEOUT, check=True)
-        res: dict[str, float] = json.loads(r.stdout)
+        res: dict[str, Any] = json.loads(r.stdout)
+        if admin:
+            after = fuse_requests(admin)
+            res["requests"] = {
+                op: {"per_file": round((c - before.get(op, (0, 0))[0]) / n, 2),
+                     "mean_us": round((s - before.get(op, (0, 0))[1])
+                                      / (c - before.get(op, (0, 0))[0]) * 1e6, 1)}
+                for op, (c, s) in sorted(after.items()) if c > before.get(op, (0, 0))[0]}
         return res
+
+
+def fuse_requests(admin: str) -> dict[str, tuple[float, float]]:
+    """operation -> (requests, handler seconds) the daemon's FUSE door answered so far."""
+    text = admin_call(admin, DATA_DIR[admin], "GET", "/metrics")
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    out: dict[str, tuple[float, float]] = {}
+    for line in text.splitlines():
+        kind = line.split("{", 1)[0]
+        if 'door="fuse"' not in line or kind not in (
+                "tierd_request_duration_seconds_count", "tierd_request_duration_seconds_sum"):
+            continue
+        op = line.split('operation="', 1)[1].split('"', 1)[0]
+        count, secs = out.get(op, (0.0, 0.0))
+        value = float(line.rsplit(" ", 1)[1])
+        out[op] = (count + value, secs) if kind.endswith("count") else (count, secs + value)
+    return out
 
 
 def summarize(pairs: list[tuple[dict[str, Any], dict[str, Any]]], key: str) -> dict[str, Any]:
@@ -376,7 +405,7 @@ def main() -> None:
                 if exp == "meta":
                     raw = runner.meta(raw_dir, args.files)
                     for b, d in mnt_dirs.items():
-                        mounts[b] = runner.meta(d, args.files)
+                        mounts[b] = runner.meta(d, args.files, daemons[b][3])
                 else:
                     if exp != "seq_write" and not (raw_dir / "fio.bin").exists():
                         runner.run("seq_write", raw_dir)
@@ -429,7 +458,10 @@ def med(pairs: list[tuple[dict[str, Any], dict[str, Any]]], side: int, key: str)
 def short(r: dict[str, Any]) -> str:
     if "MBps" in r:
         return f"{r['MBps']:.0f} MB/s {r['iops']:.0f} IOPS"
-    return " ".join(f"{k} {v:.0f}/s" for k, v in r.items())
+    line = " ".join(f"{k} {v:.0f}/s" for k, v in r.items() if isinstance(v, float))
+    reqs = r.get("requests", {})
+    return line + "".join(f" [{op} x{q['per_file']} {q['mean_us']:.0f}us]"
+                          for op, q in reqs.items())
 
 
 def versions() -> dict[str, str]:
