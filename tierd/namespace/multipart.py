@@ -161,12 +161,12 @@ class MultipartOps(ObjectOps):
         return await asyncio.to_thread(part_slice, self.meta, self._parts, upload_id,
                                        number, etag, size)
 
-    def _upload(self, ident: Identity, upload_id: str, *,
-                bucket_owner: bool = False) -> MultipartUpload:
+    async def _upload(self, ident: Identity, upload_id: str, *,
+                      bucket_owner: bool = False) -> MultipartUpload:
         """The upload, for its creator or root (EACCES else); with ``bucket_owner`` also
         for the owner of its bucket (listing its parts, aborting it: S3's rights of a
         bucket owner over uploads into its bucket)."""
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             up = tx.get_upload(upload_id)
             b = tx.get_bucket(up.bucket) if up is not None and bucket_owner else None
         if up is None:
@@ -218,7 +218,7 @@ class MultipartOps(ObjectOps):
             node=self.meta.node,  # (its parts may go to any node: UploadPart.node)
         )
         self._parts.create(up.upload_id)
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             tx.put_upload(up)
         await self._sync_meta()
         return up
@@ -242,6 +242,10 @@ class MultipartOps(ObjectOps):
         return self._parts.state(upload_id, lambda: self._local_parts(upload_id))
 
     def _target(self, upload_id: str, number: int, size: int | None) -> PartTarget:
+        """Where part ``number`` goes.  Synchronous on purpose (as :meth:`_store_part`'s
+        commit): the part's record is read and its slot claimed (``UploadState.writing``)
+        with no yield between, or another upload of that number could store a record in
+        the slot and leave it meanwhile, and this one would overwrite acknowledged bytes."""
         with self.meta.snapshot() as tx:
             up = tx.get_upload(upload_id)
             if up is None:
@@ -263,7 +267,7 @@ class MultipartOps(ObjectOps):
         ``checksums`` is read only after the payload was verified: a door may fill in
         trailing checksums."""
         self._check_part_number(number)
-        self._upload(ident, upload_id)
+        await self._upload(ident, upload_id)
         refuse_over_dirty_limit(self.placement)
         payload = body if isinstance(body, Payload) else Payload(body)
 
@@ -313,7 +317,8 @@ class MultipartOps(ObjectOps):
     async def _store_part(self, upload_id: str, st: UploadState, part: UploadPart) -> None:
         """Record an fdatasynced part, durably, replacing an earlier upload of its number
         (whose own file, if it had one, is removed after the commit).  No part is stored
-        while a Complete of the upload runs: it sees the records frozen."""
+        while a Complete of the upload runs: it sees the records frozen (which is why the
+        commit is a synchronous transaction: no yield between the check and the commit)."""
         await st.may_write(upload_id)
         with self.meta.write() as tx:
             up = tx.get_upload(upload_id)
@@ -338,7 +343,7 @@ class MultipartOps(ObjectOps):
         """A part copied from an existing object; ``byte_range`` is inclusive (first, last).
         ``src_ident`` reads the source (as in :meth:`copy_object`)."""
         self._check_part_number(number)
-        self._upload(ident, upload_id)
+        await self._upload(ident, upload_id)
         refuse_over_dirty_limit(self.placement)
         src = await self._open_source(src_ident or ident, src_bucket, src_key, src_version)
         try:
@@ -358,8 +363,8 @@ class MultipartOps(ObjectOps):
     async def list_parts(
         self, ident: Identity, upload_id: str, after: int = 0, limit: int = 1000
     ) -> tuple[MultipartUpload, list[UploadPart], bool]:
-        up = self._upload(ident, upload_id, bucket_owner=True)
-        with self.meta.snapshot() as tx:
+        up = await self._upload(ident, upload_id, bucket_owner=True)
+        async with self.meta.asnapshot() as tx:
             parts: list[UploadPart] = []
             for p in tx.list_parts(upload_id, after):
                 if len(parts) == limit:
@@ -374,7 +379,7 @@ class MultipartOps(ObjectOps):
         """Uploads of a bucket in (key, initiation) order after the markers.  In-flight
         uploads are few, so they are read whole and sorted."""
         await self.get_bucket(bucket)
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             ups = [u for u in tx.list_uploads() if u.bucket == bucket
                    and u.key.startswith(prefix)]
         ups.sort(key=lambda u: (u.key, u.initiated_ns, u.upload_id))
@@ -390,8 +395,8 @@ class MultipartOps(ObjectOps):
         return ups[:limit], len(ups) > limit
 
     async def abort_multipart(self, ident: Identity, upload_id: str) -> None:
-        self._upload(ident, upload_id, bucket_owner=True)
-        with self.meta.write() as tx:
+        await self._upload(ident, upload_id, bucket_owner=True)
+        async with self.meta.awrite() as tx:
             tx.delete_upload(upload_id)
             tx.delete_parts(upload_id)
         await self._sync_meta()
@@ -402,7 +407,7 @@ class MultipartOps(ObjectOps):
                          bucket_owner: bool = False) -> MultipartUpload:
         """The upload (NoSuchUpload if unknown; EACCES if another user's, unless
         ``bucket_owner`` and ``ident`` owns its bucket)."""
-        return self._upload(ident, upload_id, bucket_owner=bucket_owner)
+        return await self._upload(ident, upload_id, bucket_owner=bucket_owner)
 
     def _chosen(self, upload_id: str, parts: list[tuple[int, str]]
                 ) -> tuple[list[UploadPart], list[UploadPart]]:
@@ -439,7 +444,7 @@ class MultipartOps(ObjectOps):
         metadata given at create.  ``if_match`` / ``if_none_match`` (``"*"``) are checked
         in the commit, as for a PUT: a failed condition (reason ``PreconditionFailed``)
         leaves the old object and the upload as they were."""
-        up = self._upload(ident, upload_id)
+        up = await self._upload(ident, upload_id)
         self._chosen(upload_id, parts)  # answer a bad list before pausing the upload
         refuse_over_dirty_limit(self.placement)  # the object's bytes become dirty
         segments, _ = split_key(up.key)
