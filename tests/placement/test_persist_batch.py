@@ -1,6 +1,8 @@
 """The persister's metadata transactions are batched (tierd/placement/upload.py,
 ``TxnBatch``): persisting a burst of new files paid two write transactions per file (the
-put-intention, then the record); the reconciles running at once now share them.  Merging
+put-intention, then the record), and a pass over every pending cold delete after each
+one; the reconciles running at once now share their transactions, and a record that
+leaves no delete behind kicks no pass.  Merging
 changes no outcome: every file is persisted and recorded CLEAN, a body that refuses
 (``Superseded``) or fails leaves the others' writes, and its own, as if it had run alone.
 """
@@ -15,6 +17,7 @@ import pytest
 
 from tierd.acl import Identity
 from tierd.meta import STATE_CLEAN, MetaStore, MetaTxn
+from tierd.placement import intents
 from tierd.placement.upload import Superseded, TxnBatch
 
 from .conftest import Env, write_file
@@ -40,6 +43,14 @@ async def test_a_burst_of_new_files_is_persisted_in_shared_transactions(
     env: Env, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     writes = count_writes(monkeypatch)
+    scans = [0]
+    real_scan = intents.scan
+
+    def counted_scan(*args: Any) -> Any:
+        scans[0] += 1
+        return real_scan(*args)
+
+    monkeypatch.setattr(intents, "scan", counted_scan)
     ns, p = await env.open(persist_delay=3600)
     try:
         b = await ns.create_bucket(ROOT, "bat")
@@ -50,7 +61,7 @@ async def test_a_burst_of_new_files_is_persisted_in_shared_transactions(
             inos.append(inode.ino)
         for i in range(20):
             inos.append(await write_file(ns, b.ino, b"d%02d" % i, b"data %d" % i))
-        writes[0] = 0
+        writes[0] = scans[0] = 0
         assert await p.drain(timeout=120)
         per_file = writes[0] / len(inos)
         print(f"{writes[0]} write transactions for {len(inos)} files: {per_file:.2f} per "
@@ -59,6 +70,9 @@ async def test_a_burst_of_new_files_is_persisted_in_shared_transactions(
         # pace: records come one by one as uploads finish (0.5 measured, 1.7 at worst)
         limit = 0.5 if env.kind == "file" else 1.8
         assert per_file < limit, f"{writes[0]} write transactions persisted {len(inos)} files"
+        # new files leave no cold delete behind: no pass over the pending deletes per
+        # persisted file (only the persister's full scans, every few seconds, kick one)
+        assert scans[0] <= 5, f"{scans[0]} passes over the pending deletes"
         with ns.meta.snapshot() as tx:
             for ino in inos:
                 cur = tx.get_inode(ino)

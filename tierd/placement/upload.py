@@ -238,7 +238,6 @@ class Uploading(Deleting):
                     complete = await self.txns.run(
                         lambda tx: self._finish(tx, r, old, version, size, token, done),
                         after=lambda: self._unguard(r), must=True)
-                    self.deletes_hint = True
         if not complete:
             return False
         self._set_dirty(ino, 0)
@@ -292,6 +291,12 @@ class Uploading(Deleting):
             tx.put_cold(r.ino, ColdRecord(version, size, kept, time.time_ns()))
         else:
             tx.delete_cold(r.ino)
+        if any(intents.pending(tx, k) for k in (*r.tokens, *old)):
+            # a delete to carry out once the keys' guard drops after this commit: an old
+            # key, a put that was not kept, one the namespace intended while it was in
+            # flight (a new file's record leaves none: no pass over every pending delete
+            # per persisted file, 0.27 ms a file in a create burst)
+            self.deletes_hint = True
 
     def _learn_etag(self, tx: MetaTxn, r: Round) -> None:
         """:meth:`_learned` in a transaction of its own."""
