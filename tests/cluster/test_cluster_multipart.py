@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -231,3 +232,43 @@ def test_a_node_down_during_an_abort_reclaims_its_parts_when_it_restarts(
     finally:
         n1.start(60)
     assert _gone(cluster, up, 1)  # reconciled with the records at start
+
+
+def test_a_kill_9_of_the_completing_node_leaves_the_upload_completable(
+        cluster: Cluster) -> None:
+    """n2 dies while it completes (fetching parts from n1 and n3, or just after): once
+    back, Complete through n3 answers the object -- made then or now, never half --, and no
+    staging file or part file stays anywhere."""
+    s = _clients(cluster)
+    up = s[2].create_multipart_upload(Bucket=BUCKET, Key="dies")["UploadId"]
+    data = [os.urandom(4 * PART) for _ in range(4)]
+    listed = [_put(s[i], "dies", up, n, d)
+              for n, (i, d) in enumerate(zip((1, 3, 1, 3), data, strict=True), 1)]
+    n2 = cluster[2]
+    staging = n2.data_dir / "hot" / "tmp"
+    c2 = n2.s3(read_timeout=30)
+    outcome: list[object] = []
+
+    def complete() -> None:
+        try:
+            outcome.append(c2.complete_multipart_upload(
+                Bucket=BUCKET, Key="dies", UploadId=up, MultipartUpload={"Parts": listed}))
+        except Exception as e:  # the connection dies with the node
+            outcome.append(e)
+
+    t = threading.Thread(target=complete)
+    t.start()
+    poll(lambda: any(staging.iterdir()) or outcome, 30, every=0.005)  # assembling ...
+    n2.kill9()  # ... and killed
+    t.join(60)
+    n2.start(60)
+    print("n2's own Complete:", type(outcome[0]).__name__ if outcome else "no answer")
+    assert not os.listdir(staging), "a staging file outlived the crash"
+    done = s[3].complete_multipart_upload(Bucket=BUCKET, Key="dies", UploadId=up,
+                                          MultipartUpload={"Parts": listed})
+    assert done["ETag"] == _mpu_etag(data), outcome
+    want = _sha(b"".join(data))
+    for i in (1, 2, 3):
+        assert _sha(cluster[i].s3().get_object(Bucket=BUCKET, Key="dies")["Body"].read()) \
+            == want
+    poll(functools.partial(_gone, cluster, up, 1, 2, 3), 15)
