@@ -37,7 +37,7 @@ from tierd.acl.identity import Grant, Identity
 from tierd.acl.modes import R_OK, W_OK, X_OK, AccessDenied
 from tierd.acl.policy import Decision, MalformedPolicy, Policy, Request, Requester, parse_policy
 from tierd.errors import FsError
-from tierd.meta import MetaStore
+from tierd.meta import Bucket, MetaStore
 
 #: what an Allow grants: every permission the request's namespace operation checks (the
 #: operation is the action's own, so this is exactly what the action needs)
@@ -141,6 +141,17 @@ class PolicyStore:
         for a bucket without a policy), so every decision made with it obeys the block."""
         with self.meta.snapshot() as tx:
             b = tx.get_bucket(bucket)
+        return self.decide(bucket, b, guarded)
+
+    async def aread(self, bucket: str) -> Bucket | None:
+        """The bucket's record, read by a coroutine (the S3 door, once per request: it
+        holds the policy and the bucket's settings, :meth:`decide`)."""
+        async with self.meta.asnapshot() as tx:
+            return tx.get_bucket(bucket)
+
+    def decide(self, bucket: str, b: Bucket | None, guarded: bool = True
+               ) -> tuple[bool, Policy | None]:
+        """:meth:`lookup` from the bucket's record ``b`` already read (None: no bucket)."""
         if b is None:
             return False, None
         policy = self._parsed_policy(bucket, b.policy) if b.policy else None
@@ -181,7 +192,7 @@ class PolicyStore:
     async def put(self, bucket: str, policy: Policy) -> None:
         """Store ``policy`` (already validated for ``bucket``); ENOENT when the bucket does
         not exist.  Durable when this returns."""
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             b = tx.get_bucket(bucket)
             if b is None:
                 raise FsError(errno.ENOENT, f"bucket {bucket!r} does not exist")
@@ -191,7 +202,7 @@ class PolicyStore:
 
     async def delete(self, bucket: str) -> bool:
         """Remove the bucket's policy; False when it had none.  ENOENT without the bucket."""
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             b = tx.get_bucket(bucket)
             if b is None:
                 raise FsError(errno.ENOENT, f"bucket {bucket!r} does not exist")

@@ -26,6 +26,7 @@ from tierd.admin.auth import identity
 from tierd.admin.backend import BACKEND, json_error, ready
 from tierd.logs import get_logger, kv
 from tierd.meta import MetaStore
+from tierd.meta.atxn import off_loop
 
 log = get_logger("admin")
 
@@ -81,8 +82,8 @@ async def users_list(request: web.Request) -> web.Response:
 async def user_add(request: web.Request) -> web.Response:
     d = _directory(request)
     doc = await _body(request)
-    user = d.add_user(doc.get("name"), doc.get("uid"), doc.get("gid"),
-                      doc.get("groups", []), doc.get("admin", False))
+    user = await off_loop(d.meta, d.add_user, doc.get("name"), doc.get("uid"),
+                          doc.get("gid"), doc.get("groups", []), doc.get("admin", False))
     await _durable(d.meta)
     log.info("user added", extra=kv(identity=identity(request), user=user.name,
                                     uid=user.uid, gid=user.gid, admin=user.admin))
@@ -106,7 +107,7 @@ async def user_get(request: web.Request) -> web.Response:
 async def user_delete(request: web.Request) -> web.Response:
     d = _directory(request)
     name = request.match_info["name"]
-    removed = d.delete_user(name)
+    removed = await off_loop(d.meta, d.delete_user, name)
     await _durable(d.meta)
     log.info("user deleted", extra=kv(identity=identity(request), user=name,
                                       keys_removed=",".join(removed) or "-"))
@@ -129,7 +130,7 @@ async def key_add(request: web.Request) -> web.Response:
     user = doc.get("user")
     if not isinstance(user, str):
         raise DirectoryError("invalid", "the body needs \"user\": the key's user name")
-    new = d.add_key(user, doc.get("access_key"), doc.get("secret"))
+    new = await off_loop(d.meta, d.add_key, user, doc.get("access_key"), doc.get("secret"))
     await _durable(d.meta)
     log.info("access key added", extra=kv(identity=identity(request), user=user,
                                           access_key=new.key.access_key))
@@ -144,7 +145,7 @@ async def key_toggle(request: web.Request) -> web.Response:
     d = _directory(request)
     ak = request.match_info["key"]
     enabled = request.match_info["action"] == "enable"
-    key = d.set_enabled(ak, enabled)
+    key = await off_loop(d.meta, d.set_enabled, ak, enabled)
     await _durable(d.meta)
     log.info("access key " + ("enabled" if enabled else "disabled"),
              extra=kv(identity=identity(request), user=key.user, access_key=ak))
@@ -156,7 +157,7 @@ async def key_toggle(request: web.Request) -> web.Response:
 async def key_delete(request: web.Request) -> web.Response:
     d = _directory(request)
     ak = request.match_info["key"]
-    key = d.delete_key(ak)
+    key = await off_loop(d.meta, d.delete_key, ak)
     await _durable(d.meta)
     log.info("access key deleted", extra=kv(identity=identity(request), user=key.user,
                                             access_key=ak))

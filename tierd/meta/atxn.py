@@ -18,11 +18,24 @@ cancellation reaches the task at its next await).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from tierd.meta.store import MetaStore, MetaTxn
+
+T = TypeVar("T")
+
+
+async def off_loop(meta: MetaStore, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, synchronous code that runs whole transactions of ``meta`` and touches
+    no state of the event loop (the admin API's user directory): in a worker thread over
+    an engine that waits on the network, inline over the embedded ones."""
+    if meta.engine.remote:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
 
 
 class AsyncTxn:

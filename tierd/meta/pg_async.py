@@ -41,6 +41,7 @@ state, notifications -- must see the outcome.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -142,6 +143,8 @@ class AsyncGate:
         self._commits = ThreadPoolExecutor(1, thread_name_prefix="tierd-pg-commit")
         self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopGate] = (
             weakref.WeakKeyDictionary())
+        self.reading = 0  # async read transactions open now, and at most so far
+        self.reading_peak = 0
 
     def _gate(self, loop: asyncio.AbstractEventLoop) -> _LoopGate:
         gate = self._gates.get(loop)
@@ -185,7 +188,9 @@ class AsyncGate:
             except BaseException:
                 gate.readers.release()
                 raise
-            txn.on_end = gate.readers.release
+            self.reading += 1
+            self.reading_peak = max(self.reading_peak, self.reading)
+            txn.on_end = functools.partial(self._read_done, gate)
             return txn
         await gate.writer.acquire()
         try:
@@ -198,6 +203,15 @@ class AsyncGate:
             raise
         txn.on_end = gate.writer.release
         return txn
+
+    def _read_done(self, gate: _LoopGate) -> None:
+        self.reading -= 1
+        gate.readers.release()
+
+    def stat(self) -> dict[str, int]:
+        """The sizes (module doc) and how many async readers were open at most."""
+        return {"async_readers_max": self.readers, "async_readers_peak": self.reading_peak,
+                "begin_threads": self.threads}
 
     async def end(self, txn: PgTxn, commit: bool) -> None:
         """Commit (or abort) ``txn``: a reader's end sends nothing and stays on the loop; a
@@ -226,5 +240,10 @@ class AsyncGate:
                 gate.commit = None
 
     def close(self) -> None:
-        self._begins.shutdown(wait=True)
+        """Stop the threads; a write transaction begun for a coroutine that never took it
+        (its loop is gone) is rolled back, so no begin waits for its lock."""
+        ready = self.store._writers.ready
+        if ready is not None and self.store.claim(ready):
+            ready.abort()
+        self._begins.shutdown(wait=False, cancel_futures=True)
         self._commits.shutdown(wait=True)

@@ -577,7 +577,7 @@ class PgStore(KVStore):
 
     def stat(self) -> dict[str, int]:
         cache = {"cache_entries": len(self.cache), "cache_hits": self.cache.hits,
-                 "cache_misses": self.cache.misses}
+                 "cache_misses": self.cache.misses, **self._async.stat()}
         try:
             with self._pool.connection() as conn:
                 row = conn.execute("SELECT (SELECT count(*) FROM kv), "

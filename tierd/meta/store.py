@@ -109,16 +109,9 @@ class MetaTxn:
     def __enter__(self) -> MetaTxn:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.kv.commit()
-        else:
-            self.kv.abort()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.kv.commit() if exc_type is None else self.kv.abort()
 
     # -- counters --------------------------------------------------------------------------
     def counter(self, name: str) -> int:
@@ -510,13 +503,12 @@ class MetaStore:
 
     @classmethod
     def open_pg(cls, url: str, *, sync: str = "group", node: str = "") -> MetaStore:
-        """The store in a PostgreSQL database (the ``meta_url`` setting; see
-        :mod:`tierd.meta.pg_engine`), shared by every node that names it; ``node`` is this
-        node's name (``node_name``) in the database's change log.  Never behind the
-        group-commit overlay, whatever ``sync`` says (it is only checked): the overlay is
-        per process, so two nodes would both allocate from their own unflushed counters (the
-        same inode number) and overwrite each other's groups.  Every transaction is one
-        server transaction, durable at the server when it commits."""
+        """The store in a PostgreSQL database (``meta_url``, :mod:`tierd.meta.pg_engine`)
+        shared by every node that names it; ``node``: this node's name in its change log.
+        Never behind group commit, whatever ``sync`` says (only checked): that overlay is
+        per process, so two nodes would allocate the same inode numbers from their own
+        unflushed counters.  Every transaction is one server transaction, durable when it
+        commits."""
         from tierd.meta.pg_engine import PgStore
 
         _check_sync(sync)
@@ -577,8 +569,8 @@ class MetaStore:
             tx.abort()
 
     def awrite(self) -> AsyncTxn:
-        """``async with meta.awrite() as tx``: :meth:`write` whose begin and commit never
-        block the event loop (:mod:`tierd.meta.atxn`); what coroutines use."""
+        """``async with meta.awrite() as tx``: :meth:`write` for coroutines, never blocking
+        the event loop (:mod:`tierd.meta.atxn`)."""
         return AsyncTxn(self, True)
 
     def asnapshot(self) -> AsyncTxn:

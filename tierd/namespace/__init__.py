@@ -91,6 +91,11 @@ class Namespace(VersionOps, TagOps, XattrOps, ImportOps, TieringOps):
         Returns 0 after a clean stop, else the first inode number this start may hand out
         (data files of lower numbers that no inode names are leftovers of the crash)."""
         self.smalllog.replay()
+        with self.meta.snapshot() as tx:  # before the commit that removes their V keys
+            for ino in tx.list_intents():
+                # a live process may still write the old file through the kernel's write
+                # passthrough of the last daemon (fuse/kpass.py): not the new version's
+                self.hot.detach(ino)
         unclean_below = 0
         with self.meta.write() as tx:
             if tx.get_inode(ROOT_INO) is None:
@@ -159,7 +164,7 @@ class Namespace(VersionOps, TagOps, XattrOps, ImportOps, TieringOps):
         await self.garbage.drain(closing=True)
         await self.smalllog.close()
         await asyncio.to_thread(self.hot.small.close)  # every small file already handed in
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             tx.add_counter(self._running, -1)
         await self._sync_meta()
 

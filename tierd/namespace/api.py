@@ -39,6 +39,7 @@ from tierd.namespace.names import check_bucket_name, split_key
 from tierd.namespace.objects import Listing, ObjectReader
 from tierd.namespace.tags import TAGS_META, Tags, decode_tags, encode_tags, tags_of
 from tierd.namespace.versionops import Deleted, DeleteMarkerHit, VersionInfo, VersionListing
+from tierd.namespace.versions import CONFIG as VERSIONING_CONFIG
 from tierd.namespace.versions import ENABLED, SUSPENDED, Version, current_vid, valid_vid
 from tierd.namespace.xattrs import XATTR_CREATE, XATTR_REPLACE
 
@@ -51,6 +52,7 @@ __all__ = [
     "SUSPENDED",
     "TAGS_META",
     "UTIME_NOW",
+    "VERSIONING_CONFIG",
     "XATTR_CREATE",
     "XATTR_REPLACE",
     "Bucket",
@@ -236,6 +238,19 @@ class NamespaceAPI(Protocol):
 
     def hot_fd(self, fh: int) -> int | None:
         """The handle's hot data file descriptor when the file is whole on hot (passthrough)."""
+        ...
+
+    async def passthrough_open(self, fh: int) -> int | None:
+        """A writable handle's hot data file descriptor for the kernel to write directly,
+        after the in-place write rules are applied for all writes to come; None: refused."""
+        ...
+
+    def passthrough_sync(self, fh: int, wrote: bool = True) -> None:
+        """The kernel may have written the handle's hot file: take its size (and mtime)."""
+        ...
+
+    def passthrough_close(self, fh: int) -> None:
+        """The kernel writes no more through the handle (before its release)."""
         ...
 
     # -- extended attributes ---------------------------------------------------------------

@@ -71,6 +71,13 @@ class OpenFile:
     committed_size: int = 0
     intent: bool = False  # this inode's ``V`` key is durable: bytes may change in place
     intending: asyncio.Future[None] | None = None  # the ``V`` key being made durable
+    # a commit deleted the inode (and wrote its ``G`` key) while this handle, opened from a
+    # snapshot taken before it committed, held it: the data file goes at the last release
+    dropped: bool = False
+    # handles the kernel writes through directly (FUSE write passthrough): while any is
+    # open the writes are invisible here, so the file counts as written (not uploadable,
+    # not evictable) and its ``V`` intention stays (tiering.TieringOps.passthrough_open)
+    external: int = 0
     _fd: int = -1
     _unpin: Callable[[], None] | None = None
 
@@ -179,6 +186,13 @@ class NamespaceBase:
         if self._subscribers:
             self._created.append(Change(parent=parent, name=name))
 
+    def _take_created(self) -> list[Change]:
+        """The entries :meth:`_dir_created` reported so far, taken at the end of the
+        transaction's body: over PostgreSQL other calls run while its commit is in flight,
+        and their notifications must not announce directories not yet committed."""
+        created, self._created = self._created, []
+        return created
+
     def _notify(self, *changes: Change) -> None:
         if self._created:  # (a transaction that failed after creating them: harmless)
             changes = (*self._created, *changes)
@@ -281,7 +295,13 @@ class NamespaceBase:
     def _forget_data(self, ino: int) -> None:
         """Drop a file's bytes once nothing names or holds it: called after the commit that
         deleted the inode and wrote its ``G`` key; the file goes once that commit is
-        durable (:mod:`tierd.namespace.garbage`)."""
+        durable (:mod:`tierd.namespace.garbage`).  A handle may hold it still: over
+        PostgreSQL an open reads a snapshot while the delete's commit is in flight (the
+        delete saw no handle); its bytes then go at the handle's last release."""
+        of = self._open.get(ino)
+        if of is not None:
+            of.dropped = True
+            return
         self.garbage.add(ino)
 
     def _placement_forget(self, ino: int) -> None:
@@ -293,7 +313,7 @@ class NamespaceBase:
         durable): not uploadable, not evictable."""
         of = self._open.get(ino)
         return of is not None and (of.dirty or of.synced_gen != of.gen
-                                   or of.intending is not None)
+                                   or of.intending is not None or of.external > 0)
 
     def _queue(self, tx: MetaTxn, inode: Inode, content: bool = True) -> None:
         """Inside the txn that changed ``inode``'s content (or names): persist it."""
@@ -331,6 +351,9 @@ class NamespaceBase:
         return inode.is_reg
 
     async def _commit_open(self, of: OpenFile) -> None:
+        raise NotImplementedError  # files.FileOps
+
+    async def _intend(self, of: OpenFile) -> None:
         raise NotImplementedError  # files.FileOps
 
     async def sync(self) -> None:

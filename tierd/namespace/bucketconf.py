@@ -48,7 +48,7 @@ class BucketConfig:
         if text is not None and len(text.encode()) > MAX_CONFIG_BYTES:
             raise FsError(errno.EFBIG, f"bucket {name} configuration over "
                           f"{MAX_CONFIG_BYTES} bytes")
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             b = tx.get_bucket(bucket)
             if b is None:
                 raise FsError(errno.ENOENT, f"bucket {bucket!r} does not exist")

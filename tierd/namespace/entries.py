@@ -37,26 +37,26 @@ UTIME_NOW = -1  # setattr(atime_ns=UTIME_NOW): the current time, as utimensat's 
 class EntryOps(ResizeOps):
     # -- reading ---------------------------------------------------------------------------
     async def lookup(self, ident: Identity, parent: int, name: bytes) -> Inode:
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             child = self._child(tx, ident, self._dir(tx, parent), name)
         if child is None and parent != ROOT_INO:
             await self.placement.refresh(parent)  # an object put straight into cold?
-            with self.meta.snapshot() as tx:
+            async with self.meta.asnapshot() as tx:
                 child = self._child(tx, ident, self._dir(tx, parent), name)
         if child is None:
             raise FsError(errno.ENOENT, f"{name.decode(errors='replace')!r} not found")
         return self._live(child)
 
     async def getattr(self, ident: Identity, ino: int) -> Inode:
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             return self._live(self._get(tx, ino))
 
     async def access(self, ident: Identity, ino: int, mask: int) -> None:
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             check_access(ident, self._get(tx, ino), mask)
 
     async def readlink(self, ident: Identity, ino: int) -> bytes:
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             inode = self._get(tx, ino)
         if not inode.is_lnk:
             raise FsError(errno.EINVAL, f"inode {ino} is not a symbolic link")
@@ -74,7 +74,7 @@ class EntryOps(ResizeOps):
         out: list[tuple[bytes, Inode]] = []
         if ino != ROOT_INO and not start_after:
             await self.placement.refresh(ino)  # show what cold has (transparent import)
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             d = self._dir(tx, ino)
             check_access(ident, d, R_OK, f"directory inode {ino}")
             marker = start_after
@@ -93,7 +93,7 @@ class EntryOps(ResizeOps):
     async def resolve(self, ident: Identity, path: str, follow: bool = True) -> Inode:
         """The inode at ``path`` ("bucket/dir/file") from the namespace root, following
         symbolic links in the middle (and at the end when ``follow``)."""
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             return self._live(self._resolve(tx, ident, path.encode(), follow))
 
     def _resolve(self, tx: MetaTxn, ident: Identity, path: bytes, follow: bool) -> Inode:
@@ -124,7 +124,7 @@ class EntryOps(ResizeOps):
 
     async def statfs(self) -> StatFs:
         st = self.hot.statvfs()
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             inodes = tx.counter("inodes")
         files = max(st.f_files, inodes + st.f_ffree)
         return StatFs(
@@ -164,10 +164,10 @@ class EntryOps(ResizeOps):
         before = None
         if size is not None:
             if mode is not None:  # a truncate drops set-id bits: judge the mode against
-                with self.meta.snapshot() as tx:  # what the file had when asked
+                async with self.meta.asnapshot() as tx:  # what the file had when asked
                     before = stat.S_IMODE(self._get(tx, ino).mode)
             await self._truncate(ident, ino, size, fh)
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             inode = self._get(tx, ino)
             t = now_ns()
             changed = False
@@ -251,7 +251,7 @@ class EntryOps(ResizeOps):
             return await self.mkdir(ident, parent, name, mode, umask)
         if kind not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK):
             raise FsError(errno.EINVAL, f"unsupported file type {oct(kind)}")
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             d = self._creatable(tx, ident, parent, name)
             if parent == ROOT_INO:
                 raise FsError(errno.EPERM, "the namespace root holds only buckets (directories)")
@@ -268,7 +268,7 @@ class EntryOps(ResizeOps):
         self, ident: Identity, parent: int, name: bytes, mode: int, umask: int = 0
     ) -> Inode:
         """``umask`` (of the caller) applies unless the parent has a default ACL."""
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             d = self._creatable(tx, ident, parent, name)
             inode = self._new_inode(tx, ident, d, stat.S_IFDIR | (mode & 0o7777),
                                     nlink=2, parent=parent)
@@ -285,7 +285,7 @@ class EntryOps(ResizeOps):
             raise FsError(errno.ENOENT, "empty symbolic link target")
         if len(target) > SYMLINK_MAX or b"\0" in target:
             raise FsError(errno.ENAMETOOLONG, "symbolic link target is too long")
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             d = self._creatable(tx, ident, parent, name)
             if parent == ROOT_INO:
                 raise FsError(errno.EPERM, "the namespace root holds only buckets (directories)")
@@ -299,7 +299,7 @@ class EntryOps(ResizeOps):
         (:func:`tierd.acl.modes.may_hardlink`) is checked for every door where the kernel's
         ``do_linkat`` checks it: after the new name's lookup (EEXIST), before the
         directory's write permission (EPERM, not EACCES)."""
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             d = self._absent(tx, ident, new_parent, new_name)
             if protected_hardlinks() and not may_hardlink(ident, self._get(tx, ino)):
                 raise FsError(errno.EPERM, "fs.protected_hardlinks: only the owner may link a "
@@ -335,7 +335,7 @@ class EntryOps(ResizeOps):
         return d, child
 
     async def unlink(self, ident: Identity, parent: int, name: bytes) -> None:
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             d, child = self._removable(tx, ident, parent, name)
             if child.is_dir:
                 raise FsError(errno.EISDIR, f"{name.decode(errors='replace')!r} is a directory")
@@ -359,7 +359,7 @@ class EntryOps(ResizeOps):
             raise FsError(errno.EINVAL, "cannot remove '.'")
         if name == b"..":
             raise FsError(errno.ENOTEMPTY, "cannot remove '..'")
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             d, child = self._removable(tx, ident, parent, name)
             self._rmdir_locked(tx, d, name, child)
 
@@ -391,7 +391,7 @@ class EntryOps(ResizeOps):
         ):
             raise FsError(errno.EINVAL, f"invalid rename flags {flags:#x}")
         drops: list[int] = []
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             od = self._dir(tx, old_parent)
             nd = self._dir(tx, new_parent)
             for n in (old_name, new_name):

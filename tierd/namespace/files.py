@@ -41,28 +41,30 @@ class FileOps(EntryOps):
         """Create and open a regular file (open(2) with O_CREAT); ``umask`` (of the caller)
         applies unless the parent has a default ACL."""
         readable, writable = _access_mask(flags)
-        with self.meta.write() as tx:
+        drops: list[int] = []
+        async with self.meta.awrite() as tx:
             d = self._dir(tx, parent)
             existing = self._child(tx, ident, d, name) if name not in (b".", b"..") else d
-            if existing is not None:
-                if flags & os.O_EXCL:
-                    raise FsError(errno.EEXIST, f"{name.decode(errors='replace')!r} exists")
-                if existing.is_dir:
-                    raise FsError(errno.EISDIR, f"{name.decode(errors='replace')!r} is a "
-                                  "directory")
-                tx.abort()
-                return existing, await self.open(ident, existing.ino, flags & ~os.O_CREAT)
-            d = self._creatable(tx, ident, parent, name)
-            if parent == ROOT_INO:
-                raise FsError(errno.EPERM, "the namespace root holds only buckets (directories)")
-            inode = self._new_inode(tx, ident, d, stat.S_IFREG | (mode & 0o7777),
-                                    etag=EMPTY_MD5)
-            self._inherit_acl(inode, d, umask)
-            drops = versions.supersede(self, tx, d, name, None, inode, stamp=True)
-            tx.put_inode(inode)
-            tx.add_dirent(parent, name, Dirent(inode.ino, stat.S_IFREG))
-            self._touch_dir(tx, d)
-            self._queue(tx, inode)  # an empty object is an object too
+            if existing is None:  # (else nothing is written: the file is only opened)
+                d = self._creatable(tx, ident, parent, name)
+                if parent == ROOT_INO:
+                    raise FsError(errno.EPERM, "the namespace root holds only buckets "
+                                  "(directories)")
+                inode = self._new_inode(tx, ident, d, stat.S_IFREG | (mode & 0o7777),
+                                        etag=EMPTY_MD5)
+                self._inherit_acl(inode, d, umask)
+                drops = versions.supersede(self, tx, d, name, None, inode, stamp=True)
+                tx.put_inode(inode)
+                tx.add_dirent(parent, name, Dirent(inode.ino, stat.S_IFREG))
+                self._touch_dir(tx, d)
+                self._queue(tx, inode)  # an empty object is an object too
+        if existing is not None:
+            if flags & os.O_EXCL:
+                raise FsError(errno.EEXIST, f"{name.decode(errors='replace')!r} exists")
+            if existing.is_dir:
+                raise FsError(errno.EISDIR, f"{name.decode(errors='replace')!r} is a "
+                              "directory")
+            return existing, await self.open(ident, existing.ino, flags & ~os.O_CREAT)
         for gone in drops:  # a null version this one replaced (suspended versioning)
             self._forget_data(gone)
         fh = self._attach(inode, ident, readable, writable, bool(flags & os.O_APPEND))
@@ -76,8 +78,14 @@ class FileOps(EntryOps):
         """:meth:`open`, with the inode as the handle sees it (after ``O_TRUNC``): the
         FUSE door decides from its version whether the kernel's cached pages still hold."""
         readable, writable = _access_mask(flags)
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             inode = self._get(tx, ino)
+        while self.meta.engine.remote and (busy := self._resizing.get(ino)) is not None:
+            # a truncate of the closed file may have committed after this snapshot began
+            # (its begin awaited): the handle must start from its size
+            await asyncio.shield(busy)
+            async with self.meta.asnapshot() as tx:
+                inode = self._get(tx, ino)
         if inode.is_dir:
             if writable or flags & os.O_TRUNC:
                 raise FsError(errno.EISDIR, f"inode {ino} is a directory")
@@ -95,7 +103,7 @@ class FileOps(EntryOps):
             except BaseException:
                 await self.release(fh)
                 raise
-            with self.meta.snapshot() as tx:
+            async with self.meta.asnapshot() as tx:
                 inode = self._get(tx, ino)
         return fh, self._live(inode)
 
@@ -138,7 +146,7 @@ class FileOps(EntryOps):
         if offset > of.size:
             self._cut_stale(of.fd, of.size)  # the gap must read as zeros
         if of.privs and not h.ident.is_root:
-            self._drop_privs(of)
+            await self._drop_privs(of)
         # claim the range synchronously so later writes see the new size
         old_size = of.size
         of.size = max(of.size, offset + n)
@@ -157,15 +165,15 @@ class FileOps(EntryOps):
         """close(2) of a descriptor: the design's durability point for FUSE writers.
         The content version this call committed (None when it had nothing to commit)."""
         of = self._handle(fh).ofile
-        return self._committed_version(of.ino) if await self._durable(of) else None
+        return await self._committed_version(of.ino) if await self._durable(of) else None
 
     async def fsync(self, fh: int, datasync: bool = False) -> int | None:
         of = self._handle(fh).ofile
-        return self._committed_version(of.ino) if await self._durable(of) else None
+        return await self._committed_version(of.ino) if await self._durable(of) else None
 
-    def _committed_version(self, ino: int) -> int | None:
+    async def _committed_version(self, ino: int) -> int | None:
         """Read only after a commit: a close of a file nobody wrote costs no metadata read."""
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             inode = tx.get_inode(ino)
         return None if inode is None else inode.version
 
@@ -178,19 +186,29 @@ class FileOps(EntryOps):
         try:
             if ((of.dirty or of.synced_gen != of.gen or of.intent)
                     and await self._durable(of)):
-                version = self._committed_version(of.ino)
+                version = await self._committed_version(of.ino)
         finally:
             of.refs -= 1
             if of.refs == 0 and self._open.get(of.ino) is of:
                 del self._open[of.ino]
                 of.close_fd()
-                self._reap_if_orphan(of.ino)
+                if of.dropped:  # deleted while it was open (see _forget_data)
+                    self.garbage.add(of.ino)
+                else:
+                    await self._reap_if_orphan(of.ino)
         return version
 
-    def _reap_if_orphan(self, ino: int) -> None:
-        with self.meta.write() as tx:
+    async def _reap_if_orphan(self, ino: int) -> None:
+        if self.meta.engine.remote:  # a writer waits for the cluster's lock: look first
+            async with self.meta.asnapshot() as tx:
+                inode = tx.get_inode(ino)
+            if inode is None or inode.nlink > 0:
+                return
+        async with self.meta.awrite() as tx:
             inode = tx.get_inode(ino)
             if inode is None or inode.nlink > 0:
+                return
+            if ino in self._open:  # opened again while this waited for its begin
                 return
             tx.delete_inode(ino)
             tx.add_garbage(ino)
@@ -208,7 +226,7 @@ class FileOps(EntryOps):
     async def _write_intent(self, of: OpenFile) -> None:
         try:
             await keep_committed(self, of.ino)  # a versioned bucket keeps the old bytes
-            with self.meta.write() as tx:
+            async with self.meta.awrite() as tx:
                 tx.add_intent(of.ino)
             crashpoint("write.intent")
             await self._sync_meta()
@@ -229,10 +247,12 @@ class FileOps(EntryOps):
         crashpoint("durable.synced")
         if of.committed_gen < gen:
             await self._commit_open(of, synced=gen)
-        elif of.intent and of.gen == gen:
-            with self.meta.write() as tx:
-                tx.remove_intent(of.ino)
-            of.intent = False
+        elif of.intent and of.gen == gen and not of.external:
+            async with self.meta.awrite() as tx:
+                if of.gen == gen:  # (a write came while this began: it keeps the intent)
+                    tx.remove_intent(of.ino)
+                    # off before the commit returns: a write meanwhile takes a new one
+                    of.intent = False
         crashpoint("durable.committed")
         await self._sync_meta()
         of.synced_gen = max(of.synced_gen, gen)
@@ -244,14 +264,14 @@ class FileOps(EntryOps):
         p = self.placement
         if not any(q.mode == "write-through" for q in p.policies.values()):
             return
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             policy = file_policy(tx, ino, p.policy_for)
         if policy is not None and policy.mode == "write-through":
             await p.wait_persisted(ino)
 
-    def _drop_privs(self, of: OpenFile) -> None:
+    async def _drop_privs(self, of: OpenFile) -> None:
         """A write by an unprivileged caller clears setuid (and setgid with group exec)."""
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             inode = self._get(tx, of.ino)
             if has_privs(inode.mode):
                 inode.mode = drop_privs(inode.mode)
@@ -270,10 +290,12 @@ class FileOps(EntryOps):
         speed on two cores).  It is computed when first asked for (:meth:`etag`: S3 HEAD,
         GET, listings, conditions) or by the persister, whose upload reads the bytes anyway
         and records the MD5 with the cold record if the version is still this one."""
-        gen = of.gen
-        etag = EMPTY_MD5 if of.size == 0 else ""
-        settled = of.intent and gen == synced
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
+            # the open file as it is now that the transaction began (writes may have come
+            # while it waited for the database's lock)
+            gen = of.gen
+            etag = EMPTY_MD5 if of.size == 0 else ""
+            settled = of.intent and gen == synced and not of.external
             inode = tx.get_inode(of.ino)
             if inode is None:
                 return
@@ -287,10 +309,13 @@ class FileOps(EntryOps):
             self._queue(tx, inode)
             if settled:
                 tx.remove_intent(of.ino)
+                of.intent = False  # before the commit returns: a write meanwhile takes a
+                # new intention, which waits for this commit (the writers' lock)
+            # a write below this size changes bytes the new version names: from now on it
+            # needs an intention (a failed commit leaves a larger value: one intention more)
+            of.committed_size = max(of.committed_size, inode.size)
         of.committed_gen = max(of.committed_gen, gen)
         of.committed_size = inode.size
-        if settled:
-            of.intent = False
 
     async def etag(self, ino: int) -> str:
         """The MD5 ETag of a file, computed (in a thread) and cached when it is unknown
@@ -298,7 +323,7 @@ class FileOps(EntryOps):
         hash of its new version.  The bytes are brought to hot first and held there while
         hashed (a clean file may have been evicted, or be another node's)."""
         while True:
-            with self.meta.snapshot() as tx:
+            async with self.meta.asnapshot() as tx:
                 inode = self._get(tx, ino)
             of = self._open.get(ino)
             if of is not None and of.dirty:
@@ -313,7 +338,7 @@ class FileOps(EntryOps):
             of = self._open.get(ino)
             if of is not None and of.dirty:
                 continue  # written while hashed: commit and hash the new version
-            with self.meta.write() as tx:
+            async with self.meta.awrite() as tx:
                 cur = self._get(tx, ino)
                 if cur.version != inode.version:
                     continue

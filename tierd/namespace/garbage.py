@@ -92,7 +92,7 @@ class Garbage:
             self._forget(ino)
         await asyncio.to_thread(self._remove_files, inos)
         crashpoint("gc.removed")
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             for ino in inos:
                 tx.remove_garbage(ino)
         self.reclaimed += len(inos)

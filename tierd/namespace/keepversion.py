@@ -54,7 +54,7 @@ async def keep_committed(ns: NamespaceBase, ino: int) -> bool:
     the committed version becomes a noncurrent version of its own (the module doc).
     Returns whether one was kept.  The caller keeps other in-place changes of ``ino``
     out meanwhile (the shared intention future, or the resize guard)."""
-    with ns.meta.snapshot() as tx:
+    async with ns.meta.asnapshot() as tx:
         cur = tx.get_inode(ino)
         if cur is None or not cur.is_reg or cur.nlink != 1:
             return False  # hard links are not kept as versions (versions.retire)
@@ -65,7 +65,7 @@ async def keep_committed(ns: NamespaceBase, ino: int) -> bool:
         if loc is None or versions.state(tx, loc[0]) != ENABLED:
             return False
     bucket, key = loc
-    with ns.meta.write() as tx:
+    async with ns.meta.awrite() as tx:
         clone_ino = tx.next_ino()
     with ns.placement.hold(ino):  # no eviction between the read-back and the copy
         if cur.size:
@@ -75,7 +75,7 @@ async def keep_committed(ns: NamespaceBase, ino: int) -> bool:
         await retry_full(ns.placement, cur.size, lambda: asyncio.to_thread(
             _clone, ns.hot, ino, clone_ino, cur.size), "keeping the previous version")
     crashpoint("keep.cloned")
-    with ns.meta.write() as tx:
+    async with ns.meta.awrite() as tx:
         now = tx.get_inode(ino)
         stale = now is None or now.version != cur.version or now.size != cur.size
         if now is not None and not stale:

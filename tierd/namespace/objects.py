@@ -128,14 +128,14 @@ class ObjectOps(FileOps):
         await self.rmdir(ident, ROOT_INO, name.encode())
 
     async def list_buckets(self, ident: Identity) -> list[Bucket]:
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             return list(tx.list_buckets())
 
     async def get_bucket(self, name: str) -> Bucket:
         return await self._bucket(name)
 
     async def _bucket(self, name: str) -> Bucket:
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             b = tx.get_bucket(name)
         if b is None:
             raise FsError(errno.ENOENT, f"bucket {name!r} does not exist")
@@ -202,7 +202,7 @@ class ObjectOps(FileOps):
         """PutObjectAcl / PutBucketAcl (``key`` empty: the bucket's directory): the mode
         bits and access ACL of canned ACL ``name`` (:mod:`tierd.acl.canned`), in one
         transaction; only the owner or root (EPERM), as chmod."""
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             b = tx.get_bucket(bucket)
             if b is None:
                 raise FsError(errno.ENOENT, f"bucket {bucket!r} does not exist")
@@ -226,13 +226,13 @@ class ObjectOps(FileOps):
     # -- whole objects ---------------------------------------------------------------------
     async def head_object(self, ident: Identity, bucket: str, key: str) -> Inode:
         try:
-            with self.meta.snapshot() as tx:
+            async with self.meta.asnapshot() as tx:
                 inode = self._live(self._object(tx, ident, bucket, key))
         except FsError as e:
             if e.errno != errno.ENOENT or not key:
                 raise
             await self.placement.refresh_key(bucket, key.rstrip("/"))  # put into cold?
-            with self.meta.snapshot() as tx:
+            async with self.meta.asnapshot() as tx:
                 inode = self._live(self._object(tx, ident, bucket, key))
         if inode.is_reg and not inode.etag:
             inode.etag = await self.etag(inode.ino)
@@ -288,7 +288,7 @@ class ObjectOps(FileOps):
         ``if_none_match`` (``"*"``) are checked inside the commit transaction: a failed
         condition raises with reason ``PreconditionFailed`` and leaves the old object."""
         segments, marker = split_key(key)
-        with self.meta.snapshot() as tx:  # fail fast, before reading the body
+        async with self.meta.asnapshot() as tx:  # fail fast, before reading the body
             self._bucket_dir(tx, bucket)
         refuse_over_dirty_limit(self.placement)
         if marker:
@@ -296,14 +296,15 @@ class ObjectOps(FileOps):
                 if chunk:
                     raise FsError(errno.EINVAL, f"key {key!r} ends with '/', which names a "
                                   "directory marker: its body must be empty")
-            with self.meta.write() as tx:
+            async with self.meta.awrite() as tx:
                 d = self._parent_dirs(tx, ident, bucket, segments, create=True, implicit=False)
                 if d.objmeta.pop(IMPLICIT, None):
                     tx.put_inode(d)
-            self._notify()  # the directories it created
+                created = self._take_created()
+            self._notify(*created)  # the directories it created
             await self._sync_meta()
             return d
-        ino = self._alloc_ino()
+        ino = await self._alloc_ino()
         _, size, md5hex, logged = await stage_body(self.hot, body, install_as=ino,
                                                    smalllog=self.smalllog,
                                                    placement=self.placement)
@@ -331,8 +332,8 @@ class ObjectOps(FileOps):
         return await self._install_put(ident, bucket, key, segments, path, size, etag,
                                        objmeta or {})
 
-    def _alloc_ino(self) -> int:
-        with self.meta.write() as tx:
+    async def _alloc_ino(self) -> int:
+        async with self.meta.awrite() as tx:
             return tx.next_ino()
 
     async def _precondition_etag(self, ident: Identity, bucket: str, key: str) -> None:
@@ -355,7 +356,7 @@ class ObjectOps(FileOps):
         at any moment after it, and it must never name a data file a crash could lose.
         ``in_txn`` runs first inside the commit transaction (multipart completion deletes
         its upload there, so the object and the upload never both exist); raising aborts."""
-        ino = self._alloc_ino()
+        ino = await self._alloc_ino()
         try:
             await asyncio.to_thread(self.hot.install_durable, path, ino)
         except BaseException:
@@ -377,9 +378,9 @@ class ObjectOps(FileOps):
         the same commit (:mod:`tierd.namespace.smalllog`)."""
         crashpoint("put.installed")
         try:
-            inode, dropped = self._commit_put(ident, bucket, key, segments, ino, size, etag,
-                                              objmeta, if_match, if_none_match, in_txn,
-                                              logged)
+            inode, dropped, created = await self._commit_put(
+                ident, bucket, key, segments, ino, size, etag, objmeta, if_match,
+                if_none_match, in_txn, logged)
         except BaseException:
             self.hot.remove(ino)
             raise
@@ -388,21 +389,23 @@ class ObjectOps(FileOps):
             self.smalllog.logged(ino, len(logged))
         for gone in dropped:
             self._forget_data(gone)
-        self._notify(Change(ino=dropped[0] if dropped else None, parent=inode.parent,
-                            name=segments[-1]))
+        self._notify(*created, Change(ino=dropped[0] if dropped else None,
+                                      parent=inode.parent, name=segments[-1]))
         inode.parent = 0
         await self._sync_meta()
         crashpoint("put.durable")
         await self._write_through(inode.ino)
         return inode
 
-    def _commit_put(
+    async def _commit_put(
         self, ident: Identity, bucket: str, key: str, segments: list[bytes], ino: int,
         size: int, etag: str, objmeta: dict[str, str], if_match: str | None = None,
         if_none_match: str | None = None, in_txn: Callable[[MetaTxn], None] | None = None,
         logged: bytes | None = None,
-    ) -> tuple[Inode, list[int]]:
-        with self.meta.write() as tx:
+    ) -> tuple[Inode, list[int], list[Change]]:
+        """The PUT's transaction: the inode, the versions it dropped, and the directories
+        it created (reported by the caller once committed)."""
+        async with self.meta.awrite() as tx:
             if in_txn is not None:
                 in_txn(tx)
             d = self._parent_dirs(tx, ident, bucket, segments[:-1], create=True)
@@ -438,13 +441,14 @@ class ObjectOps(FileOps):
             self._queue(tx, inode)
             if logged is not None:
                 tx.put_logged(inode.ino, inode.version, logged)
+            created = self._take_created()
         inode.parent = d.ino  # (only in the returned copy) which directory changed
-        return inode, dropped
+        return inode, dropped, created
 
     async def delete_object(self, ident: Identity, bucket: str, key: str) -> bool:
         """Remove a key; False when it did not exist (S3 answers success either way).
         Implicit parent directories left empty go too.  A missing bucket is ENOENT."""
-        existed = self._delete_one(ident, bucket, key)
+        existed = await self._delete_one(ident, bucket, key)
         await self._sync_meta()
         return existed
 
@@ -456,16 +460,16 @@ class ObjectOps(FileOps):
         out: list[tuple[str, bool | FsError]] = []
         for key in keys:
             try:
-                out.append((key, self._delete_one(ident, bucket, key)))
+                out.append((key, await self._delete_one(ident, bucket, key)))
             except FsError as e:
                 out.append((key, e))
         await self._sync_meta()
         return out
 
-    def _delete_one(self, ident: Identity, bucket: str, key: str) -> bool:
+    async def _delete_one(self, ident: Identity, bucket: str, key: str) -> bool:
         segments, marker = split_key(key)
         drop: int | None = None
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             self._bucket_dir(tx, bucket)
             try:
                 d = self._parent_dirs(tx, ident, bucket, segments[:-1], create=False)
@@ -530,7 +534,7 @@ class ObjectOps(FileOps):
         # show what cold has (transparent import)
         await self.placement.refresh_key(bucket, prefix, recursive=not delimiter)
         p, sa, dl = prefix.encode(), start_after.encode(), delimiter.encode()
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             root = self._bucket_dir(tx, bucket)
             enforce(ident, "ListObjects", directory=root, key=bucket)
             last_cp = b""

@@ -29,7 +29,7 @@ class ResizeOps(NamespaceBase):
     async def _truncate(self, ident: Identity, ino: int, size: int, fh: int | None) -> None:
         if size < 0:
             raise FsError(errno.EINVAL, "negative file size")
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             inode = self._get(tx, ino)
         if inode.is_dir:
             raise FsError(errno.EISDIR, f"inode {ino} is a directory")
@@ -46,7 +46,7 @@ class ResizeOps(NamespaceBase):
         (``drop``: also clear setuid/setgid, for an unprivileged caller); metadata first,
         space later (the module doc).  Writes to the inode wait while this runs."""
         if drop:
-            with self.meta.write() as tx:
+            async with self.meta.awrite() as tx:
                 inode = self._get(tx, ino)
                 inode.mode = drop_privs(inode.mode)
                 tx.put_inode(inode)
@@ -61,43 +61,54 @@ class ResizeOps(NamespaceBase):
             done.set_result(None)
 
     async def _resize(self, ino: int, size: int) -> None:
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             cut = size < self._get(tx, ino).size  # committed bytes go: durable first
         if cut:
             await self._keep_before_cut(ino)
-        of = self._open.get(ino)
-        if of is not None:
-            if size > of.size:
-                self._cut_stale(of.fd, of.size)
-            if size > of.size or not cut:
-                os.ftruncate(of.fd, size)  # no committed byte is lost
-            of.size = size
-            of.touch()
-            await self._commit_open(of)
-        else:
-            fd = self.hot.open(ino)
-            try:
-                with self.meta.write() as tx:
-                    inode = self._get(tx, ino)
-                    if size > inode.size:
-                        self._cut_stale(fd, inode.size)
-                        os.ftruncate(fd, size)
-                    inode.size = size
-                    inode.mtime_ns = inode.ctime_ns = now_ns()
-                    inode.version = tx.next_version()
-                    forget_content_meta(inode)
-                    inode.etag = EMPTY_MD5 if size == 0 else ""
-                    inode.state = STATE_DIRTY
-                    tx.put_inode(inode)
-                    self._queue(tx, inode)
-            finally:
-                os.close(fd)
+        while True:
+            of = self._open.get(ino)
+            if of is not None:
+                if size > of.size:
+                    self._cut_stale(of.fd, of.size)
+                if size > of.size or not cut:
+                    os.ftruncate(of.fd, size)  # no committed byte is lost
+                of.size = size
+                of.touch()
+                await self._commit_open(of)
+                break
+            if await self._resize_closed(ino, size):
+                break  # (else the file was opened while the transaction began)
         if cut:
             crashpoint("truncate.committed")
             await self._sync_meta()
             crashpoint("truncate.durable")
             await asyncio.to_thread(self._cut_file, ino, size)
             crashpoint("truncate.cut")
+
+    async def _resize_closed(self, ino: int, size: int) -> bool:
+        """The resize of a file no handle holds; False (nothing done) when one was opened
+        while the transaction began (over PostgreSQL the begin awaits): the caller then
+        resizes through the handle, whose size would otherwise be stale."""
+        fd = self.hot.open(ino)
+        try:
+            async with self.meta.awrite() as tx:
+                if ino in self._open:
+                    return False
+                inode = self._get(tx, ino)
+                if size > inode.size:
+                    self._cut_stale(fd, inode.size)
+                    os.ftruncate(fd, size)
+                inode.size = size
+                inode.mtime_ns = inode.ctime_ns = now_ns()
+                inode.version = tx.next_version()
+                forget_content_meta(inode)
+                inode.etag = EMPTY_MD5 if size == 0 else ""
+                inode.state = STATE_DIRTY
+                tx.put_inode(inode)
+                self._queue(tx, inode)
+        finally:
+            os.close(fd)
+        return True
 
     async def _keep_before_cut(self, ino: int) -> None:
         """In a versioned bucket the committed version is kept before a cut destroys its

@@ -100,7 +100,7 @@ class SmallLog:
             for ino, n in batch.items():
                 self._pending[ino] = self._pending.get(ino, 0) + n
             return False
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             for ino in batch:
                 tx.delete_logged(ino)
         self.bytes -= sum(batch.values())

@@ -103,7 +103,7 @@ class TagOps(ObjectOps):
         has; ENOENT when there is no such key."""
         for attempt in (0, 1):
             try:
-                with self.meta.snapshot() as tx:
+                async with self.meta.asnapshot() as tx:
                     return self._tag_target(tx, ident, bucket, key, vid, "GetObjectTagging")
             except FsError as e:
                 if e.errno != errno.ENOENT or e.reason or vid is not None or attempt:
@@ -119,7 +119,7 @@ class TagOps(ObjectOps):
         doc)."""
         for attempt in (0, 1):
             try:
-                with self.meta.write() as tx:
+                async with self.meta.awrite() as tx:
                     inode = self._tag_target(tx, ident, bucket, key, vid, action)
                     inode.objmeta = with_tags(inode.objmeta, tags)
                     inode.ctime_ns = now_ns()

@@ -16,7 +16,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from tierd.namespace.base import NamespaceBase
+from tierd.namespace.base import NamespaceBase, now_ns
 
 
 def _willneed(fd: int, offset: int, length: int) -> None:
@@ -58,6 +58,79 @@ class TieringOps(NamespaceBase):
             return None
         return h.ofile.fd
 
+    # -- kernel write passthrough (the FUSE door) ------------------------------------------
+    async def passthrough_open(self, fh: int) -> int | None:
+        """For handle ``fh`` opened for writing: the hot data file's descriptor when the
+        kernel may write it directly, else None (the handle keeps the normal write path).
+
+        Writes the kernel passes through never reach :meth:`write`, so what a write below
+        the committed size does first is done here, once, for every write to come: the
+        whole content local, a versioned bucket's committed version kept, the ``V``
+        intention durable (``files.FileOps._intend``).  Until :meth:`passthrough_close`
+        the intention stays (no durability point removes it) and the file counts as being
+        written: the persister does not upload it, nothing evicts it, no peer reads it.
+        Refused: files not whole on hot or whose hot file is not exactly their size, the
+        memory tier's files (the pool's copy would go stale), a cluster's files (other
+        nodes learn of changes from commits the kernel's writes would not make), files with
+        set-id bits (a write by another user must clear them, and no write is seen)."""
+        h = self._handles.get(fh)
+        if h is None or not h.writable or self.meta.node or self.meta.engine.remote:
+            return None
+        of = h.ofile
+        if of.external:  # the kernel writes it already: one more writer
+            of.external += 1
+            return of.fd
+        if of.privs or not self.placement.hot_complete(of.ino):
+            return None
+        if self.placement.mem_policies():
+            async with self.meta.asnapshot() as tx:
+                if self.placement.wants_mem(tx, of.ino):
+                    return None
+        if os.fstat(of.fd).st_size != of.size:
+            return None
+        of.external += 1  # busy from here: nothing uploads or evicts it meanwhile
+        try:
+            await self._prepare_write(of.ino, of.size)
+            if of.committed_size and not of.intent:
+                await self._intend(of)
+            elif not of.intent:
+                # nothing committed to keep, but the intention all the same: a process may
+                # go on writing through the kernel after this daemon died, and the next
+                # start gives the files with a ``V`` key a data file of their own
+                # (``Namespace._recover``), out of that writer's reach
+                async with self.meta.awrite() as tx:
+                    tx.add_intent(of.ino)
+                await self._sync_meta()
+                of.intent = True
+        except BaseException:
+            of.external -= 1
+            raise
+        return of.fd
+
+    def passthrough_sync(self, fh: int, wrote: bool = True) -> None:
+        """The kernel may have written handle ``fh``'s hot file: its size and mtime become
+        the live ones; ``wrote`` (a durability point, a truncate), or a size or mtime
+        seen to change: count it as a write (a new content version at the next durability
+        point; at a durability point whatever changed, since a coarse mtime cannot tell)."""
+        h = self._handles.get(fh)
+        if h is None or not h.ofile.external:
+            return
+        of = h.ofile
+        st = os.fstat(of.fd)
+        if wrote or st.st_size != of.size or st.st_mtime_ns > of.mtime_ns:
+            # (a change seen: getattr overlays the live size of a file being written)
+            of.gen += 1
+            of.ctime_ns = now_ns()
+        of.size = st.st_size
+        of.mtime_ns = max(of.mtime_ns, st.st_mtime_ns)
+
+    def passthrough_close(self, fh: int) -> None:
+        """The kernel writes no more through ``fh`` (before its release, after a
+        :meth:`passthrough_sync`): the release's commit may remove the intention."""
+        h = self._handles.get(fh)
+        if h is not None and h.ofile.external > 0:
+            h.ofile.external -= 1
+
     # -- files written outside the namespace, then published ----------------------------
     def staging_file(self) -> tuple[str, int]:
         """A new empty file in the hot tier's staging area, (path, O_RDWR descriptor): the
@@ -77,7 +150,7 @@ class TieringOps(NamespaceBase):
         """A read-only descriptor of regular file ``ino``, whole on hot, and where its bytes
         were (``hot``, or ``cold`` when they were read back first).  The file is held
         against eviction until :meth:`release_held`; the caller closes the descriptor."""
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             size = self._live(self._get(tx, ino)).size
         p = self.placement
         where = "hot"
@@ -142,7 +215,7 @@ class TieringOps(NamespaceBase):
     async def set_pool_quota(self, tenant: int, nbytes: int) -> None:
         """Store tenant ``tenant``'s pool quota (``0``: remove it, the default applies),
         durable on return: the admin API acknowledges it as set."""
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             if nbytes == 0:
                 tx.delete_pool_quota(tenant)
             else:

@@ -111,14 +111,14 @@ class VersionOps(MultipartOps):
         if status not in (ENABLED, SUSPENDED):
             raise FsError(errno.EINVAL, f"versioning status {status!r} is not Enabled or "
                           "Suspended", reason=Reason.MALFORMED_XML)
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             versions.require_bucket(tx, bucket)
             versions.mark_in_use(tx)
         await self.bucket_config.put(bucket, versions.CONFIG, status)
 
     async def delete_bucket(self, ident: Identity, name: str) -> None:
         """A bucket with versions or delete markers left is not empty (as S3)."""
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             if next(versions.scan(tx, name), None) is not None:
                 raise FsError(errno.ENOTEMPTY, f"bucket {name!r} still holds object versions "
                               "or delete markers")
@@ -150,7 +150,7 @@ class VersionOps(MultipartOps):
     async def head_version(self, ident: Identity, bucket: str, key: str, vid: str) -> Inode:
         """Version ``vid`` of ``key``: NoSuchVersion when it does not exist, a
         :class:`DeleteMarkerHit` (MethodNotAllowed) when it is a delete marker."""
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             versions.require_bucket(tx, bucket)
             v = versions.find(tx, bucket, key, vid)
             if v is None:
@@ -205,7 +205,7 @@ class VersionOps(MultipartOps):
         """DELETE on a versioned bucket (or with a version id): without ``vid`` a delete
         marker becomes the latest version; with it, that version goes for good.  Durable
         on return."""
-        out = self._delete_version(ident, bucket, key, vid)
+        out = await self._delete_version(ident, bucket, key, vid)
         await self._sync_meta()
         return out
 
@@ -216,24 +216,24 @@ class VersionOps(MultipartOps):
         out: list[Deleted | FsError] = []
         for key, vid in items:
             try:
-                out.append(self._delete_version(ident, bucket, key, vid))
+                out.append(await self._delete_version(ident, bucket, key, vid))
             except FsError as e:
                 out.append(e)
         await self._sync_meta()
         return out
 
-    def _delete_version(self, ident: Identity, bucket: str, key: str,
-                        vid: str | None) -> Deleted:
+    async def _delete_version(self, ident: Identity, bucket: str, key: str,
+                              vid: str | None) -> Deleted:
         segments, marker_key = split_key(key)
         if marker_key:  # directory markers are never versioned
-            self._delete_one(ident, bucket, key)
+            await self._delete_one(ident, bucket, key)
             return Deleted(None if vid is None else vid, False)
         if vid is None and not self.versioning(bucket):
-            self._delete_one(ident, bucket, key)
+            await self._delete_one(ident, bucket, key)
             return Deleted(None, False)
         drops: list[int] = []
         changes: list[Change] = []
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             root = self._bucket_dir(tx, bucket)
             st = versions.state(tx, bucket)
             try:
@@ -284,6 +284,7 @@ class VersionOps(MultipartOps):
                     changes.append(promoted)
                 elif d is not None and cur is not None:
                     changes += self._prune_implicit(tx, d.ino)
+            changes = self._take_created() + changes  # (a promotion's directories)
         return self._after_delete(drops, changes, result)
 
     def _after_delete(self, drops: list[int], changes: list[Change], result: Deleted
@@ -375,7 +376,7 @@ class VersionOps(MultipartOps):
         out = VersionListing()
         await self.placement.refresh_key(bucket, prefix, recursive=not delimiter)
         count = 0
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             root = self._bucket_dir(tx, bucket)
             enforce(ident, "ListObjects", directory=root, key=bucket)
             after: bytes | None = None
@@ -434,7 +435,7 @@ class VersionOps(MultipartOps):
         after: bytes | None = None
         while True:  # pages of keys, each its own short read: the loop is never held long
             seen = 0
-            with self.meta.snapshot() as tx:
+            async with self.meta.asnapshot() as tx:
                 root = self._bucket_dir(tx, bucket)
                 for key, entries in self._groups(tx, Identity.ROOT, root, bucket, prefix,
                                                  after):
@@ -452,7 +453,7 @@ class VersionOps(MultipartOps):
             await asyncio.sleep(0)
         n = 0
         for i in range(0, len(doomed), 100):
-            with self.meta.write() as tx:
+            async with self.meta.awrite() as tx:
                 drops: list[int] = []
                 for key, vid in doomed[i:i + 100]:
                     v = versions.find(tx, bucket, key, vid)

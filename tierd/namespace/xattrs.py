@@ -61,7 +61,7 @@ class XattrOps(NamespaceBase):
 
     async def getxattr(self, ident: Identity, ino: int, name: bytes) -> bytes:
         ns = _check_name(name)
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             inode = self._get(tx, ino)
             if name in pacl.ACL_XATTRS:  # readable by anyone who reached the inode
                 acl = inode.acl_access if name == pacl.ACCESS_XATTR else inode.acl_default
@@ -87,7 +87,7 @@ class XattrOps(NamespaceBase):
         if name in pacl.ACL_XATTRS:
             await self._set_acl(ident, ino, name, pacl.parse(value))
             return
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             inode = self._get(tx, ino)
             self._xattr_allowed(ident, inode, ns, write=True)
             exists = tx.get_xattr(ino, name) is not None
@@ -101,7 +101,7 @@ class XattrOps(NamespaceBase):
             tx.put_inode(inode)
 
     async def listxattr(self, ident: Identity, ino: int) -> list[bytes]:
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             inode = self._get(tx, ino)
             names = [n for n, _ in tx.list_xattrs(ino)]
         if inode.acl_access:
@@ -117,7 +117,7 @@ class XattrOps(NamespaceBase):
         if name in pacl.ACL_XATTRS:
             await self._set_acl(ident, ino, name, ())
             return
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             inode = self._get(tx, ino)
             self._xattr_allowed(ident, inode, ns, write=True)
             if not tx.remove_xattr(ino, name):
@@ -131,7 +131,7 @@ class XattrOps(NamespaceBase):
         elsewhere succeeds), only the owner or root (EPERM); an access ACL sets the mode bits
         (the group bits become the mask) and is stored only when it says more than they do;
         setting it clears setgid unless the caller is root or in the file's group."""
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             inode = self._get(tx, ino)
             if inode.is_lnk:
                 raise FsError(errno.EOPNOTSUPP, "symbolic links have no POSIX ACLs")

@@ -155,7 +155,7 @@ class Deleting(Reading):
         after = ""
         sem = asyncio.Semaphore(self.settings.persist_parallel)
         while True:
-            with self.meta.snapshot() as tx:
+            async with self.meta.asnapshot() as tx:
                 batch = intents.scan(tx, after, BATCH)
             if not batch:
                 return
@@ -182,7 +182,7 @@ class Deleting(Reading):
         async with self.gates.hold(key):
             if key in self.putting:
                 return  # an upload to it is in flight: its record decides afterwards
-            with self.meta.snapshot() as tx:
+            async with self.meta.asnapshot() as tx:
                 it = intents.get(tx, key)
                 if it is not None and it.ino == intents.TOMB:
                     expired = time.time_ns() - it.done_ns > intents.TOMB_TTL * 1e9
@@ -209,7 +209,7 @@ class Deleting(Reading):
                 self._delete_errors.pop(key, None)
                 self.recent.deleted(key)
                 self.stats.cold_deleted += 1
-            with self.meta.write() as tx:
+            async with self.meta.awrite() as tx:
                 if self.node and verdict == "delete":
                     intents.tombstone(tx, key, it.token)
                 else:
@@ -219,7 +219,7 @@ class Deleting(Reading):
     async def rescue(self, ino: int) -> None:
         """Make file ``ino`` whole on hot and keep it there until its own upload is done
         (an object it needs is about to be replaced)."""
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             inode = tx.get_inode(ino)
         if inode is None or inode.nlink == 0:
             return

@@ -128,7 +128,7 @@ class Evicting(PlacementCore):
         freed = 0
         plan: dict[int, list[int]] = {}
         verdict: dict[int, bool] = {}
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             for ino, b in tc.order.victims():
                 if freed >= nbytes:
                     break
@@ -148,7 +148,7 @@ class Evicting(PlacementCore):
         """Every block of one file off ``tier`` (``evict PREFIX``); hot blocks go down to
         warm when ``demote`` and there is a warm tier."""
         tc = self.cache_of(tier)
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             inode = tx.get_inode(ino)
         if inode is None or not inode.is_reg:
             return 0
@@ -163,7 +163,7 @@ class Evicting(PlacementCore):
         persistence; a pin does not stop this, the pin is on the warm tier)."""
         if self.warmc is None:
             return 0
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             inode = tx.get_inode(ino)
         if inode is None or not inode.is_reg:
             return 0
@@ -263,7 +263,7 @@ class Evicting(PlacementCore):
             off = start * BLOCK_SIZE
             await self.warm.copy_from(self.hot, ino, off,
                                       min(size, off + count * BLOCK_SIZE) - off)
-        with self.meta.write() as tx:
+        async with self.meta.awrite() as tx:
             inode = tx.get_inode(ino)
             if inode is None or inode.version != version:
                 return  # changed meanwhile: the warm copy is stale, no bit records it

@@ -148,11 +148,11 @@ class Importer:
             page = await self.cold.list("", start_after=after, delimiter="/")
             stale = set()
             for cp in page.common_prefixes:
-                with self.meta.snapshot() as tx:
+                async with self.meta.asnapshot() as tx:
                     pending = intents.pending_under(tx, cp)
                 if pending and not await self._live_key_under(cp):
                     stale.add(cp)
-            with self.meta.write() as tx:
+            async with self.meta.awrite() as tx:
                 n += self.tree.import_buckets(
                     tx, [cp.rstrip("/") for cp in page.common_prefixes if cp not in stale])
             if not page.truncated:
@@ -164,7 +164,7 @@ class Importer:
         after = ""
         while True:
             page = await self.cold.list(prefix, start_after=after)
-            with self.meta.snapshot() as tx:
+            async with self.meta.asnapshot() as tx:
                 if any(not intents.pending(tx, o.key) for o in page.objects):
                     return True
             if not page.truncated:
@@ -203,7 +203,7 @@ class Importer:
         with self.recent.listing() as mono:
             while True:
                 page = await self.cold.list(prefix, start_after=after, delimiter="/")
-                with self.meta.write() as tx:
+                async with self.meta.awrite() as tx:
                     found: list[tuple[str, ObjectInfo | None]] = []
                     for info in page.objects:
                         listed.add(info.key[len(prefix):].encode("utf-8", "surrogateescape"))
@@ -239,7 +239,7 @@ class Importer:
         with self.recent.listing() as mono:
             while True:
                 page = await self.cold.list(prefix, start_after=after)
-                with self.meta.write() as tx:
+                async with self.meta.awrite() as tx:
                     listed.update(o.key for o in page.objects)
                     n += self.tree.import_objects(tx, [(o.key, o) for o in page.objects
                                                        if self._wanted(tx, o.key, mono)])

@@ -98,7 +98,7 @@ class Placement(Uploading):
         warm = await asyncio.to_thread(self.warm.inventory) if self.warm is not None else None
         self.load_state(hot, warm)
         if self.node:  # marks of uploads of this node's previous run: none is in flight
-            with self.meta.write() as tx:
+            async with self.meta.awrite() as tx:
                 putting.drop_own(tx, self.node)
         self.init_deletes()
         self.init_uploads()
@@ -182,6 +182,8 @@ class Placement(Uploading):
             now = time.monotonic()
             if now >= full_at:
                 self.hints.clear()
+                # synchronous: a transaction whose body queued a file (and counted it
+                # dirty) after this began could commit after its snapshot (pg_async)
                 with self.meta.snapshot() as tx:
                     queue = tx.list_queue()
                 live = set(queue)
@@ -203,9 +205,9 @@ class Placement(Uploading):
                 self.hints.clear()
                 if self.deletes_hint:
                     self.kick_deletes()
-            queue = self._past_delay(queue, now)
+            queue = await self._past_delay(queue, now)
             if self.node:  # a node of a cluster persists the versions it holds
-                with self.meta.snapshot() as tx:
+                async with self.meta.asnapshot() as tx:
                     queue = [ino for ino in queue if self.mine(tx, ino)]
             for ino in queue:
                 if ino in self._active:
@@ -304,7 +306,7 @@ class Placement(Uploading):
     def _hurrying(self) -> bool:
         return bool(self._hurry) or self.dirty_bytes > self.settings.dirty_limit // 2
 
-    def _past_delay(self, queue: list[int], now: float) -> list[int]:
+    async def _past_delay(self, queue: list[int], now: float) -> list[int]:
         """The queued inodes whose persist delay is over (the rest wait in ``_later``).
 
         The delay runs from when a file was first queued (the queue token starts with that
@@ -325,7 +327,7 @@ class Placement(Uploading):
         known = self._queued_at
         missing = [ino for ino in queue if ino not in known]
         if missing:
-            with self.meta.snapshot() as tx:
+            async with self.meta.asnapshot() as tx:
                 for ino in missing:
                     token = tx.queued(ino)
                     if token is not None:
@@ -403,7 +405,7 @@ class Placement(Uploading):
         self._hurry += 1
         try:
             while True:
-                with self.meta.snapshot() as tx:
+                async with self.meta.asnapshot() as tx:
                     if tx.queued(ino) is None:
                         return
                 ev = self._progress
@@ -424,7 +426,7 @@ class Placement(Uploading):
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
             while True:
-                with self.meta.snapshot() as tx:
+                async with self.meta.asnapshot() as tx:
                     left_over = self._outstanding(tx, prefix)
                 if left_over != "wait":
                     return left_over == ""

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tierd.errors import FsError, Reason
-from tierd.meta import ColdRecord
+from tierd.meta import ColdRecord, MetaTxn
 from tierd.placement import bitmap
 from tierd.placement.engine import FIRST_WINDOW, HOT, WARM, Stream
 from tierd.placement.evict import Evicting
@@ -88,7 +88,7 @@ class Reading(Evicting):
             if touch:
                 self._step(ino, offset, offset + max(length, 1), None)
             return
-        v = self._view(ino)
+        v = await self._aview(ino)
         end = 0 if v is None else min(v.size, offset + length)
         if v is None or end <= offset:
             return
@@ -117,7 +117,7 @@ class Reading(Evicting):
         offset+length)`` of ``version``, from this node's hot tier only; None when this node
         does not hold that range; :class:`~tierd.placement.peerreads.VersionMoved` when the
         file is at another version here, or being written (its bytes may be changing)."""
-        v = self._view(ino)
+        v = await self._aview(ino)
         if v is None:
             return None
         if v.version != version or self.busy(ino):
@@ -137,7 +137,7 @@ class Reading(Evicting):
             return None
         finally:
             self.release(ino)
-        after = self._view(ino)
+        after = await self._aview(ino)
         if after is None or after.version != version or self.busy(ino):
             raise VersionMoved(f"inode {ino} changed on node {self.node!r} while it was read")
         self.stats.peer_served_bytes += len(data)
@@ -173,7 +173,7 @@ class Reading(Evicting):
             if ino in self._whole:
                 self._step(ino, offset, offset + max(length, 1), None)
                 return await fileio.pread(fd, length, offset)
-            v = self._view(ino)
+            v = await self._aview(ino)
             end = 0 if v is None else min(v.size, offset + length)
             if v is None or end <= offset:
                 return await fileio.pread(fd, length, offset)
@@ -220,7 +220,7 @@ class Reading(Evicting):
         """Make the whole file present on ``tier`` (``warmup --tier``); returns its size.
         Filling warm copies hot blocks down rather than fetching them again."""
         tc = self.cache_of(tier)
-        v = self._view(ino)
+        v = await self._aview(ino)
         if v is None:
             return 0
         n = bitmap.nblocks(v.size)
@@ -246,7 +246,7 @@ class Reading(Evicting):
         mem = self.mem
         if mem is None:
             return False
-        with self.meta.snapshot() as tx:
+        async with self.meta.asnapshot() as tx:
             inode = tx.get_inode(ino)
             if inode is None or not inode.is_reg or not (force or self.wants_mem(tx, ino)):
                 return False
@@ -277,16 +277,24 @@ class Reading(Evicting):
     # -- references, streams, promotion ------------------------------------------------
     def _view(self, ino: int) -> View | None:
         with self.meta.snapshot() as tx:
-            inode = tx.get_inode(ino)
-            if inode is None or not inode.is_reg:
-                return None
-            hot = inode.blocks.get(HOT)
-            rec = tx.get_cold(ino) if hot is not None else None
-            tier = HOT
-            if self.warmc is not None and any(p.tier == WARM for p in self.policies.values()):
-                policy = file_policy(tx, ino, self.policy_for)
-                if policy is not None and policy.tier == WARM:
-                    tier = WARM
+            return self._view_in(tx, ino)
+
+    async def _aview(self, ino: int) -> View | None:
+        """:meth:`_view` for coroutines (over PostgreSQL its begin leaves the loop)."""
+        async with self.meta.asnapshot() as tx:
+            return self._view_in(tx, ino)
+
+    def _view_in(self, tx: MetaTxn, ino: int) -> View | None:
+        inode = tx.get_inode(ino)
+        if inode is None or not inode.is_reg:
+            return None
+        hot = inode.blocks.get(HOT)
+        rec = tx.get_cold(ino) if hot is not None else None
+        tier = HOT
+        if self.warmc is not None and any(p.tier == WARM for p in self.policies.values()):
+            policy = file_policy(tx, ino, self.policy_for)
+            if policy is not None and policy.tier == WARM:
+                tier = WARM
         # warm bits of a warm tier that is no longer configured are ignored
         warm = inode.blocks.get(WARM, b"") if self.warmc is not None else b""
         return View(ino, inode.version, inode.size, hot, warm, rec, tier, inode.nlink == 0,
@@ -434,9 +442,12 @@ class Reading(Evicting):
         ino = v.ino
         self._filling[ino] += 1
         try:
-            while (punching := self._evicting.get((dst.name, ino))) is not None:
-                await asyncio.shield(punching)
-            cur = self._view(ino)
+            while True:
+                while (punching := self._evicting.get((dst.name, ino))) is not None:
+                    await asyncio.shield(punching)
+                cur = await self._aview(ino)
+                if (dst.name, ino) not in self._evicting:
+                    break  # (a punch began while the view was read: wait for it, again)
             if cur is None or cur.version != v.version:
                 if self.node and cur is not None:
                     # on a cluster the new version may be another node's: the reader
@@ -456,7 +467,7 @@ class Reading(Evicting):
                 with contextlib.suppress(OSError):
                     await dst.tier.punch(ino, off, n)
                 raise
-            with self.meta.write() as tx:
+            async with self.meta.awrite() as tx:
                 inode = tx.get_inode(ino)
                 if inode is None or inode.version != v.version:
                     return

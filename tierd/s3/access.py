@@ -136,17 +136,20 @@ def judge_object(ctx: Ctx, action: str, extra: dict[str, str]) -> None:
                           ctx.query.get("versionId"))
 
 
-def authorize_request(ctx: Ctx, action: str | None, on_object: bool,
-                      copy: bool = False) -> None:
+async def authorize_request(ctx: Ctx, action: str | None, on_object: bool,
+                            copy: bool = False) -> None:
     """Set ``ctx.identity`` (and ``ctx.src_identity`` for a ``copy``) for a request that is
     IAM ``action`` on the object ``ctx.key`` (``on_object``) or on its bucket, or raise
     AccessDenied before anything else happens.  ``action`` None: the handler judges for
     itself (per key, from its body, or the bucket owner's operations); only an anonymous
     request's bucket is checked here.  The actions are declared in
     :data:`tierd.s3.operations.OPERATIONS`."""
-    # one read: whether the bucket exists, and its policy
-    exists, policy = (ctx.state.policies.lookup(ctx.bucket)
-                      if ctx.bucket and (ctx.anonymous or action is not None) else (True, None))
+    # one read: whether the bucket exists, and its policy (and its record, for later)
+    exists, policy = True, None
+    if ctx.bucket and (ctx.anonymous or action is not None):
+        ctx.bucket_record = await ctx.state.policies.aread(ctx.bucket)
+        ctx.bucket_read = True
+        exists, policy = ctx.state.policies.decide(ctx.bucket, ctx.bucket_record)
     if ctx.anonymous and not ctx.bucket:
         raise AccessDenied(errno.EACCES, "anonymous requests cannot list buckets; sign the "
                            "request (ListBuckets)")

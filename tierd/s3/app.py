@@ -156,7 +156,7 @@ def make_s3_app(ns: NamespaceAPI, keys: KeyStore, *, region: str = "us-east-1",
                                   "policy grants; sign the request") from None
                 raise
             request[OPERATION] = op.name
-            authorize_request(ctx, op.action, op.on_object, op.copy)
+            await authorize_request(ctx, op.action, op.on_object, op.copy)
             bucket_controls.prepare_acl(ctx, op.action, form=op.name == "PostObject")
             await send_continue(ctx, op.handler)
             return await op.handler(ctx)

@@ -35,7 +35,7 @@ from tierd.s3 import bucketdoc, xmlio
 from tierd.s3.body import Body
 from tierd.s3.bucket_policy import bucket_record, may_manage
 from tierd.s3.buckets import xml_response
-from tierd.s3.common import REQUEST_ACL, Ctx, header_canned_acl
+from tierd.s3.common import REQUEST_ACL, Ctx, bucket_doc, header_canned_acl
 from tierd.s3.errors import S3Error
 from tierd.s3.xmlio import document, el
 
@@ -65,7 +65,7 @@ def uid_resolver(ctx: Ctx, *also: int) -> Callable[[str], int | None]:
 def ownership(ctx: Ctx, bucket: str) -> str:
     """The bucket's ObjectOwnership rule ("" without one: ObjectWriter)."""
     try:
-        return ctx.ns.bucket_config.get(bucket, OWNERSHIP_CONFIG) or ""
+        return bucket_doc(ctx, OWNERSHIP_CONFIG, bucket) or ""
     except FsError:
         return ""
 

@@ -12,14 +12,14 @@ The store is :mod:`tierd.namespace.bucketconf`'s: durable when :func:`store` ret
 from __future__ import annotations
 
 from tierd.errors import FsError
-from tierd.s3.common import Ctx
+from tierd.s3.common import Ctx, bucket_doc
 from tierd.s3.errors import S3Error, from_fs_error
 
 
 def read(ctx: Ctx, name: str) -> str | None:
     """The bucket's document ``name`` (None when unset); NoSuchBucket without the bucket."""
     try:
-        return ctx.ns.bucket_config.get(ctx.bucket, name)
+        return bucket_doc(ctx, name)
     except FsError as e:
         raise from_fs_error(e, missing="NoSuchBucket", bucket=ctx.bucket) from None
 

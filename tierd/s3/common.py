@@ -4,6 +4,7 @@ ranges and copy sources."""
 from __future__ import annotations
 
 import email.utils
+import errno
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -18,7 +19,8 @@ from tierd import preconditions
 from tierd.acl import Identity, canned
 from tierd.acl.authorize import PolicyStore
 from tierd.acl.keys import KeyStore, Owner
-from tierd.meta import EMPTY_MD5
+from tierd.errors import FsError
+from tierd.meta import EMPTY_MD5, Bucket
 from tierd.namespace.api import Inode, NamespaceAPI, valid_vid
 from tierd.s3 import checksums, tagset
 from tierd.s3.errors import S3Error
@@ -72,6 +74,11 @@ class Ctx:
     response_headers: dict[str, str] = field(default_factory=dict)
     #: a streamed response that has sent its headers: errors can no longer be answered
     stream: web.StreamResponse | None = None
+    #: the record of ``bucket`` as :func:`tierd.s3.access.authorize_request` read it (None:
+    #: no such bucket), when ``bucket_read``: the request's later questions about its
+    #: bucket (is it versioned?) need no metadata transaction of their own
+    bucket_record: Bucket | None = None
+    bucket_read: bool = False
 
     @property
     def started(self) -> bool:
@@ -120,6 +127,18 @@ class Ctx:
 
 
 # -- times and ETags ---------------------------------------------------------------------
+
+def bucket_doc(ctx: Ctx, name: str, bucket: str | None = None) -> str | None:
+    """The configuration document ``name`` of ``bucket`` (the request's by default; None
+    when unset; ENOENT without the bucket): the request's own bucket from the record its
+    authorization read, with no metadata transaction of its own."""
+    bucket = bucket or ctx.bucket
+    if not (ctx.bucket_read and bucket == ctx.bucket):
+        return ctx.ns.bucket_config.get(bucket, name)
+    if ctx.bucket_record is None:
+        raise FsError(errno.ENOENT, f"bucket {bucket!r} does not exist")
+    return ctx.bucket_record.config.get(name)
+
 
 def http_date(ns: int) -> str:
     return email.utils.formatdate(ns // 1_000_000_000, usegmt=True)

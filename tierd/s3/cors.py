@@ -31,7 +31,7 @@ from tierd.s3 import bucketdoc, xmlio
 from tierd.s3.body import Body
 from tierd.s3.bucket_policy import owner_or_granted
 from tierd.s3.buckets import xml_response
-from tierd.s3.common import Ctx
+from tierd.s3.common import Ctx, bucket_doc
 from tierd.s3.errors import S3Error
 from tierd.s3.xmlio import document, el
 
@@ -157,7 +157,7 @@ def _decode(text: str) -> list[Rule]:
 def rules_of(ctx: Ctx) -> list[Rule]:
     """The bucket's rules; empty without a configuration or without the bucket."""
     try:
-        text = ctx.ns.bucket_config.get(ctx.bucket, CONFIG_NAME)
+        text = bucket_doc(ctx, CONFIG_NAME)
     except FsError:
         return []
     return _decode(text) if text else []

@@ -347,7 +347,7 @@ async def post_object(ctx: Ctx) -> web.StreamResponse:
         policy = Policy(fields["policy"])
         policy.check(fields, ctx.bucket, key_raw, ctx.key)
         low, high = policy.min_size, policy.max_size
-    authorize_request(ctx, "s3:PutObject", on_object=True)  # on the key, as PutObject
+    await authorize_request(ctx, "s3:PutObject", on_object=True)  # on the key, as PutObject
     objmeta = objmeta_from_headers(_headers(fields))
     try:
         inode = await ctx.ns.put_object(ctx.ident, ctx.bucket, ctx.key,

@@ -14,6 +14,7 @@ from tierd.errors import FsError, Reason
 from tierd.namespace.api import (
     ENABLED,
     SUSPENDED,
+    VERSIONING_CONFIG,
     Deleted,
     DeleteMarkerHit,
     Inode,
@@ -60,7 +61,11 @@ def copy_source_version(value: str) -> str | None:
 
 
 def versioned(ctx: Ctx, bucket: str | None = None) -> bool:
-    """Whether the bucket has ever had versioning enabled (it then answers version ids)."""
+    """Whether the bucket has ever had versioning enabled (it then answers version ids);
+    the request's own bucket from the record its authorization read (no transaction)."""
+    if ctx.bucket_read and (bucket is None or bucket == ctx.bucket):
+        b = ctx.bucket_record
+        return b is not None and bool(b.config.get(VERSIONING_CONFIG, ""))
     try:
         return bool(ctx.ns.versioning(bucket or ctx.bucket))
     except FsError:
