@@ -345,6 +345,9 @@ def main() -> None:
                     "(fuse_backend); several: all in the same run, against the same raw runs")
     ap.add_argument("--passthrough", action="store_true",
                     help="fuse_passthrough = true for the kernel backend")
+    ap.add_argument("--passthrough-writes", action="store_true",
+                    help="with --passthrough: fuse_passthrough_writes = true (writable opens "
+                    "of hot files passed through too)")
     ap.add_argument("--fuse-from", default=None, metavar="DIR",
                     help="also measure a kernel-backend daemon whose tierd_fuse package is "
                     "DIR/tierd_fuse (an earlier fuse/, e.g. `git archive REV fuse | tar -x "
@@ -368,6 +371,8 @@ def main() -> None:
         extra = [*args.serve_arg, "--fuse-backend", kind]
         if kind == "kernel" and args.passthrough:
             extra += ["--fuse-passthrough", "true"]
+            if args.passthrough_writes:
+                extra += ["--fuse-passthrough-writes", "true"]
         (base / b).mkdir(parents=True, exist_ok=True)
         daemons[b] = start_daemon(base / b, extra, args.fuse_from if "@" in b else None)
     if args.rclone:

@@ -158,6 +158,9 @@ class OpsBase(pyfuse3.Operations):
         self.no_caps: set[int] = set()
         self.kcache = KernelCache()
         self.files: dict[int, FileState] = {}
+        #: ino -> handles the kernel writes through itself (write passthrough, kpass.py):
+        #: the daemon learns their sizes at getattr, setattr, flush, fsync and release
+        self.pt_writers: dict[int, set[int]] = {}
         self.dirs: dict[int, DirHandle] = {}
         self._next_dir_fh = 1
         #: called on the loop after the INIT reply (see :meth:`init`)

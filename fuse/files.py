@@ -136,17 +136,55 @@ class FileOps(OpsBase):
             # the kernel sized the file from these writes itself
             self.kcache.gave_attrs(st.ino, version)
 
+    # -- write passthrough (kpass.py): the kernel wrote the hot file, the daemon saw nothing --
+    def passthrough_writer(self, fh: int, ino: int) -> None:
+        """``fh`` is opened with the kernel writing the hot file itself."""
+        self.pt_writers.setdefault(ino, set()).add(fh)
+        st = self.files.get(fh)
+        if st is not None:
+            st.passthrough = True
+
+    def _pt_sync(self, fh: int, wrote: bool = True) -> None:
+        """Before a durability point of a passthrough writer: the namespace takes the hot
+        file's size and counts the handle as written (a new version at its commit)."""
+        st = self.files.get(fh)
+        if st is not None and st.passthrough:
+            self.ns.passthrough_sync(fh, wrote)
+            st.wrote = True
+
+    def pt_refresh(self, ino: int, wrote: bool = False) -> None:
+        """Before the daemon answers with (getattr) or changes (setattr) the size of an
+        inode passthrough writers hold: the size the kernel's writes gave the hot file."""
+        for fh in self.pt_writers.get(ino, ()):
+            self.ns.passthrough_sync(fh, wrote)
+            return
+
+    def _pt_close(self, fh: int) -> None:
+        st = self.files.get(fh)
+        if st is None or not st.passthrough:
+            return
+        self.ns.passthrough_close(fh)
+        fhs = self.pt_writers.get(st.ino)
+        if fhs is not None:
+            fhs.discard(fh)
+            if not fhs:
+                del self.pt_writers[st.ino]
+
     @fs_errors
     async def flush(self, fh: int) -> None:
+        self._pt_sync(fh)
         self._committed(fh, await self.ns.flush(fh))
 
     @fs_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
+        self._pt_sync(fh)
         self._committed(fh, await self.ns.fsync(fh, datasync))
 
     @fs_errors
     async def release(self, fh: int) -> None:
         try:
+            self._pt_sync(fh)
+            self._pt_close(fh)
             self._committed(fh, await self.ns.release(fh))
         finally:
             self.files.pop(fh, None)

@@ -56,6 +56,7 @@ class FileState:
     #: process without CAP_FSETID through this handle (the kernel's WRITE_KILL_SUIDGID)
     by_root: bool = False
     wrote: bool = False  # written since the kernel's cached version was last recorded
+    passthrough: bool = False  # the kernel writes the hot file itself (kpass.py)
     advised: int = 0  # end of the range the backing file was asked to read ahead
     last_end: int = -1  # where the previous read ended (sequential detection)
 

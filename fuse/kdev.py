@@ -177,11 +177,12 @@ class KernelSession:
     """One mount's conversation with the kernel over a ``/dev/fuse`` descriptor."""
 
     def __init__(self, ops: TierdOps, fd: int, *, passthrough: bool = False,
-                 max_tasks: int = MAX_TASKS) -> None:
+                 passthrough_writes: bool = False, max_tasks: int = MAX_TASKS) -> None:
         self.ops = ops
         self.fd = fd
         self.max_tasks = max_tasks
         self.want_passthrough = passthrough
+        self.passthrough_writes = passthrough_writes
         self.pt: Passthrough | None = None
         self.minor = 0
         self.flags = 0
@@ -377,7 +378,7 @@ class KernelSession:
             K.MAJOR, self.minor, max_readahead, got & 0xFFFFFFFF, MAX_BACKGROUND,
             MAX_BACKGROUND * 3 // 4, MAX_WRITE, 1, MAX_WRITE // 4096, 0, got >> 32, stack)])
         if got & K.PASSTHROUGH:
-            self.pt = Passthrough(self.ops, self.fd)
+            self.pt = Passthrough(self.ops, self.fd, writes=self.passthrough_writes)
         self.ops.init()
 
     # -- requests --------------------------------------------------------------------------------
@@ -523,6 +524,8 @@ class KernelSession:
         """The OPEN reply of a handle the namespace opened; if it cannot be made, the
         handle is released again (the kernel never learns of it)."""
         try:
+            if self.pt is not None:
+                await self.pt.prepare(ino, int(info.fh), flags)
             return self._open_out(ino, info, flags)
         except BaseException:
             if self.pt is not None:

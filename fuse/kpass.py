@@ -60,9 +60,12 @@ def _writable(flags: int) -> bool:
 class Passthrough:
     """Per-inode I/O mode bookkeeping and the backing-file ioctls of one session."""
 
-    def __init__(self, ops: TierdOps, devfd: int) -> None:
+    def __init__(self, ops: TierdOps, devfd: int, *, writes: bool = False) -> None:
         self.ops = ops
         self.devfd = devfd
+        #: writable opens may be passthrough too (``fuse_passthrough_writes``)
+        self.writes = writes
+        self._writer_fd: dict[int, int] = {}  # fh -> hot fd of a writer decided passthrough
         self._libc = ctypes.CDLL(None, use_errno=True)
         self.backings: dict[int, _Backing] = {}  # ino -> its registered hot file
         self.cached: Counter[int] = Counter()  # ino -> opens (and pending opens) without
@@ -74,14 +77,34 @@ class Passthrough:
     async def may_open(self, ino: int, flags: int) -> None:
         """Before the namespace opens: a writer reserves the cached mode of the inode
         (waiting for passthrough readers to go, else ETXTBSY)."""
-        if not _writable(flags):
+        if not _writable(flags) or self.writes:  # (writes: decided at :meth:`prepare`)
             return
+        await self._readers_gone(ino)
+        self.cached[ino] += 1
+
+    async def _readers_gone(self, ino: int) -> None:
         b = self.backings.get(ino)
         if b is not None:
             try:
                 await asyncio.wait_for(b.gone.wait(), WRITER_WAIT)
             except TimeoutError:
                 raise pyfuse3.FUSEError(errno.ETXTBSY) from None
+
+    async def prepare(self, ino: int, fh: int, flags: int) -> None:
+        """With passthrough writes on, after the namespace opened ``fh`` for writing: the
+        kernel writes the hot file itself when no cached open of the inode exists and the
+        namespace agrees (``passthrough_open``: whole on hot, the in-place intention
+        durable); else the cached mode is reserved as :meth:`may_open` does."""
+        if not (self.writes and _writable(flags)):
+            return
+        if not self.cached[ino] and not self._broken:
+            fd = await self.ops.ns.passthrough_open(fh)
+            if fd is not None:
+                if not self.cached[ino]:  # (no cached open came while it waited)
+                    self._writer_fd[fh] = fd
+                    return
+                self.ops.ns.passthrough_close(fh)
+        await self._readers_gone(ino)
         self.cached[ino] += 1
 
     def open_failed(self, ino: int, flags: int) -> None:
@@ -91,8 +114,17 @@ class Passthrough:
     def opened(self, ino: int, fh: int, flags: int) -> int:
         """After the namespace opened ``fh``: the backing id to reply with, or 0 for the
         normal (cached) mode."""
+        fd = self._writer_fd.pop(fh, None)
+        if fd is not None:  # a writer the namespace let the kernel write through
+            backing = self._backing(ino, fh, fd)
+            if backing:
+                self._pt_fh[fh] = ino
+                self.ops.passthrough_writer(fh, ino)
+                return backing
+            self.ops.ns.passthrough_close(fh)  # the kernel refused: the normal path
+            self.cached[ino] += 1
         if _writable(flags):
-            self._cached_fh[fh] = ino  # counted by may_open
+            self._cached_fh[fh] = ino  # counted by may_open or prepare
             return 0
         backing = 0 if self.cached[ino] else self._backing(ino, fh)
         if backing:
@@ -102,7 +134,7 @@ class Passthrough:
             self._cached_fh[fh] = ino
         return backing
 
-    def _backing(self, ino: int, fh: int) -> int:
+    def _backing(self, ino: int, fh: int, fd: int | None = None) -> int:
         b = self.backings.get(ino)
         if b is not None:
             b.handles.add(fh)
@@ -110,7 +142,8 @@ class Passthrough:
         if self._broken:
             return 0
         ns = self.ops.ns
-        fd = ns.hot_fd(fh)  # None unless the file is whole on hot, at its size
+        if fd is None:
+            fd = ns.hot_fd(fh)  # None unless the file is whole on hot, at its size
         if fd is None:
             return 0
         arg = ctypes.create_string_buffer(K.BACKING_MAP.pack(fd, 0, 0), K.BACKING_MAP.size)
@@ -127,6 +160,8 @@ class Passthrough:
 
     # -- release -------------------------------------------------------------------------------
     def released(self, ino: int, fh: int) -> None:
+        if self._writer_fd.pop(fh, None) is not None:  # the OPEN reply failed
+            self.ops.ns.passthrough_close(fh)
         if self._cached_fh.pop(fh, None) is not None:
             self._uncache(ino)
             return

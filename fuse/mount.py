@@ -288,6 +288,7 @@ class FuseDoor:
         metrics: Metrics | None = None,
         backend: str = "pyfuse3",
         passthrough: bool = False,
+        passthrough_writes: bool = False,
     ) -> None:
         self.ns = ns
         self.mountpoint = Path(os.path.abspath(mountpoint))
@@ -300,6 +301,7 @@ class FuseDoor:
         #: "kernel": the door speaks the FUSE protocol itself (tierd_fuse.kdev), else pyfuse3
         self.backend = backend
         self.passthrough = passthrough
+        self.passthrough_writes = passthrough_writes
         self._kernel: KernelSession | None = None
         self._session = False
         self._stopping = False
@@ -314,6 +316,7 @@ class FuseDoor:
             if self.backend == "kernel":
                 fd = await asyncio.to_thread(kernel_device, self.mountpoint, opts)
                 self._kernel = KernelSession(self.ops, fd, passthrough=self.passthrough,
+                                             passthrough_writes=self.passthrough_writes,
                                              max_tasks=self.max_tasks)
                 self.invalidator.notifier = self._kernel
             else:

@@ -56,6 +56,8 @@ class TierdOps(FileOps):
 
     @fs_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        if self.pt_writers:
+            self.pt_refresh(inode)
         attrs = await self.ns.getattr(self.ident(ctx), inode)
         self.kcache.gave_attrs(inode, attrs.version)
         return entry_attributes(attrs, self.entry_timeout, self.attr_timeout)
@@ -74,6 +76,8 @@ class TierdOps(FileOps):
         mtime = attr.st_mtime_ns if fields.update_mtime else None
         if fh is not None and fh not in self.files:
             fh = None  # ftruncate passes its file handle; anything else is a path call
+        if size is not None and self.pt_writers:
+            self.pt_refresh(inode, wrote=True)  # the size the kernel's writes left first
         if size is not None and self._near_now(atime, mtime):
             # a truncate stamps "now" (the kernel never sends explicit times with a size)
             atime = None if atime is None else UTIME_NOW

@@ -179,6 +179,17 @@ class Config:
             metavar="BOOL",
         ),
     )
+    fuse_passthrough_writes: bool = field(
+        default=False,
+        metadata=setting(
+            parse=parse_bool,
+            help="With fuse_passthrough: writable opens of files wholly on the hot tier "
+            "(not in the memory tier, not on a cluster node) are passed through too: the "
+            "kernel writes the hot file, the daemon commits at flush/fsync/close "
+            "(docs/fuse.md).",
+            metavar="BOOL",
+        ),
+    )
     log_level: str = field(
         default="info",
         metadata=setting(

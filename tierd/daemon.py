@@ -393,7 +393,8 @@ class Daemon:
                              "(one per daemon): remove it first (tierctl mount rm)")
         door = FuseDoor(self.namespace, mountpoint, on_unmounted=self._on_unmounted,
                         metrics=self.metrics, backend=self.config.fuse_backend,
-                        passthrough=self.config.fuse_passthrough)
+                        passthrough=self.config.fuse_passthrough,
+                        passthrough_writes=self.config.fuse_passthrough_writes)
         await door.start()
         self.fuse = door
         if self.bound:  # serving already: tools read the mount from endpoints.json

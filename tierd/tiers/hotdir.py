@@ -24,7 +24,7 @@ import os
 import uuid
 from collections.abc import Callable, Sequence
 
-from tierd.tiers.fileio import fsync_parent
+from tierd.tiers.fileio import copy_range, fsync_parent
 from tierd.tiers.groupsync import GroupWriter, syncfs
 from tierd.tiers.local_tier import LocalTier
 
@@ -103,6 +103,31 @@ class HotDir:
         """:meth:`install` and make the new name survive a crash (blocking: a thread)."""
         self.install(temp_path, ino)
         self.fsync_dir(ino)
+
+    def detach(self, ino: int) -> bool:
+        """Give the inode's data file a new file-system inode with the same bytes (a copy,
+        fsynced, renamed over the old name, the name fsynced): whoever still holds the old
+        one -- the kernel's backing file of a FUSE write passthrough outlives the daemon
+        that opened it (fuse/kpass.py) -- writes where no version looks.  Blocking; False
+        when there is no data file."""
+        try:
+            src = os.open(self.path(ino), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            tmp, dst = self.new_temp()
+            try:
+                size = os.fstat(src).st_size
+                if copy_range(src, dst, size, 0, 0) != size:
+                    raise OSError(f"data file of inode {ino} changed while copied")
+                os.fsync(dst)
+            finally:
+                os.close(dst)
+            self.install_durable(tmp, ino)
+            self.tier.release_fd(ino)  # a cached descriptor would still name the old one
+        finally:
+            os.close(src)
+        return True
 
     def clear_temp(self) -> int:
         """Remove staging files left by a crash; returns how many."""
