@@ -29,6 +29,14 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+def behind(meta: MetaStore, tx: MetaTxn) -> bool:
+    """Whether a write commit of this process landed after ``tx``'s snapshot was taken:
+    over PostgreSQL a coroutine's snapshot may be older than a commit whose body ran while
+    its begin was in a thread (never over the embedded engines: False)."""
+    seq: int | None = getattr(tx.kv, "seq", None)
+    return seq is not None and seq < getattr(meta.engine, "local_seq", 0)
+
+
 async def off_loop(meta: MetaStore, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)``, synchronous code that runs whole transactions of ``meta`` and touches
     no state of the event loop (the admin API's user directory): in a worker thread over

@@ -306,6 +306,7 @@ class PgTxn(KVTxn):
             raise _io_error(e, why) from e
         if changed:
             store.cache.committed(self.seq, new, written)
+            store.local_seq = max(store.local_seq, new)
         self._end()
 
     def _unsent_bytes(self) -> int:
@@ -391,8 +392,10 @@ class PgStore(KVStore):
             migrate(c)
         self._pool.open(wait=True, timeout=timeout)
         self._async = AsyncGate(self, pool_size)
-        #: the async write commit in flight, if any (:mod:`tierd.meta.pg_async`)
+        #: the async write commit in flight, if any (:mod:`tierd.meta.pg_async`), and the
+        #: seq of this process's last write commit (atxn.behind)
         self.committing: Future[None] | None = None
+        self.local_seq = 0
 
     def begin(self, write: bool = False) -> KVTxn:
         """A transaction begun here, in the caller's thread.  A writer takes over a write

@@ -17,6 +17,7 @@ from tierd.acl import R_OK, W_OK, Identity, check_access
 from tierd.acl.modes import drop_privs, has_privs, write_drops_privs
 from tierd.errors import FsError
 from tierd.meta import EMPTY_MD5, ROOT_INO, STATE_DIRTY, Dirent, Inode
+from tierd.meta.atxn import behind
 from tierd.namespace import versions
 from tierd.namespace.base import OpenFile, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
@@ -78,14 +79,17 @@ class FileOps(EntryOps):
         """:meth:`open`, with the inode as the handle sees it (after ``O_TRUNC``): the
         FUSE door decides from its version whether the kernel's cached pages still hold."""
         readable, writable = _access_mask(flags)
-        async with self.meta.asnapshot() as tx:
-            inode = self._get(tx, ino)
-        while self.meta.engine.remote and (busy := self._resizing.get(ino)) is not None:
-            # a truncate of the closed file may have committed after this snapshot began
-            # (its begin awaited): the handle must start from its size
-            await asyncio.shield(busy)
+        while True:
             async with self.meta.asnapshot() as tx:
                 inode = self._get(tx, ino)
+                # over PostgreSQL a commit of this node (an unlink, a truncate) may have
+                # landed while this snapshot's begin was in a thread: the handle must not
+                # start from what it replaced
+                stale = behind(self.meta, tx)
+            if (busy := self._resizing.get(ino)) is not None and self.meta.engine.remote:
+                await asyncio.shield(busy)  # a truncate of the closed file is under way
+            elif not stale:
+                break
         if inode.is_dir:
             if writable or flags & os.O_TRUNC:
                 raise FsError(errno.EISDIR, f"inode {ino} is a directory")

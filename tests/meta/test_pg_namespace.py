@@ -1,0 +1,135 @@
+"""The namespace over PostgreSQL, where its transactions begin and commit off the event loop
+(tierd/meta/pg_async.py): other calls run while a transaction's begin or commit is in a
+thread, and must still see the namespace as if each call had run whole.
+
+An open races an unlink of the same file: whichever way the two interleave, the open either
+fails with ENOENT (the unlink came first) or holds the file (then the unlink made it an
+orphan); it never holds a handle on an inode whose deletion it did not see.  The races are
+made certain by slowing the engine's own steps down (a begin that returns late, a commit
+that lands late), never by replacing them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nsplacement import close_namespace, open_namespace
+
+from tierd.acl import Identity
+from tierd.errors import FsError
+from tierd.meta import MetaStore
+from tierd.meta.pg_engine import PgStore, PgTxn
+from tierd.namespace import ROOT_INO, Namespace
+
+from .pg_server import PgServer
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Identity.ROOT
+SLOW_S = 0.5
+
+
+@pytest.fixture
+def url(pg_server: PgServer, tmp_path: Path) -> str:
+    return pg_server.url(str(tmp_path))
+
+
+async def _body(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _with_file(url: str, base: Path,
+                     test: Callable[[Namespace, PgStore, int, int], Any]) -> None:
+    """A namespace over ``url`` with bucket ``bkt`` holding file ``f``; ``test(ns, engine,
+    bucket_ino, ino)``."""
+    meta = MetaStore.open_pg(url)
+    ns = await open_namespace(meta, base)
+    try:
+        await ns.create_bucket(ROOT, "bkt")
+        await ns.put_object(ROOT, "bkt", "f", _body(b"x" * 100))
+        bucket_ino = (await ns.lookup(ROOT, ROOT_INO, b"bkt")).ino
+        ino = (await ns.lookup(ROOT, bucket_ino, b"f")).ino
+        engine = meta.engine
+        assert isinstance(engine, PgStore)
+        await test(ns, engine, bucket_ino, ino)
+    finally:
+        await close_namespace(ns)
+        meta.close()
+
+
+def test_an_open_whose_snapshot_predates_an_unlink_sees_the_unlink(
+        url: str, tmp_path: Path) -> None:
+    """The open's snapshot is taken, then its coroutine resumes late (its begin returns
+    SLOW_S later); meanwhile the unlink runs whole (it sees no handle and deletes the inode).
+    The open must not attach to the deleted inode from its old snapshot."""
+    async def test(ns: Namespace, engine: PgStore, bucket_ino: int, ino: int) -> None:
+        slow = threading.Event()
+        begin_read = engine.begin_read
+
+        def late_begin_read() -> PgTxn:
+            txn = begin_read()
+            if slow.is_set():
+                time.sleep(SLOW_S)  # the snapshot is taken: the coroutine resumes late
+            return txn
+
+        engine.begin_read = late_begin_read  # type: ignore[method-assign]
+        slow.set()
+        opening = asyncio.create_task(ns.open_file(ROOT, ino, os.O_RDONLY))
+        await asyncio.sleep(SLOW_S / 5)  # its snapshot is taken; it waits in the thread
+        slow.clear()
+        await ns.unlink(ROOT, bucket_ino, b"f")
+        with pytest.raises(FsError) as e:
+            fh, _ = await opening
+            await ns.release(fh)  # (before the fix: a handle on the deleted inode)
+        assert e.value.errno == errno.ENOENT
+
+    asyncio.run(_with_file(url, tmp_path, test))
+
+
+def test_an_open_during_the_unlinks_commit_sees_the_unlink(url: str, tmp_path: Path) -> None:
+    """The unlink's body ran (it saw no handle); its commit is in flight (it lands SLOW_S
+    later).  An open begun now must read the unlink's commit, not the state before it."""
+    async def test(ns: Namespace, engine: PgStore, bucket_ino: int, ino: int) -> None:
+        commit = PgTxn.commit
+
+        def late_commit(txn: PgTxn) -> None:
+            if txn.write:
+                time.sleep(SLOW_S)
+            commit(txn)
+
+        PgTxn.commit = late_commit  # type: ignore[method-assign]
+        try:
+            unlinking = asyncio.create_task(ns.unlink(ROOT, bucket_ino, b"f"))
+            while engine.committing is None or engine.committing.done():
+                await asyncio.sleep(0.001)  # until the unlink's commit is in its thread
+            with pytest.raises(FsError) as e:
+                fh, _ = await ns.open_file(ROOT, ino, os.O_RDONLY)
+                await ns.release(fh)
+            assert e.value.errno == errno.ENOENT
+            await unlinking
+        finally:
+            PgTxn.commit = commit  # type: ignore[method-assign]
+
+    asyncio.run(_with_file(url, tmp_path, test))
+
+
+def test_a_handle_opened_before_the_unlink_keeps_the_file(url: str, tmp_path: Path) -> None:
+    """The other order: the open came first, so the unlink leaves an orphan and the handle
+    reads the whole file until it is released."""
+    async def test(ns: Namespace, engine: PgStore, bucket_ino: int, ino: int) -> None:
+        fh, _ = await ns.open_file(ROOT, ino, os.O_RDONLY)
+        await ns.unlink(ROOT, bucket_ino, b"f")
+        assert bytes(await ns.read(fh, 0, 1000)) == b"x" * 100
+        await ns.release(fh)
+        with pytest.raises(FsError):
+            await ns.getattr(ROOT, ino)
+
+    asyncio.run(_with_file(url, tmp_path, test))
