@@ -133,3 +133,42 @@ def test_a_handle_opened_before_the_unlink_keeps_the_file(url: str, tmp_path: Pa
             await ns.getattr(ROOT, ino)
 
     asyncio.run(_with_file(url, tmp_path, test))
+
+
+def test_a_write_during_the_commit_that_drops_the_intention_takes_a_new_one(
+        url: str, tmp_path: Path) -> None:
+    """A file whose committed bytes are being changed in place holds a durable intention
+    (its ``V`` key); the fsync that records the new version removes it in its commit.  A
+    write below the committed size that comes while that commit is in flight changes bytes
+    the new version names: it must take an intention of its own first, so that after both
+    the ``V`` key is there (a crash then gives the file a new version at start instead of
+    the recorded version's ETag over other bytes)."""
+    async def test(ns: Namespace, engine: PgStore, bucket_ino: int, ino: int) -> None:
+        _, fh = await ns.create(ROOT, bucket_ino, b"g", 0o644, os.O_RDWR)
+        await ns.write(fh, 0, b"a" * 100)
+        await ns.fsync(fh)  # 100 committed bytes
+        await ns.write(fh, 0, b"b" * 10)  # in place: the intention is made durable first
+        g = (await ns.lookup(ROOT, bucket_ino, b"g")).ino
+        with ns.meta.snapshot() as tx:
+            assert tx.has_intent(g)
+        commit = PgTxn.commit
+
+        def late_commit(txn: PgTxn) -> None:
+            if txn.write:
+                time.sleep(SLOW_S)
+            commit(txn)
+
+        PgTxn.commit = late_commit  # type: ignore[method-assign]
+        try:
+            syncing = asyncio.create_task(ns.fsync(fh))  # records b*10, drops the intention
+            while engine.committing is None or engine.committing.done():
+                await asyncio.sleep(0.001)  # its commit is in its thread
+            await ns.write(fh, 50, b"c" * 10)  # bytes the version being committed names
+            await syncing
+        finally:
+            PgTxn.commit = commit  # type: ignore[method-assign]
+        with ns.meta.snapshot() as tx:
+            assert tx.has_intent(g), "bytes changed in place with no intention on record"
+        await ns.release(fh)
+
+    asyncio.run(_with_file(url, tmp_path, test))
