@@ -161,6 +161,8 @@ class OpsBase(pyfuse3.Operations):
         #: ino -> handles the kernel writes through itself (write passthrough, kpass.py):
         #: the daemon learns their sizes at getattr, setattr, flush, fsync and release
         self.pt_writers: dict[int, set[int]] = {}
+        #: releases of passthrough writers waiting for a mapping to go (files.py)
+        self._later: set[asyncio.Future[None]] = set()
         self.dirs: dict[int, DirHandle] = {}
         self._next_dir_fh = 1
         #: called on the loop after the INIT reply (see :meth:`init`)

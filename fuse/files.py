@@ -18,6 +18,10 @@ is the kernel's side of caching:
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import fcntl
+import logging
 import os
 
 import pyfuse3
@@ -35,8 +39,38 @@ FMODE_EXEC = 0o40
 READ_AHEAD = 16 << 20
 
 
+#: seconds between looks, after the last passthrough writer's RELEASE, at whether the hot
+#: file is still open for writing elsewhere (a mapping that outlived its descriptor)
+PT_POLL = 0.2
+
+log = logging.getLogger("tierd.fuse")
+_lease_warned = False
+
+
 def _writable(flags: int) -> bool:
     return flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+
+
+def written_elsewhere(fd: int) -> bool:
+    """Whether the file of ``fd`` (the daemon's one read-write descriptor of a hot file)
+    is open for writing through any other open file -- a kernel backing file kept by a
+    shared mapping, say.  The kernel refuses a write lease then (``EAGAIN``); the lease,
+    when granted, is given back at once.  Where leases are unavailable this cannot tell,
+    and says no (logged once)."""
+    global _lease_warned
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EBUSY):
+            return True
+        if not _lease_warned:
+            _lease_warned = True
+            log.warning("write leases are unavailable on the hot tier (%s): a shared mapping "
+                        "of a passthrough writer that outlives its descriptor is not "
+                        "waited for", os.strerror(e.errno or 0))
+        return False
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    return False
 
 
 class FileOps(OpsBase):
@@ -137,12 +171,13 @@ class FileOps(OpsBase):
             self.kcache.gave_attrs(st.ino, version)
 
     # -- write passthrough (kpass.py): the kernel wrote the hot file, the daemon saw nothing --
-    def passthrough_writer(self, fh: int, ino: int) -> None:
-        """``fh`` is opened with the kernel writing the hot file itself."""
+    def passthrough_writer(self, fh: int, ino: int, fd: int) -> None:
+        """``fh`` is opened with the kernel writing the hot file (``fd``) itself."""
         self.pt_writers.setdefault(ino, set()).add(fh)
         st = self.files.get(fh)
         if st is not None:
             st.passthrough = True
+            st.hot_fd = fd
 
     def _pt_sync(self, fh: int, wrote: bool = True) -> None:
         """Before a durability point of a passthrough writer: the namespace takes the hot
@@ -182,9 +217,33 @@ class FileOps(OpsBase):
 
     @fs_errors
     async def release(self, fh: int) -> None:
+        st = self.files.get(fh)
+        if (st is not None and st.passthrough and self.pt_writers.get(st.ino) == {fh}
+                and written_elsewhere(st.hot_fd)):
+            # the last passthrough writer's RELEASE, but the hot file is still open for
+            # writing: a shared mapping outlived its descriptor (the kernel's passthrough
+            # mmap maps the hot file itself, and the FUSE file goes at close(2))
+            task = asyncio.ensure_future(self._release_later(fh, st.hot_fd))
+            self._later.add(task)
+            task.add_done_callback(self._later.discard)
+            return
+        await self._release_now(fh)
+
+    async def _release_now(self, fh: int) -> None:
         try:
             self._pt_sync(fh)
             self._pt_close(fh)
             self._committed(fh, await self.ns.release(fh))
         finally:
             self.files.pop(fh, None)
+
+    async def _release_later(self, fh: int, fd: int) -> None:
+        """Keep the handle -- and with it the in-place intention and the "being written"
+        state -- until nothing but the daemon has the hot file open for writing; then the
+        release commits what the mapping wrote as a new version."""
+        while written_elsewhere(fd):
+            await asyncio.sleep(PT_POLL)
+        try:
+            await self._release_now(fh)
+        except Exception:
+            log.exception("releasing passthrough handle %d failed", fh)

@@ -57,6 +57,7 @@ class FileState:
     by_root: bool = False
     wrote: bool = False  # written since the kernel's cached version was last recorded
     passthrough: bool = False  # the kernel writes the hot file itself (kpass.py)
+    hot_fd: int = -1  # that hot file (the namespace's descriptor: never closed here)
     advised: int = 0  # end of the range the backing file was asked to read ahead
     last_end: int = -1  # where the previous read ended (sequential detection)
 

@@ -119,7 +119,7 @@ class Passthrough:
             backing = self._backing(ino, fh, fd)
             if backing:
                 self._pt_fh[fh] = ino
-                self.ops.passthrough_writer(fh, ino)
+                self.ops.passthrough_writer(fh, ino, fd)
                 return backing
             self.ops.ns.passthrough_close(fh)  # the kernel refused: the normal path
             self.cached[ino] += 1

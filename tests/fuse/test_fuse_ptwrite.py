@@ -111,6 +111,60 @@ def test_mmap_writes(daemon: Daemon, work: Path, s3: Any) -> None:
     assert get(s3, key(f, daemon))[0] == want
 
 
+_LATE_MAP = r"""
+import ctypes, mmap, os, sys, time
+path, size = sys.argv[1], int(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+fd = os.open(path, os.O_RDWR)
+addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+assert addr not in (None, ctypes.c_void_p(-1).value)
+os.close(fd)  # the mapping outlives the descriptor: the FUSE file's RELEASE may come now
+print("closed", flush=True)
+sys.stdin.readline()
+ctypes.memmove(addr + 100, b"late", 4)
+assert libc.msync(ctypes.c_void_p(addr), ctypes.c_size_t(size), 4) == 0  # MS_SYNC
+assert libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size)) == 0
+print("unmapped", flush=True)
+"""
+
+
+def test_a_shared_mapping_that_outlives_close(daemon: Daemon, work: Path, s3: Any) -> None:
+    """C programs often close the descriptor right after mmap(): with passthrough the
+    mapping then maps the hot file itself and the FUSE file's RELEASE comes at once, while
+    stores through the mapping can still change the bytes.  The daemon must not settle a
+    version (nor let an ETag be learned for it) while the hot file is still open for
+    writing that way: after munmap, S3 gives the stored bytes under their own MD5."""
+    size = 1 << 20
+    f = work / "late.bin"
+    f.write_bytes(bytes(size))
+    p = subprocess.Popen([sys.executable, "-c", _LATE_MAP, str(f), str(size)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdin is not None and p.stdout is not None
+    try:
+        assert p.stdout.readline().strip() == "closed"
+        time.sleep(0.5)  # the RELEASE is handled
+        get(s3, key(f, daemon))  # an ETag asked for now would describe the bytes before
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "unmapped"
+    finally:
+        p.kill()
+        p.wait(30)
+    want = bytearray(size)
+    want[100:104] = b"late"
+    deadline = time.monotonic() + 10
+    while True:
+        body, etag = get(s3, key(f, daemon))
+        if body == want and etag == hashlib.md5(want).hexdigest():
+            break
+        assert time.monotonic() < deadline, (body[100:104], etag)
+        time.sleep(0.2)
+    assert f.read_bytes() == want
+
+
 _APPEND = r"""
 import os, sys
 path, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
