@@ -341,7 +341,9 @@ class PlacementCore:
     # -- write side: called inside the namespace's transactions ------------------------
     def enqueue(self, tx: MetaTxn, inode: Inode, content: bool) -> None:
         """The file's content (``content``) or names changed: queue it for the persister.
-        New content was written locally, so the whole file is present on hot."""
+        New content was written locally, so the whole file is present on hot.  The caller
+        stores ``inode`` itself (before or after); it is stored here again only when this
+        changed it (a residency bitmap dropped): a create paid a second ``put_inode``."""
         if not inode.is_reg:
             return
         tx.enqueue(inode.ino, queue_token(tx.queued(inode.ino)))
@@ -350,12 +352,14 @@ class PlacementCore:
             self._intend_deletes(tx, inode.ino)
             self.names_moved(inode.ino)
         if content:
-            inode.blocks.pop(HOT, None)
+            changed = inode.blocks.pop(HOT, None) is not None
             if inode.blocks.pop(WARM, None) is not None:
+                changed = True
                 # the warm copy is of the old content: removed once this txn committed
                 with contextlib.suppress(RuntimeError):  # no loop: the file stays, unused
                     asyncio.get_running_loop().call_soon(self._reap_warm, inode.ino)
-            tx.put_inode(inode)
+            if changed:
+                tx.put_inode(inode)
             self._drop_mem_copy(inode.ino)
             if self.wants_mem(tx, inode.ino):
                 # the new content goes to the pool once committed (and flushed)
