@@ -1,21 +1,25 @@
-"""FUSE passthrough for read-only opens of files wholly on the hot tier.
+"""FUSE passthrough for opens of files wholly on the hot tier.
 
 With ``FUSE_PASSTHROUGH`` negotiated at INIT, an OPEN reply may name a *backing file*
 registered with ``FUSE_DEV_IOC_BACKING_OPEN``: the kernel then serves ``read``, ``mmap``
 and ``splice`` of that open file from the hot-tier file itself, and no READ request reaches
-the daemon.  What decides when it is safe (docs/fuse.md, "Passthrough"):
+the daemon -- nor, for a writable open, any WRITE.  What decides when it is safe (docs/fuse.md,
+"Passthrough" and "Write passthrough"):
 
-* **Read-only opens only.**  A passthrough write would change the hot file without the
-  namespace seeing it: no in-place intention (``V``) before committed bytes change, no
-  size, version, ETag or persist-queue update (docs/durability.md).  Writers keep the
-  normal WRITE path.
+* **Read-only opens; writable ones only with** ``writes`` (``fuse_passthrough_writes``).  A
+  passthrough write changes the hot file without the namespace seeing it, so the namespace
+  must first agree (``NamespaceAPI.passthrough_open``: the ``V`` intention durable and held,
+  the file "being written" until the last passthrough writer goes), and the door hands it
+  the hot file's size at getattr, setattr, flush, fsync and release (fuse/files.py).
+  Otherwise writers keep the normal WRITE path.
 * **The kernel's I/O modes.**  While an inode has a passthrough open, every other open of
   it must be passthrough with the same backing file, and while it has a cached
   (non-passthrough) open no passthrough open is allowed (``fs/fuse/iomode.c``; a mistake
   is EIO for the opener).  So a read-only open is passthrough only when no writer has the
   inode open, and a writable open of an inode held by passthrough readers waits up to
   :data:`WRITER_WAIT` seconds for them to close (their RELEASE comes asynchronously after
-  ``close(2)``), then fails with ``ETXTBSY`` ("text file busy", as for a running program).
+  ``close(2)``), then fails with ``ETXTBSY`` ("text file busy", as for a running program)
+  -- unless it may be passthrough itself, and joins their backing file.
 * **The bytes must all be there.**  Only files whose every block is on hot and whose hot
   file is exactly the namespace's size (a crash can leave bytes past the committed size,
   which reads must not see): ``NamespaceAPI.hot_fd`` decides both; the inode is held

@@ -56,8 +56,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 #: settings the suite hands on to its daemons: ``TIERD_FUSE_BACKEND=pyfuse3`` runs the FUSE
 #: tests on the pyfuse3 backend instead of the kernel-protocol one (docs/fuse.md),
-#: ``TIERD_FUSE_PASSTHROUGH=true`` turns passthrough on
-PASSED_ON = frozenset({"TIERD_FUSE_BACKEND", "TIERD_FUSE_PASSTHROUGH"})
+#: ``TIERD_FUSE_PASSTHROUGH=true`` turns passthrough on (``TIERD_FUSE_PASSTHROUGH_WRITES=true``
+#: for writable opens too)
+PASSED_ON = frozenset({"TIERD_FUSE_BACKEND", "TIERD_FUSE_PASSTHROUGH",
+                       "TIERD_FUSE_PASSTHROUGH_WRITES"})
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -359,3 +359,22 @@ def test_written_bytes_read_through_s3_after_a_restart(public_tmp: Path) -> None
             assert (d2.mnt / BUCKET / "w" / "f.bin").read_bytes() == data
         finally:
             stop_daemon(d2)
+
+
+def test_s3_put_while_a_passthrough_writer_is_open(daemon: Daemon, work: Path,
+                                                   s3: Any) -> None:
+    """An S3 PUT over the key gives it a new inode: the open writer goes on writing the
+    old one (passthrough, no WRITE reaches the daemon), whose bytes never show under the
+    key; the next open through the mount and S3 both give the PUT's bytes."""
+    f = work / "crossed.bin"
+    f.write_bytes(b"old" * 1000)
+    put = os.urandom(70000)
+    before = writes(daemon)
+    with open(f, "r+b", buffering=0) as w:
+        w.write(b"W" * 5000)
+        s3.put_object(Bucket=BUCKET, Key=key(f, daemon), Body=put)
+        w.write(b"V" * 5000)
+        os.fsync(w.fileno())
+    assert writes(daemon) == before
+    assert get(s3, key(f, daemon)) == (put, hashlib.md5(put).hexdigest())
+    assert f.read_bytes() == put
