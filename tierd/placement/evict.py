@@ -140,8 +140,10 @@ class Evicting(PlacementCore):
                 if ok:
                     plan.setdefault(ino, []).append(b)
                     freed += BLOCK_SIZE
-        unmarked = [u for ino, blocks in plan.items()
-                    if (u := self._unmark(tc, ino, blocks)) is not None]
+        unmarked = []
+        for ino, blocks in plan.items():
+            if (u := await self._unmark(tc, ino, blocks)) is not None:
+                unmarked.append(u)
         return await self._take_off(tc, unmarked, demote=True)
 
     async def evict_file(self, ino: int, tier: str, *, demote: bool = True) -> int:
@@ -175,31 +177,40 @@ class Evicting(PlacementCore):
     async def evict_blocks(self, tc: TierCache, ino: int, blocks: list[int], *,
                            demote: bool = True, pinned_ok: bool = False) -> int:
         """Take ``blocks`` of ``ino`` off tier ``tc``; returns the bytes freed there."""
-        u = self._unmark(tc, ino, blocks, pinned_ok=pinned_ok)
+        u = await self._unmark(tc, ino, blocks, pinned_ok=pinned_ok)
         return await self._take_off(tc, [u], demote=demote) if u is not None else 0
 
-    def _unmark(self, tc: TierCache, ino: int, blocks: list[int], *,
-                pinned_ok: bool = False) -> _Unmarked | None:
+    async def _unmark(self, tc: TierCache, ino: int, blocks: list[int], *,
+                      pinned_ok: bool = False) -> _Unmarked | None:
         """Clear the bits of ``blocks`` (those still set) if the inode may leave ``tc``,
-        and make fills of it on ``tc`` wait for the punch; None when nothing may go."""
-        with self.meta.write() as tx:
-            if not self._evictable(tx, ino, pinned_ok=pinned_ok):
-                return None
-            inode = tx.get_inode(ino)
-            assert inode is not None
-            bm = inode.blocks.get(tc.name)
-            if bm is None:
-                bm = bitmap.full(inode.size) if tc is self.hotc else b""
-            blocks = [b for b in blocks if bitmap.has(bm, b)]
-            if not blocks:
-                return None
-            inode.blocks[tc.name] = bitmap.with_bits(bm, blocks, False)
-            tx.put_inode(inode)
-            warm_bm = inode.blocks.get(WARM, b"")
-        if tc is self.hotc:
-            self._whole.discard(ino)
+        and make fills of it on ``tc`` wait for the punch; None when nothing may go.  The
+        fills wait from inside the transaction's body: over PostgreSQL others run while its
+        commit is in flight, and a fill must not land under the punch."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._evicting[(tc.name, ino)] = done
+        key = (tc.name, ino)
+        try:
+            async with self.meta.awrite() as tx:
+                if not self._evictable(tx, ino, pinned_ok=pinned_ok):
+                    return None
+                inode = tx.get_inode(ino)
+                assert inode is not None
+                bm = inode.blocks.get(tc.name)
+                if bm is None:
+                    bm = bitmap.full(inode.size) if tc is self.hotc else b""
+                blocks = [b for b in blocks if bitmap.has(bm, b)]
+                if not blocks:
+                    return None
+                inode.blocks[tc.name] = bitmap.with_bits(bm, blocks, False)
+                tx.put_inode(inode)
+                warm_bm = inode.blocks.get(WARM, b"")
+                if tc is self.hotc:
+                    self._whole.discard(ino)
+                self._evicting[key] = done
+        except BaseException:
+            if self._evicting.get(key) is done:  # the commit failed: nothing to wait for
+                del self._evicting[key]
+                done.set_result(None)
+            raise
         return _Unmarked(ino, blocks, inode, warm_bm, done)
 
     async def _take_off(self, tc: TierCache, batch: list[_Unmarked], *, demote: bool) -> int:
