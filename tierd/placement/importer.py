@@ -129,6 +129,9 @@ class Importer:
         # and log (re-uploaded)
         self.dropped: list[tuple[int, str]] = []
         self.reuploaded: list[tuple[int, str]] = []
+        #: directory -> when this node last stamped it (ns): a look-up within the TTL
+        #: needs no transaction to learn it is fresh (the stamp only grows)
+        self._stamped: dict[int, int] = {}
 
     def attach(self, tree: Tree) -> None:
         """The namespace that imported entries go into (it calls this when it loads)."""
@@ -172,8 +175,11 @@ class Importer:
             after = page.next_start_after
 
     def stale(self, dir_ino: int) -> bool:
+        now = time.time_ns()
+        if now - self._stamped.get(dir_ino, 0) <= self.ttl * 1e9:
+            return False  # (called on the loop: over PostgreSQL a read is a round trip)
         with self.meta.snapshot() as tx:
-            return time.time_ns() - tx.get_stamp(dir_ino) > self.ttl * 1e9
+            return now - tx.get_stamp(dir_ino) > self.ttl * 1e9
 
     def _wanted(self, tx: MetaTxn, key: str, started: int) -> bool:
         """Not a key this node is deleting or deleted since the listing began, nor a
@@ -214,8 +220,12 @@ class Importer:
                     n += self.tree.import_objects(tx, found)
                     if not page.truncated:
                         self._judge_unlisted(tx, dir_ino, prefix, listed, started)
-                        tx.set_stamp(dir_ino, time.time_ns())
-                if not page.truncated:
+                        stamp = time.time_ns()
+                        tx.set_stamp(dir_ino, stamp)
+                if not page.truncated:  # (committed)
+                    if len(self._stamped) >= 10_000:
+                        self._stamped.clear()
+                    self._stamped[dir_ino] = stamp
                     return n
                 after = page.next_start_after
 
