@@ -7,16 +7,21 @@ with a 5xx naming it, and the upload completes once it is back."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
+import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
+
+from tierd.s3.multipart import KEEPALIVE_AFTER_S
 
 from .clusterlib import Cluster, Node, poll
 
@@ -272,3 +277,63 @@ def test_a_kill_9_of_the_completing_node_leaves_the_upload_completable(
         assert _sha(cluster[i].s3().get_object(Bucket=BUCKET, Key="dies")["Body"].read()) \
             == want
     poll(functools.partial(_gone, cluster, up, 1, 2, 3), 15)
+
+
+def _complete_in_thread(s3: Any, key: str, up: str, listed: list[dict[str, Any]]
+                        ) -> tuple[threading.Thread, list[object]]:
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(s3.complete_multipart_upload(
+                Bucket=BUCKET, Key=key, UploadId=up, MultipartUpload={"Parts": listed}))
+        except Exception as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, outcome
+
+
+def test_a_complete_stalled_on_a_node_keeps_its_client_connected(cluster: Cluster) -> None:
+    """n1 stops answering (SIGSTOP) while n3 completes an upload with a part on it: n3
+    answers 200 after KEEPALIVE_AFTER_S and sends spaces, so a client whose read timeout
+    is a little longer waits as long as it takes: the result once n1 answers again, or --
+    n1 killed meanwhile -- the error, as the answer's body."""
+    s = _clients(cluster)
+    n1 = cluster[1]
+    patient = cluster[3].s3(read_timeout=KEEPALIVE_AFTER_S + 4,  # and no retry
+                            retries={"total_max_attempts": 1, "mode": "standard"})
+    for key, then_kill in (("stalled", False), ("stalled-dead", True)):
+        up = s[2].create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
+        data = [os.urandom(PART), os.urandom(1000)]
+        listed = [_put(s[1], key, up, 1, data[0]), _put(s[2], key, up, 2, data[1])]
+        assert n1.proc is not None
+        pid = n1.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            t, outcome = _complete_in_thread(patient, key, up, listed)
+            time.sleep(KEEPALIVE_AFTER_S + 8)  # past the client's read timeout
+            if then_kill:
+                n1.kill9()
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # (killed: gone)
+                os.kill(pid, signal.SIGCONT)
+        t.join(60)
+        took = time.monotonic() - t0
+        assert took > KEEPALIVE_AFTER_S + 4 and outcome, (took, outcome)
+        if not then_kill:
+            assert isinstance(outcome[0], dict), outcome
+            assert outcome[0]["ETag"] == _mpu_etag(data)
+            continue
+        err = outcome[0]
+        assert isinstance(err, ClientError), outcome
+        assert err.response["Error"]["Code"] == "ServiceUnavailable", err.response
+        assert "'n1'" in err.response["Error"]["Message"], err.response
+        n1.start(60)
+        done = s[3].complete_multipart_upload(Bucket=BUCKET, Key=key, UploadId=up,
+                                              MultipartUpload={"Parts": listed})
+        assert done["ETag"] == _mpu_etag(data)
+    for key in ("stalled", "stalled-dead"):
+        assert s[2].head_object(Bucket=BUCKET, Key=key)["ContentLength"] == PART + 1000

@@ -11,8 +11,11 @@ CompleteMultipartUpload as AWS answers it: an ``x-amz-checksum-*`` header there 
 checksum of the whole object (FULL_OBJECT, or COMPOSITE with or without its ``-N``) and is
 checked against the one the parts give (BadDigest), never against the XML body; a retry
 after a lost response (the upload is gone, the key holds the object it made) answers as
-the first call did; ``If-None-Match: *`` and ``If-Match`` make it conditional like a PUT.
-The bucket owner may list and abort other users' uploads into its bucket.
+the first call did, and so does one that loses to another Complete running meanwhile;
+``If-None-Match: *`` and ``If-Match`` make it conditional like a PUT.  A Complete that runs
+long (parts fetched from other nodes of a cluster) answers 200 at once and sends spaces
+until its result, as S3 does (:data:`KEEPALIVE_AFTER_S`).  The bucket owner may list and
+abort other users' uploads into its bucket.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import logging
 from urllib.parse import quote
 
 from aiohttp import web
@@ -49,6 +53,16 @@ from tierd.tiers.fileio import INLINE_BYTES
 
 MAX_PARTS = 10000
 _COPY_ATTEMPTS = 3
+#: a Complete still running after this many seconds answers 200 and the XML declaration,
+#: then a space every KEEPALIVE_EVERY_S until its result, as S3 does: clients and load
+#: balancers drop a connection idle for a minute (boto3, the AWS CLI, nginx, ALB) while a
+#: Complete fetches gigabytes of parts from other nodes.  A failure after that is the
+#: body, an Error document, which clients read as that error (botocore does for a 200
+#: CompleteMultipartUpload); the x-amz-version-id header cannot follow once started.
+KEEPALIVE_AFTER_S = 10.0
+KEEPALIVE_EVERY_S = 5.0
+
+log = logging.getLogger("tierd.s3")
 
 
 def _upload_error(ctx: Ctx, e: FsError) -> S3Error:
@@ -267,6 +281,10 @@ async def _completed_before(ctx: Ctx) -> Inode | None:
 
 
 def _complete_answer(ctx: Ctx, inode: Inode) -> web.Response:
+    return xml_response(ctx, _complete_document(ctx, inode))
+
+
+def _complete_document(ctx: Ctx, inode: Inode) -> str:
     host = ctx.request.host
     body = (el("Location", f"http://{host}/{ctx.bucket}/{ctx.key}") + el("Bucket", ctx.bucket)
             + el("Key", ctx.key) + el("ETag", quoted(inode.etag)))
@@ -274,7 +292,7 @@ def _complete_answer(ctx: Ctx, inode: Inode) -> web.Response:
     if ck is not None:
         body += el("Checksum" + ck[0].upper(), ck[1])
         body += el("ChecksumType", inode.objmeta.get(checksums.META_TYPE, "FULL_OBJECT"))
-    return xml_response(ctx, document("CompleteMultipartUploadResult", body))
+    return document("CompleteMultipartUploadResult", body)
 
 
 def _check_object_checksum(ctx: Ctx, alg: str | None, kind: str, value: str | None,
@@ -315,7 +333,7 @@ def _check_object_checksum(ctx: Ctx, alg: str | None, kind: str, value: str | No
                       "calculated checksum.")
 
 
-async def complete(ctx: Ctx) -> web.Response:
+async def complete(ctx: Ctx) -> web.StreamResponse:
     try:
         up = await _upload(ctx)
     except S3Error as e:
@@ -360,19 +378,51 @@ async def complete(ctx: Ctx) -> web.Response:
         if declared is not None and declared.strip() != str(sum(sizes)):
             raise S3Error("InvalidRequest", f"x-amz-mp-object-size is {declared.strip()}; the "
                           f"parts listed hold {sum(sizes)} bytes")
-    try:
-        inode = await ctx.ns.complete_multipart(ctx.ident, up.upload_id,
-                                                [(n, e) for n, e, _ in listed], objmeta=extra,
-                                                if_match=if_match, if_none_match=if_none)
-    except FsError as e:
-        # another Complete of it won meanwhile (a client's retry, maybe through another
-        # node behind a load balancer): the same answer as that one got
-        done = await _completed_before(ctx) if e.reason is Reason.NO_SUCH_UPLOAD else None
-        if done is None:
-            raise await put_error(ctx, e) from None
-        inode = done
+    async def commit() -> Inode:
+        try:
+            return await ctx.ns.complete_multipart(
+                ctx.ident, up.upload_id, [(n, e) for n, e, _ in listed], objmeta=extra,
+                if_match=if_match, if_none_match=if_none)
+        except FsError as e:
+            # another Complete of it won meanwhile (a client's retry, maybe through another
+            # node behind a load balancer): the same answer as that one got
+            done = await _completed_before(ctx) if e.reason is Reason.NO_SUCH_UPLOAD else None
+            if done is None:
+                raise await put_error(ctx, e) from None
+            return done
+
+    task = asyncio.ensure_future(commit())  # (it finishes even if the client leaves)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    if not (await asyncio.wait([task], timeout=KEEPALIVE_AFTER_S))[0]:
+        return await _kept_alive(ctx, task)
+    inode = task.result()
     set_version_header(ctx, inode)
     return _complete_answer(ctx, inode)
+
+
+async def _kept_alive(ctx: Ctx, task: asyncio.Future[Inode]) -> web.StreamResponse:
+    """A long Complete's answer (:data:`KEEPALIVE_AFTER_S`): 200 and the XML declaration
+    now, a space every :data:`KEEPALIVE_EVERY_S`, then the result or the Error document.
+    A client that leaves meanwhile ends this answer, not the Complete."""
+    stream = web.StreamResponse(status=200, headers=ctx.response_headers)
+    stream.content_type = "application/xml"
+    ctx.stream = stream
+    await stream.prepare(ctx.request)
+    await stream.write(xmlio.HEADER.encode())
+    while not task.done():
+        await asyncio.wait([task], timeout=KEEPALIVE_EVERY_S)
+        if not task.done():
+            await stream.write(b" ")
+    try:
+        body = _complete_document(ctx, task.result())
+    except S3Error as e:
+        log.warning("%s %s after its answer started: %s", ctx.request.method,
+                    ctx.request.rel_url.path, e)
+        body = xmlio.error_document(e.code, e.message, ctx.request.rel_url.path,
+                                    ctx.request_id, e.fields)
+    await stream.write(body.removeprefix(xmlio.HEADER).encode())
+    await stream.write_eof()
+    return stream
 
 
 async def abort(ctx: Ctx) -> web.Response:
