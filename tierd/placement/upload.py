@@ -73,6 +73,7 @@ class Round:
     tokens: dict[str, bytes] = field(default_factory=dict)
     md5: str = ""
     md5_version: int = 0
+    deletes: bool = False  # its record left cold deletes pending
 
 
 T = TypeVar("T")
@@ -130,17 +131,18 @@ class TxnBatch:
                 waited += GATHER
             while self._bodies:
                 batch, self._bodies = self._bodies, []
-                self._commit([b for b in batch if b.must or not b.fut.cancelled()])
+                await self._commit([b for b in batch if b.must or not b.fut.cancelled()])
         finally:
             self._task = None
 
-    def _commit(self, batch: list[_Body[Any]]) -> None:
-        """Run ``batch`` in one transaction; after an unexpected failure, each body alone."""
+    async def _commit(self, batch: list[_Body[Any]]) -> None:
+        """Run ``batch`` in one transaction (begun and committed off the loop over
+        PostgreSQL: ``awrite``); after an unexpected failure, each body alone."""
         if not batch:
             return
         done: list[tuple[_Body[Any], Any, BaseException | None]] = []
         try:
-            with self.meta.write() as tx:
+            async with self.meta.awrite() as tx:
                 for b in batch:
                     try:
                         done.append((b, b.run(tx), None))
@@ -149,7 +151,7 @@ class TxnBatch:
         except Exception as e:
             if len(batch) > 1:
                 for b in batch:
-                    self._commit([b])
+                    await self._commit([b])
                 return
             done = [(batch[0], None, e)]
         else:
@@ -267,10 +269,13 @@ class Uploading(Deleting):
         return left
 
     def _unguard(self, r: Round) -> None:
-        """The keys ``r`` put are no longer in flight (once their record is written)."""
+        """The keys ``r`` put are no longer in flight (once their record is written), and
+        the deletes it left pending may run."""
         for k in r.tokens:
             if self.putting.get(k) == r.ino:
                 del self.putting[k]
+        if r.deletes:
+            self.deletes_hint = True
 
     def _record(self, tx: MetaTxn, r: Round, old: dict[str, str], version: int,
                 size: int, inode: Inode | None) -> None:
@@ -291,12 +296,11 @@ class Uploading(Deleting):
             tx.put_cold(r.ino, ColdRecord(version, size, kept, time.time_ns()))
         else:
             tx.delete_cold(r.ino)
-        if any(intents.pending(tx, k) for k in (*r.tokens, *old)):
-            # a delete to carry out once the keys' guard drops after this commit: an old
-            # key, a put that was not kept, one the namespace intended while it was in
-            # flight (a new file's record leaves none: no pass over every pending delete
-            # per persisted file, 0.27 ms a file in a create burst)
-            self.deletes_hint = True
+        # a delete to carry out once the keys' guard drops after this commit (an old
+        # key, a put that was not kept, one the namespace intended while it was in
+        # flight): the delete worker is kicked then.  A new file's record leaves none: no
+        # pass over every pending delete per persisted file (0.27 ms a file in a burst)
+        r.deletes = any(intents.pending(tx, k) for k in (*r.tokens, *old))
 
     def _learn_etag(self, tx: MetaTxn, r: Round) -> None:
         """:meth:`_learned` in a transaction of its own."""
