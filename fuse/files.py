@@ -224,14 +224,18 @@ class FileOps(OpsBase):
             # writing: a shared mapping outlived its descriptor (the kernel's passthrough
             # mmap maps the hot file itself, and the FUSE file goes at close(2))
             task = asyncio.ensure_future(self._release_later(fh, st.hot_fd))
+            # (its stores count as writes at the release, whatever the clock shows)
             self._later.add(task)
             task.add_done_callback(self._later.discard)
             return
         await self._release_now(fh)
 
-    async def _release_now(self, fh: int) -> None:
+    async def _release_now(self, fh: int, mapped: bool = False) -> None:
+        """The release proper.  A passthrough writer's last close sent a FLUSH, which
+        committed its writes: the release commits again only when the hot file changed
+        since (``mapped``: a mapping wrote after the close)."""
         try:
-            self._pt_sync(fh)
+            self._pt_sync(fh, wrote=mapped)
             self._pt_close(fh)
             self._committed(fh, await self.ns.release(fh))
         finally:
@@ -244,6 +248,6 @@ class FileOps(OpsBase):
         while written_elsewhere(fd):
             await asyncio.sleep(PT_POLL)
         try:
-            await self._release_now(fh)
+            await self._release_now(fh, mapped=True)
         except Exception:
             log.exception("releasing passthrough handle %d failed", fh)

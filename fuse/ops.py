@@ -47,6 +47,9 @@ class TierdOps(FileOps):
             if e.errno == errno.ENOENT and self.negative_timeout > 0:
                 return negative_entry(self.negative_timeout)
             raise
+        if inode.ino in self.pt_writers:  # the entry carries the size the kernel wrote
+            self.pt_refresh(inode.ino)
+            inode = await self.ns.getattr(self.ident(ctx), inode.ino)
         return self.entry(inode)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
@@ -76,8 +79,8 @@ class TierdOps(FileOps):
         mtime = attr.st_mtime_ns if fields.update_mtime else None
         if fh is not None and fh not in self.files:
             fh = None  # ftruncate passes its file handle; anything else is a path call
-        if size is not None and self.pt_writers:
-            self.pt_refresh(inode, wrote=True)  # the size the kernel's writes left first
+        if self.pt_writers:  # what the kernel's writes left first (size, their mtime)
+            self.pt_refresh(inode, wrote=size is not None)
         if size is not None and self._near_now(atime, mtime):
             # a truncate stamps "now" (the kernel never sends explicit times with a size)
             atime = None if atime is None else UTIME_NOW
@@ -189,6 +192,8 @@ class TierdOps(FileOps):
         if start_id < DOTDOT_ID and not self._dot(token, b"..", dh.parent, DOTDOT_ID):
             return
         timeout = self.entry_timeout
+        for ino in list(self.pt_writers):  # entries carry sizes: what the kernel wrote
+            self.pt_refresh(ino)
         while True:
             entries = await self.ns.listdir(dh.ident, dh.ino, start_after=marker,
                                             limit=READDIR_BATCH)

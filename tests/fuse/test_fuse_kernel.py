@@ -39,7 +39,9 @@ def daemon(public_tmp: Path) -> Iterator[Daemon]:
     """This module's own daemon, on the kernel backend with passthrough (overrides the
     session's: every fixture built on ``daemon`` here uses it)."""
     with serving(public_tmp, "k", "--fuse-backend", "kernel",
-                 "--fuse-passthrough", "true") as d:
+                 "--fuse-passthrough", "true",
+                 # the read-only rules, whatever the suite's TIERD_FUSE_PASSTHROUGH_WRITES
+                 "--fuse-passthrough-writes", "false") as d:
         yield d
 
 

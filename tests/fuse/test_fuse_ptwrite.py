@@ -82,6 +82,20 @@ def test_writes_pass_through_and_s3_reads_them_at_once(daemon: Daemon, work: Pat
     assert f.read_bytes() == want
 
 
+def test_listings_and_lookups_while_writing_show_the_written_size(daemon: Daemon,
+                                                                  work: Path) -> None:
+    """READDIRPLUS and LOOKUP replies carry attributes the kernel applies: they must carry
+    the size the kernel's own writes gave the file, not the namespace's last commit (the
+    kernel would shrink its size back; before: a stat after a listing gave 0)."""
+    f = work / "listed.bin"
+    with open(f, "wb", buffering=0) as w:
+        w.write(b"x" * 5000)
+        assert {e.name: e.stat().st_size for e in os.scandir(work)} == {"listed.bin": 5000}
+        assert f.stat().st_size == 5000
+        os.stat(work / "listed.bin")  # a lookup too, through the path
+        assert os.fstat(w.fileno()).st_size == 5000
+
+
 def test_a_read_only_handle_cannot_write(daemon: Daemon, work: Path) -> None:
     f = work / "ro.bin"
     f.write_bytes(b"abc")

@@ -78,6 +78,9 @@ class OpenFile:
     # open the writes are invisible here, so the file counts as written (not uploadable,
     # not evictable) and its ``V`` intention stays (tiering.TieringOps.passthrough_open)
     external: int = 0
+    # the hot file's (size, mtime, ctime) when last looked at for them: a change since
+    # is the kernel's writes; an explicit mtime set since stays (passthrough_sync)
+    external_seen: tuple[int, int, int] = (-1, -1, -1)
     _fd: int = -1
     _unpin: Callable[[], None] | None = None
 

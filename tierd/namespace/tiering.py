@@ -86,8 +86,10 @@ class TieringOps(NamespaceBase):
             async with self.meta.asnapshot() as tx:
                 if self.placement.wants_mem(tx, of.ino):
                     return None
-        if os.fstat(of.fd).st_size != of.size:
+        st = os.fstat(of.fd)
+        if st.st_size != of.size:
             return None
+        of.external_seen = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         of.external += 1  # busy from here: nothing uploads or evicts it meanwhile
         try:
             await self._prepare_write(of.ino, of.size)
@@ -109,20 +111,25 @@ class TieringOps(NamespaceBase):
 
     def passthrough_sync(self, fh: int, wrote: bool = True) -> None:
         """The kernel may have written handle ``fh``'s hot file: its size and mtime become
-        the live ones; ``wrote`` (a durability point, a truncate), or a size or mtime
-        seen to change: count it as a write (a new content version at the next durability
-        point; at a durability point whatever changed, since a coarse mtime cannot tell)."""
+        the live ones; ``wrote`` (flush, fsync, a truncate), or a size, mtime or ctime seen
+        to change since the last look: count it as a write (a new content version at the
+        next durability point; flush and fsync count one whatever they see, since a coarse
+        clock may not tell)."""
         h = self._handles.get(fh)
         if h is None or not h.ofile.external:
             return
         of = h.ofile
         st = os.fstat(of.fd)
-        if wrote or st.st_size != of.size or st.st_mtime_ns > of.mtime_ns:
+        seen = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        changed = seen != of.external_seen
+        if wrote or changed:
             # (a change seen: getattr overlays the live size of a file being written)
             of.gen += 1
             of.ctime_ns = now_ns()
+        if changed and st.st_mtime_ns != of.external_seen[1]:
+            of.mtime_ns = st.st_mtime_ns  # the kernel's last write (not an explicit utime)
         of.size = st.st_size
-        of.mtime_ns = max(of.mtime_ns, st.st_mtime_ns)
+        of.external_seen = seen
 
     def passthrough_close(self, fh: int) -> None:
         """The kernel writes no more through ``fh`` (before its release, after a
