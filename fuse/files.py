@@ -241,6 +241,13 @@ class FileOps(OpsBase):
         finally:
             self.files.pop(fh, None)
 
+    def cancel_later(self) -> None:
+        """The session ends: releases still waiting for a mapping stop looking (their
+        handles stay open: the namespace's close makes them durable, and the intention
+        stays for the next start, ``Namespace._recover``)."""
+        for task in list(self._later):
+            task.cancel()
+
     async def _release_later(self, fh: int, fd: int) -> None:
         """Keep the handle -- and with it the in-place intention and the "being written"
         state -- until nothing but the daemon has the hot file open for writing; then the

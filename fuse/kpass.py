@@ -196,6 +196,7 @@ class Passthrough:
     def close_all(self) -> None:
         """The session ends: the kernel drops its backing files with the connection; the
         eviction holds go."""
+        self.ops.cancel_later()
         for ino, b in list(self.backings.items()):
             self._close(ino, b)
 
