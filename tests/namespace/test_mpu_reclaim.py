@@ -4,6 +4,7 @@ upload directories; the change feed's keys are handed in as the feed hands them.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from tierd.errors import FsError
 from tierd.meta import MetaStore, MultipartUpload, UploadPart
 from tierd.namespace.mpu_parts import PartStore, UploadState
 from tierd.namespace.mpu_remote import Reclaimer, holder, local_parts
@@ -90,3 +92,20 @@ async def test_part_changes_reclaim_only_unneeded_files_of_those_parts(
     r.changed(None)
     await _settled(r)
     assert not os.path.exists(parts.dir(other))
+
+
+async def test_malformed_upload_ids_never_become_paths(meta: MetaStore, tmp_path: Path) -> None:
+    """Ids reach the part store from the change feed too: an empty one named the parts root
+    itself, which a sweep of 'an upload with no record' would have removed whole."""
+    parts = PartStore(str(tmp_path / "mpu"))
+    parts.create(UP)
+    (Path(parts.dir(UP)) / "data").write_bytes(b"x")
+    for bad in ("", ".", "..", "../mpu", "a/b", "x" * 129):
+        with pytest.raises(FsError) as e:
+            parts.dir(bad)
+        assert e.value.errno == errno.EINVAL
+    r = Reclaimer(meta, parts)
+    r.changed([b"M", b"M..", b"P\0" + struct.pack(">I", 1)])
+    await _settled(r)
+    assert _files(parts, UP) == {"data"}  # the other upload's directory is untouched
+    assert os.path.isdir(tmp_path / "mpu")

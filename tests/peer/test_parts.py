@@ -113,7 +113,9 @@ async def test_the_part_route_is_signed_and_checks_its_parameters(meta: MetaStor
         assert parts.asked == 0
         for p, query in ((path, {"etag": "XYZ", "size": "3"}),
                          (path, {"etag": etag, "size": "-1"}),
-                         (f"/v1/part/{UPLOAD}/x", q), ("/v1/part/a.b/1", q)):
+                         (f"/v1/part/{UPLOAD}/x", q), ("/v1/part/a.b/1", q),
+                         (f"/v1/part/{UPLOAD}/0", q), (f"/v1/part/{UPLOAD}/10001", q),
+                         (f"/v1/part/{UPLOAD}/{2**40}", q)):
             async with s.get(door.url + p, params=query,
                              headers=auth.sign(SECRET, "n2", "GET", p, query)) as r:
                 assert r.status == 400, (p, query)

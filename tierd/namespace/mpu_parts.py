@@ -36,6 +36,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import secrets
 import shutil
 from collections.abc import AsyncIterable, Callable, Iterable, Sequence
@@ -47,6 +48,9 @@ from tierd.meta import UploadPart
 from tierd.tiers.fileio import COPY_CHUNK, copy_range, pwritev_all
 
 DATA = "data"
+#: what an upload id may look like (``secrets.token_urlsafe`` makes them; older stores' ids
+#: fit too): checked before an id becomes a path
+UPLOAD_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 BATCH = 1 << 20  # bytes gathered before one thread job writes and hashes them
 MAX_DATA_END = 4 << 40  # slots end below this offset (ext4's file size limit is 16 TiB)
 
@@ -287,6 +291,11 @@ class PartStore:
         self._states: dict[str, UploadState] = {}
 
     def dir(self, upload_id: str) -> str:
+        """The upload's directory.  The id is checked here, before any path is made of
+        it: ids come from requests, records and the cluster's change feed, and an empty
+        or dotted one would name the parts root itself or a place outside it."""
+        if not UPLOAD_ID.fullmatch(upload_id):
+            raise FsError(errno.EINVAL, f"malformed multipart upload id {upload_id[:80]!r}")
         return os.path.join(self.root, upload_id)
 
     def create(self, upload_id: str) -> None:

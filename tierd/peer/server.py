@@ -69,7 +69,9 @@ _MAX_INT = (1 << 63) - 1
 
 #: ``(upload id, part number, etag, size) -> FileSlice`` of that part held here, or None
 PartReader = Callable[[str, int, str, int], Awaitable[FileSlice | None]]
-_UPLOAD_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_UPLOAD_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # as tierd/namespace/mpu_parts.py UPLOAD_ID
+#: S3 numbers parts 1 to 10,000; the record key packs the number in 4 bytes
+MAX_PART_NUMBER = 10_000
 _ETAG = re.compile(r"[0-9a-f]{32}")
 
 _NODE: web.AppKey[str] = web.AppKey("tierd.peer.node", str)
@@ -177,6 +179,8 @@ def make_app(node: str, secret: str, reader: LocalReader, *,
         etag = request.query.get("etag", "")
         try:
             number = _int_param(request, "part number", request.match_info["number"])
+            if not 1 <= number <= MAX_PART_NUMBER:
+                raise ValueError(f"part number must be 1 to {MAX_PART_NUMBER}, not {number}")
             size = _int_param(request, "size", request.query.get("size"))
         except ValueError as e:
             return _error(request, 400, str(e))
