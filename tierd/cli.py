@@ -156,8 +156,9 @@ def meta() -> None:
     \b
     Growing a single node into a cluster (docs/cluster.md):
       tierd meta dump ns.dump --data-dir DIR          (the single node, stopped)
-      tierd meta load ns.dump --node n1 --data-dir DIR --meta-url postgresql://...
-                      --cluster-secret ...            (into the cluster's empty database)
+      TIERD_CLUSTER_SECRET=... tierd meta load ns.dump --node n1 --data-dir DIR
+                      --meta-url postgresql://...     (into the cluster's empty database)
+    (the secret from the environment: a command line is readable by every local user)
     then start node n1 on DIR; its files not yet in cold stay on it, served to the other
     nodes and persisted by it.  Back to one node: dump the cluster's database and load it
     with --node NAME into an lmdb store (NAME's data directory).

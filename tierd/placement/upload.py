@@ -151,7 +151,10 @@ class TxnBatch:
         except Exception as e:
             if len(batch) > 1:
                 for b in batch:
-                    await self._commit([b])
+                    # a caller that went away meanwhile would leave an intention (and its
+                    # key guard) that no finish of its own ever drops
+                    if b.must or not b.fut.cancelled():
+                        await self._commit([b])
                 return
             done = [(batch[0], None, e)]
         else:
