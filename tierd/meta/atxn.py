@@ -49,12 +49,14 @@ async def off_loop(meta: MetaStore, fn: Callable[..., T], *args: Any) -> T:
 class AsyncTxn:
     """One transaction of ``store``: ``write``, or a read that ``snapshot`` always aborts."""
 
-    __slots__ = ("_snapshot", "_store", "_tx", "_write")
+    __slots__ = ("_fresh", "_snapshot", "_store", "_tx", "_write")
 
-    def __init__(self, store: MetaStore, write: bool, snapshot: bool = False) -> None:
+    def __init__(self, store: MetaStore, write: bool, snapshot: bool = False,
+                 fresh: bool = False) -> None:
         self._store = store
         self._write = write
         self._snapshot = snapshot
+        self._fresh = fresh
         self._tx: MetaTxn | None = None
 
     async def __aenter__(self) -> MetaTxn:
@@ -62,7 +64,7 @@ class AsyncTxn:
 
         engine: Any = self._store.engine
         if engine.remote:
-            kv = await engine.abegin(self._write)
+            kv = await engine.abegin(self._write, fresh=self._fresh)
         else:
             kv = engine.begin(write=self._write)
         self._tx = MetaTxn(kv, self._store.node)

@@ -21,10 +21,11 @@ Sizes (the engine's pool holds ``pool_size`` connections, 16 by default):
   of their own (one writer at a time holds the lock, and a commit must never queue behind
   begins that wait for that very lock).
 
-A read transaction begun while a write commit is in flight waits for it (a synchronous one
-too, in ``PgStore.begin``): a coroutine that
-saw the in-memory effects of a writer's body (a handle, a size) must not then read the
-metadata from before it.  A read waits for a commit, never for the lock.
+A ``fresh`` read transaction begun while a write commit is in flight waits for it (a
+synchronous one always does, in ``PgStore.begin``): a coroutine that saw the in-memory
+effects of a writer's body (a handle, a queued file) must not then read the metadata from
+before it.  A read waits for a commit, never for the lock.  The others do not wait: reads
+are not held up by the stream of commits of a node that writes.
 
 Async writers of one loop take turns on an asyncio lock, from before their begin until their
 commit is sent (the next writer's begin then waits for the lock in its thread while the
@@ -172,12 +173,12 @@ class AsyncGate:
         elif self.store.claim(txn):  # (else a synchronous writer took it over)
             self._commits.submit(txn.abort)
 
-    async def begin(self, write: bool) -> PgTxn:
+    async def begin(self, write: bool, fresh: bool = False) -> PgTxn:
         loop = asyncio.get_running_loop()
         gate = self._gate(loop)
         if not write:
             commit = gate.commit
-            if commit is not None and not commit.done():
+            if fresh and commit is not None and not commit.done():
                 # a read begun after a writer's body sees its commit, as when the commit
                 # returned before anything else ran: the caller may have seen in-memory
                 # state that body changed (an open file, a handle's size)

@@ -435,9 +435,9 @@ class PgStore(KVStore):
         synchronous writer took it over (the coroutine begins again)."""
         return self._writers.claim(txn)
 
-    async def abegin(self, write: bool = False) -> PgTxn:
+    async def abegin(self, write: bool = False, *, fresh: bool = False) -> PgTxn:
         """:meth:`begin` off the event loop (:mod:`tierd.meta.pg_async`)."""
-        return await self._async.begin(write)
+        return await self._async.begin(write, fresh)
 
     async def aend(self, txn: KVTxn, commit: bool) -> None:
         """End a transaction of :meth:`abegin`: commit it, or abort it."""

@@ -573,9 +573,10 @@ class MetaStore:
         the event loop (:mod:`tierd.meta.atxn`)."""
         return AsyncTxn(self, True)
 
-    def asnapshot(self) -> AsyncTxn:
-        """``async with meta.asnapshot() as tx``: :meth:`snapshot` for coroutines."""
-        return AsyncTxn(self, False, snapshot=True)
+    def asnapshot(self, fresh: bool = False) -> AsyncTxn:
+        """``async with meta.asnapshot() as tx``: :meth:`snapshot` for coroutines; ``fresh``:
+        after a write commit of this process in flight (:mod:`tierd.meta.pg_async`)."""
+        return AsyncTxn(self, False, snapshot=True, fresh=fresh)
 
     def sync(self) -> None:
         """Make every committed transaction survive a machine crash (blocking)."""

@@ -9,6 +9,7 @@ transaction held across an ``await`` would stall the whole daemon.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import errno
@@ -38,6 +39,7 @@ log = logging.getLogger("tierd.namespace")
 ROOT_MODE = stat.S_IFDIR | 0o1777  # anyone may create a bucket; the sticky bit protects it
 IMPLICIT = "tierd.implicit"  # objmeta flag of directories created only to hold an S3 key
 MAX_SYMLINK_HOPS = 40
+INO_BATCH = 64  # inode numbers a PUT over a shared engine reserves at once (_alloc_ino)
 
 
 def now_ns() -> int:
@@ -165,6 +167,8 @@ class NamespaceBase:
         self._open: dict[int, OpenFile] = {}
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
+        #: inode numbers reserved for PUTs over a shared engine (objects.ObjectOps._alloc_ino)
+        self._inos: collections.deque[int] = collections.deque()
         self._closed = False
         self._subscribers: list[Callable[[Change], None]] = []
         # entries of directories an object call created (implicit prefixes, markers),
@@ -271,6 +275,18 @@ class NamespaceBase:
             **kw,
         )
         return inode
+
+    async def _alloc_ino(self) -> int:
+        """A fresh inode number for a PUT; over PostgreSQL (a write transaction there waits
+        for the cluster's lock) reserved INO_BATCH at a time, unused ones never reused."""
+        if not self.meta.engine.remote:
+            async with self.meta.awrite() as tx:
+                return tx.next_ino()
+        while not self._inos:
+            async with self.meta.awrite() as tx:
+                last = tx.add_counter("next_ino", INO_BATCH)
+            self._inos.extend(range(last - INO_BATCH + 1, last + 1))
+        return self._inos.popleft()
 
     # -- open files ------------------------------------------------------------------------
     def _handle(self, fh: int) -> Handle:

@@ -80,7 +80,7 @@ class FileOps(EntryOps):
         FUSE door decides from its version whether the kernel's cached pages still hold."""
         readable, writable = _access_mask(flags)
         while True:
-            async with self.meta.asnapshot() as tx:
+            async with self.meta.asnapshot(fresh=True) as tx:  # after an unlink's commit
                 inode = self._get(tx, ino)
                 # over PostgreSQL a commit of this node (an unlink, a truncate) may have
                 # landed while this snapshot's begin was in a thread: the handle must not

@@ -332,10 +332,6 @@ class ObjectOps(FileOps):
         return await self._install_put(ident, bucket, key, segments, path, size, etag,
                                        objmeta or {})
 
-    async def _alloc_ino(self) -> int:
-        async with self.meta.awrite() as tx:
-            return tx.next_ino()
-
     async def _precondition_etag(self, ident: Identity, bucket: str, key: str) -> None:
         """Make sure the current object's ETag is known before a conditional commit."""
         try:
@@ -403,8 +399,7 @@ class ObjectOps(FileOps):
         if_none_match: str | None = None, in_txn: Callable[[MetaTxn], None] | None = None,
         logged: bytes | None = None,
     ) -> tuple[Inode, list[int], list[Change]]:
-        """The PUT's transaction: the inode, the versions it dropped, and the directories
-        it created (reported by the caller once committed)."""
+        """The PUT's transaction: its inode, the versions it dropped, the dirs it made."""
         async with self.meta.awrite() as tx:
             if in_txn is not None:
                 in_txn(tx)

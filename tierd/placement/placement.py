@@ -327,7 +327,8 @@ class Placement(Uploading):
         known = self._queued_at
         missing = [ino for ino in queue if ino not in known]
         if missing:
-            async with self.meta.asnapshot() as tx:
+            # fresh: a hint comes from a body whose commit may still be in flight
+            async with self.meta.asnapshot(fresh=True) as tx:
                 for ino in missing:
                     token = tx.queued(ino)
                     if token is not None:
