@@ -392,3 +392,27 @@ def test_s3_put_while_a_passthrough_writer_is_open(daemon: Daemon, work: Path,
     assert writes(daemon) == before
     assert get(s3, key(f, daemon)) == (put, hashlib.md5(put).hexdigest())
     assert f.read_bytes() == put
+
+
+def test_s3_reads_while_a_passthrough_writer_is_open(daemon: Daemon, work: Path,
+                                                     s3: Any) -> None:
+    """An S3 GET while the kernel writes the file in place: the ETag it is given is the
+    MD5 of the bytes it is given (the namespace looks at the hot file first and makes what
+    the kernel wrote a version of its own), never the committed version's ETag over
+    rewritten bytes."""
+    f = work / "busy.bin"
+    data = os.urandom(1 << 20)
+    f.write_bytes(data)
+    k = key(f, daemon)
+    assert get(s3, k) == (data, hashlib.md5(data).hexdigest())
+    before = writes(daemon)
+    with open(f, "r+b", buffering=0) as w:
+        for i in range(3):
+            w.seek(4096 * i)
+            w.write(bytes([65 + i]) * 4096)
+            body, etag = get(s3, k)
+            assert etag == hashlib.md5(body).hexdigest(), i
+            assert body[4096 * i:4096 * (i + 1)] == bytes([65 + i]) * 4096
+    assert writes(daemon) == before
+    want = b"A" * 4096 + b"B" * 4096 + b"C" * 4096 + data[3 * 4096:]
+    assert get(s3, k) == (want, hashlib.md5(want).hexdigest())

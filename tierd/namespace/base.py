@@ -15,6 +15,7 @@ import dataclasses
 import errno
 import functools
 import logging
+import os
 import stat
 import time
 from collections.abc import Callable
@@ -215,6 +216,8 @@ class NamespaceBase:
     def _live(self, inode: Inode) -> Inode:
         """``inode`` with the size and times of unflushed writes applied."""
         of = self._open.get(inode.ino)
+        if of is not None and of.external:
+            self._external_look(of)  # what the kernel wrote since (fuse/kpass.py)
         if of is None or not of.dirty:
             return inode
         # the committed ETag describes older bytes: unknown until the next commit
@@ -327,6 +330,23 @@ class NamespaceBase:
         self.placement.forget(ino)
 
     # -- placement hooks -------------------------------------------------------------------
+    @staticmethod
+    def _external_look(of: OpenFile, wrote: bool = False) -> None:
+        """While the kernel writes ``of``'s hot file itself (FUSE write passthrough,
+        ``of.external``): its size and mtime become the live ones, and ``wrote``, or a
+        size, mtime or ctime changed since the last look, counts as a write (a new content
+        version at the next commit)."""
+        st = os.fstat(of.fd)
+        seen = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        changed = seen != of.external_seen
+        if wrote or changed:
+            of.gen += 1
+            of.ctime_ns = now_ns()
+        if changed and st.st_mtime_ns != of.external_seen[1]:
+            of.mtime_ns = st.st_mtime_ns  # the kernel's last write (not an explicit utime)
+        of.size = st.st_size
+        of.external_seen = seen
+
     def _open_dirty(self, ino: int) -> bool:
         """Unflushed writes in the hot file (or about to be: the intention is being made
         durable): not uploadable, not evictable."""

@@ -330,6 +330,8 @@ class FileOps(EntryOps):
             async with self.meta.asnapshot() as tx:
                 inode = self._get(tx, ino)
             of = self._open.get(ino)
+            if of is not None and of.external:
+                self._external_look(of)  # what the kernel wrote since (fuse/kpass.py)
             if of is not None and of.dirty:
                 await self._commit_open(of)
                 continue
@@ -340,6 +342,8 @@ class FileOps(EntryOps):
                     await self.placement.ensure(ino, 0, inode.size, touch=False)
                 digest = await asyncio.to_thread(self._hash_file, ino, inode.size)
             of = self._open.get(ino)
+            if of is not None and of.external:
+                self._external_look(of)
             if of is not None and of.dirty:
                 continue  # written while hashed: commit and hash the new version
             async with self.meta.awrite() as tx:

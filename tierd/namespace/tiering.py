@@ -16,7 +16,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from tierd.namespace.base import NamespaceBase, now_ns
+from tierd.namespace.base import NamespaceBase
 
 
 def _willneed(fd: int, offset: int, length: int) -> None:
@@ -118,18 +118,8 @@ class TieringOps(NamespaceBase):
         h = self._handles.get(fh)
         if h is None or not h.ofile.external:
             return
-        of = h.ofile
-        st = os.fstat(of.fd)
-        seen = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        changed = seen != of.external_seen
-        if wrote or changed:
-            # (a change seen: getattr overlays the live size of a file being written)
-            of.gen += 1
-            of.ctime_ns = now_ns()
-        if changed and st.st_mtime_ns != of.external_seen[1]:
-            of.mtime_ns = st.st_mtime_ns  # the kernel's last write (not an explicit utime)
-        of.size = st.st_size
-        of.external_seen = seen
+        # (a change seen: getattr overlays the live size of a file being written)
+        self._external_look(h.ofile, wrote)
 
     def passthrough_close(self, fh: int) -> None:
         """The kernel writes no more through ``fh`` (before its release, after a
