@@ -105,7 +105,7 @@ def test_an_open_during_the_unlinks_commit_sees_the_unlink(url: str, tmp_path: P
                 time.sleep(SLOW_S)
             commit(txn)
 
-        PgTxn.commit = late_commit  # type: ignore[method-assign]
+        PgTxn.commit = late_commit  # type: ignore[method-assign,assignment]
         try:
             unlinking = asyncio.create_task(ns.unlink(ROOT, bucket_ino, b"f"))
             while engine.committing is None or engine.committing.done():
@@ -158,7 +158,7 @@ def test_a_write_during_the_commit_that_drops_the_intention_takes_a_new_one(
                 time.sleep(SLOW_S)
             commit(txn)
 
-        PgTxn.commit = late_commit  # type: ignore[method-assign]
+        PgTxn.commit = late_commit  # type: ignore[method-assign,assignment]
         try:
             syncing = asyncio.create_task(ns.fsync(fh))  # records b*10, drops the intention
             while engine.committing is None or engine.committing.done():
@@ -169,6 +169,43 @@ def test_a_write_during_the_commit_that_drops_the_intention_takes_a_new_one(
             PgTxn.commit = commit  # type: ignore[method-assign]
         with ns.meta.snapshot() as tx:
             assert tx.has_intent(g), "bytes changed in place with no intention on record"
+        await ns.release(fh)
+
+    asyncio.run(_with_file(url, tmp_path, test))
+
+
+def test_a_non_root_write_to_a_setid_file_during_a_settling_fsync_keeps_an_intention(
+        url: str, tmp_path: Path) -> None:
+    async def test(ns: Namespace, engine: PgStore, bucket_ino: int, ino: int) -> None:
+        inode, fh = await ns.create(ROOT, bucket_ino, b"g", 0o4777, os.O_RDWR)
+        await ns.write(fh, 0, b"a" * 100)
+        await ns.fsync(fh)  # 100 committed bytes
+        await ns.write(fh, 0, b"b" * 10)  # in place: V key durable, of.intent True
+        fh2 = await ns.open(Identity(uid=1000, gid=1000), inode.ino, os.O_RDWR)
+        begun, slow = threading.Event(), threading.Event()
+        slow.set()
+        begin_offered = engine.begin_offered
+
+        def late() -> PgTxn:
+            txn = begin_offered()
+            if slow.is_set():
+                slow.clear()
+                begun.set()
+                time.sleep(SLOW_S)
+            return txn
+
+        engine.begin_offered = late  # type: ignore[method-assign]
+        try:
+            syncing = asyncio.create_task(ns.fsync(fh))  # settles: drops the V key
+            while not begun.is_set():
+                await asyncio.sleep(0.001)
+            await ns.write(fh2, 50, b"c" * 10)  # below the committed size, by non-root
+            await syncing
+        finally:
+            engine.begin_offered = begin_offered  # type: ignore[method-assign]
+        with ns.meta.snapshot() as tx:
+            assert tx.has_intent(inode.ino), "bytes changed in place with no intention"
+        await ns.release(fh2)
         await ns.release(fh)
 
     asyncio.run(_with_file(url, tmp_path, test))

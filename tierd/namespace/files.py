@@ -145,12 +145,19 @@ class FileOps(EntryOps):
             # first write since the last commit: backpressure, and the old content local
             await self.placement.admit(n)
             await self._prepare_write(of.ino, of.size)
-        if offset < of.committed_size and not of.intent:
-            await self._intend(of)  # bytes a committed version names change in place
+        # Each await below lets other coroutines run (over PostgreSQL a transaction's begin
+        # and commit leave the loop): an fsync's commit may settle the file meanwhile and
+        # drop its in-place intention.  So both conditions are checked again after every
+        # await, and the bytes change only once neither needs one, with no await between.
+        while True:
+            if of.privs and not h.ident.is_root:
+                await self._drop_privs(of)
+            elif offset < of.committed_size and not of.intent:
+                await self._intend(of)  # bytes a committed version names change in place
+            else:
+                break
         if offset > of.size:
             self._cut_stale(of.fd, of.size)  # the gap must read as zeros
-        if of.privs and not h.ident.is_root:
-            await self._drop_privs(of)
         # claim the range synchronously so later writes see the new size
         old_size = of.size
         of.size = max(of.size, offset + n)
