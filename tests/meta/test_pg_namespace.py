@@ -209,3 +209,32 @@ def test_a_non_root_write_to_a_setid_file_during_a_settling_fsync_keeps_an_inten
         await ns.release(fh)
 
     asyncio.run(_with_file(url, tmp_path, test))
+
+
+def test_a_put_whose_commit_broke_after_it_was_applied_keeps_its_bytes(
+        url: str, tmp_path: Path) -> None:
+    """A COMMIT whose connection breaks may have been applied: the engine raises EIO
+    (pg_engine) and the put must not remove the data file of the inode its commit named
+    (before, the key then named an inode whose bytes were gone)."""
+    async def test(ns: Namespace, engine: PgStore, bucket_ino: int, ino: int) -> None:
+        commit_put = ns._commit_put
+
+        async def applied_then_broke(*args: Any) -> Any:
+            await commit_put(*args)
+            raise FsError(errno.EIO, "committing (if the connection broke during COMMIT "
+                                     "it may have been applied)")
+
+        data = os.urandom(300_000)
+        ns._commit_put = applied_then_broke  # type: ignore[method-assign]
+        try:
+            with pytest.raises(FsError):
+                await ns.put_object(ROOT, "bkt", "g", _body(data))
+        finally:
+            del ns._commit_put
+        r = await ns.get_object(ROOT, "bkt", "g")
+        try:
+            assert await r.read_all() == data
+        finally:
+            await r.close()
+
+    asyncio.run(_with_file(url, tmp_path, test))

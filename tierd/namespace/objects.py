@@ -363,6 +363,17 @@ class ObjectOps(FileOps):
                                        if_match=if_match, if_none_match=if_none_match,
                                        in_txn=in_txn)
 
+    def _named(self, ino: int) -> bool:
+        """After a failed or cancelled put commit: does committed metadata name ``ino``
+        anyway?  (Over PostgreSQL a COMMIT whose connection broke may have been applied,
+        and a commit once sent completes even if its caller is cancelled.)  Unknown counts
+        as yes: an unnamed data file is a leak, a removed named one a lost object."""
+        try:
+            with self.meta.snapshot() as tx:
+                return tx.get_stored_inode(ino) is not None
+        except Exception:
+            return True
+
     async def _publish_put(
         self, ident: Identity, bucket: str, key: str, segments: list[bytes], ino: int,
         size: int, etag: str, objmeta: dict[str, str], *, if_match: str | None = None,
@@ -378,7 +389,8 @@ class ObjectOps(FileOps):
                 ident, bucket, key, segments, ino, size, etag, objmeta, if_match,
                 if_none_match, in_txn, logged)
         except BaseException:
-            self.hot.remove(ino)
+            if not self._named(ino):
+                self.hot.remove(ino)
             raise
         crashpoint("put.committed")
         if logged is not None:
