@@ -392,11 +392,12 @@ class MetaTxn:
     def list_garbage(self) -> list[int]:
         return self._list_scoped(b"G")
 
-    def add_intent(self, ino: int) -> None:
+    def add_intent(self, ino: int, kernel: bool = False) -> None:
         """``ino``'s data file is about to change in place: until :meth:`remove_intent`
         (in the commit that records the change) its bytes may differ from the recorded
-        version, and recovery gives it a new one."""
-        self.kv.put(self._scoped(b"V", ino), b"")
+        version, and recovery gives it a new one.  ``kernel``: the kernel writes it
+        (FUSE write passthrough), so recovery also gives it a new data file."""
+        self.kv.put(self._scoped(b"V", ino), b"k" if kernel else b"")
 
     def remove_intent(self, ino: int) -> bool:
         return self.kv.delete(self._scoped(b"V", ino))
@@ -404,8 +405,11 @@ class MetaTxn:
     def has_intent(self, ino: int) -> bool:
         return self.kv.get(self._scoped(b"V", ino)) is not None
 
-    def list_intents(self) -> list[int]:
-        return self._list_scoped(b"V")
+    def list_intents(self, kernel: bool = False) -> list[int]:
+        """The inodes with an intention (``kernel``: only those the kernel wrote)."""
+        prefix = nodes.scoped_prefix(b"V", self.node)
+        return [nodes.scoped_ino(k, prefix) for k, v in self.kv.scan(prefix, prefix_end(prefix))
+                if len(k) == len(prefix) + 8 and (v == b"k" or not kernel)]
 
     # -- placement: persist queue, cold records, import stamps, policies -------------------
     def enqueue(self, ino: int, token: bytes) -> None:

@@ -92,10 +92,18 @@ class Namespace(VersionOps, TagOps, XattrOps, ImportOps, TieringOps):
         (data files of lower numbers that no inode names are leftovers of the crash)."""
         self.smalllog.replay()
         with self.meta.snapshot() as tx:  # before the commit that removes their V keys
-            for ino in tx.list_intents():
-                # a live process may still write the old file through the kernel's write
-                # passthrough of the last daemon (fuse/kpass.py): not the new version's
+            kernel_written = tx.list_intents(kernel=True)
+        for ino in kernel_written:
+            # a live process may still write the old file through the kernel's write
+            # passthrough of the last daemon (fuse/kpass.py): not the new version's.
+            # Only those files: a copy of every file changed in place could fill the hot
+            # tier, and a start that fails on it serves nothing.
+            try:
                 self.hot.detach(ino)
+            except OSError as e:
+                log.error("could not give inode %d a data file of its own at start (%s): "
+                          "a process that still writes it through the last daemon's "
+                          "passthrough changes its new version", ino, e)
         unclean_below = 0
         with self.meta.write() as tx:
             if tx.get_inode(ROOT_INO) is None:

@@ -94,16 +94,15 @@ class TieringOps(NamespaceBase):
         try:
             await self._prepare_write(of.ino, of.size)
             if of.committed_size and not of.intent:
-                await self._intend(of)
-            elif not of.intent:
-                # nothing committed to keep, but the intention all the same: a process may
-                # go on writing through the kernel after this daemon died, and the next
-                # start gives the files with a ``V`` key a data file of their own
-                # (``Namespace._recover``), out of that writer's reach
-                async with self.meta.awrite() as tx:
-                    tx.add_intent(of.ino)
-                await self._sync_meta()
-                of.intent = True
+                await self._intend(of)  # what the WRITE path does first: keep the old
+            # and, whatever intention there is, one marked as the kernel's: a process may
+            # go on writing through the kernel after this daemon died, and the next start
+            # gives the files with such a ``V`` key a data file of their own
+            # (``Namespace._recover``), out of that writer's reach
+            async with self.meta.awrite() as tx:
+                tx.add_intent(of.ino, kernel=True)
+            await self._sync_meta()
+            of.intent = True
         except BaseException:
             of.external -= 1
             raise
