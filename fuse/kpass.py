@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import fcntl
 import logging
 import os
 from collections import Counter
@@ -59,6 +60,17 @@ class _Backing:
 
 def _writable(flags: int) -> bool:
     return flags & os.O_ACCMODE != os.O_RDONLY or bool(flags & os.O_TRUNC)
+
+
+def _leases_work(fd: int) -> bool:
+    """Whether the hot tier's file system grants write leases (taken and given back at
+    once; refused because another descriptor is open counts as working)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+    except OSError as e:
+        return e.errno in (errno.EAGAIN, errno.EBUSY)
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    return True
 
 
 class Passthrough:
@@ -103,6 +115,13 @@ class Passthrough:
             return
         if not self.cached[ino] and not self._broken:
             fd = await self.ops.ns.passthrough_open(fh)
+            if fd is not None and not _leases_work(fd):
+                # the last release could not tell a mapping that outlived its descriptor
+                # (fuse/files.py written_elsewhere): such a file system keeps the WRITE path
+                self.ops.ns.passthrough_close(fh)
+                fd, self.writes = None, False
+                log.warning("write leases are unavailable on the hot tier: FUSE write "
+                            "passthrough is off for this mount")
             if fd is not None:
                 if not self.cached[ino]:  # (no cached open came while it waited)
                     self._writer_fd[fh] = fd
