@@ -82,7 +82,9 @@ class AsyncTxn:
         engine: Any = self._store.engine
         if engine.remote:
             await engine.aend(tx.kv, commit)
+            if commit:
+                tx.committed()
         elif commit:
-            tx.kv.commit()
+            tx.commit()
         else:
             tx.kv.abort()

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -98,10 +98,26 @@ class MetaTxn:
         self.kv = txn
         self.write = txn.write
         self.node = node  # this node's name in a cluster ("": one node; meta.nodes)
+        self._after: list[Callable[[], None]] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once this transaction committed (never when it aborts).  For work
+        that must see the commit: over PostgreSQL other coroutines run while a commit is
+        in flight, so a callback scheduled from the body could run before it lands."""
+        if self._after is None:
+            self._after = []
+        self._after.append(fn)
+
+    def committed(self) -> None:
+        """The commit landed: run the :meth:`after_commit` callbacks."""
+        after, self._after = self._after, None
+        for fn in after or ():
+            fn()
+
     def commit(self) -> None:
         self.kv.commit()
+        self.committed()
 
     def abort(self) -> None:
         self.kv.abort()
@@ -111,7 +127,10 @@ class MetaTxn:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.kv.commit() if exc_type is None else self.kv.abort()
+        if exc_type is None:
+            self.commit()
+        else:
+            self.kv.abort()
 
     # -- counters --------------------------------------------------------------------------
     def counter(self, name: str) -> int:

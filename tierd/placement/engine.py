@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -356,20 +357,27 @@ class PlacementCore:
             if inode.blocks.pop(WARM, None) is not None:
                 changed = True
                 # the warm copy is of the old content: removed once this txn committed
-                with contextlib.suppress(RuntimeError):  # no loop: the file stays, unused
-                    asyncio.get_running_loop().call_soon(self._reap_warm, inode.ino)
+                tx.after_commit(functools.partial(self._after_soon, self._reap_warm,
+                                                  inode.ino))
             if changed:
                 tx.put_inode(inode)
             self._drop_mem_copy(inode.ino)
             if self.wants_mem(tx, inode.ino):
                 # the new content goes to the pool once committed (and flushed)
-                with contextlib.suppress(RuntimeError):
-                    asyncio.get_running_loop().call_soon(self.admit_mem_later, inode.ino)
+                tx.after_commit(functools.partial(self._after_soon, self.admit_mem_later,
+                                                  inode.ino))
             self.hotc.set_resident(inode.ino, inode.size)
             for b in range(bitmap.nblocks(inode.size)):
                 self.hotc.add(inode.ino, b)
             self._set_dirty(inode.ino, inode.size)
         self.wake()
+
+    @staticmethod
+    def _after_soon(fn: Callable[[int], None], ino: int) -> None:
+        """From a commit: ``fn(ino)`` at the loop's next turn (not inside the committing
+        code; without a running loop, not at all: the file stays, unused)."""
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().call_soon(fn, ino)
 
     def _reap_warm(self, ino: int) -> None:
         """After a content change: drop the warm file if the metadata no longer records
