@@ -214,3 +214,30 @@ def test_embedded_engines_never_yield(kind: str, tmp_path: Path) -> None:
         assert asyncio.run(main())[0] == "transactions"
     finally:
         meta.close()
+
+
+def test_a_cancellation_that_meets_the_commits_end_is_delivered_at_the_next_await() -> None:
+    """The commit's future completes and the task is cancelled in the same turn of the
+    loop: the task must still be cancelled at its next await (it was lost: the waiter took
+    the CancelledError and, seeing the future done, forgot it -- a flaky failure of the
+    test above under load)."""
+    from tierd.meta.pg_async import wait_out
+
+    async def main() -> list[str]:
+        seen: list[str] = []
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        async def waiter() -> None:
+            seen.append(f"result {await wait_out(fut)}")
+            await asyncio.sleep(1)
+            seen.append("not reached")
+
+        task = asyncio.create_task(waiter())
+        await asyncio.sleep(0)  # the task now waits in wait_out
+        fut.set_result(7)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return seen
+
+    assert asyncio.run(main()) == ["result 7"]

@@ -120,8 +120,8 @@ async def wait_out(fut: asyncio.Future[T]) -> T:
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:
-            if fut.done():
-                break
+            # (also when fut is done by now: the cancellation was taken from the task
+            # here, so it must be delivered again below, or it is lost)
             cancelled = True
             if task is not None:
                 task.uncancel()
