@@ -61,11 +61,10 @@ from tierd.meta.records import (
     ColdRecord,
     Dirent,
     Inode,
-    MultipartUpload,
     PlacementPolicy,
-    UploadPart,
     User,
 )
+from tierd.meta.uploads import UploadRecords
 
 SYNC_MODES = ("group", "commit", "durability-points")
 
@@ -91,7 +90,7 @@ class SchemaError(RuntimeError):
     """The store was written by an incompatible tierd version."""
 
 
-class MetaTxn:
+class MetaTxn(UploadRecords):
     """Typed access to one engine transaction.  Never hold one across an ``await``."""
 
     def __init__(self, txn: KVTxn, node: str = "") -> None:
@@ -326,44 +325,6 @@ class MetaTxn:
     def list_users(self) -> Iterator[User]:
         for _, raw in self.kv.scan(b"N", prefix_end(b"N")):
             yield User.decode(raw)
-
-    def get_upload(self, upload_id: str) -> MultipartUpload | None:
-        raw = self.kv.get(b"M" + upload_id.encode())
-        return None if raw is None else MultipartUpload.decode(raw)
-
-    def put_upload(self, upload: MultipartUpload) -> None:
-        self.kv.put(b"M" + upload.upload_id.encode(), upload.encode())
-
-    def delete_upload(self, upload_id: str) -> bool:
-        return self.kv.delete(b"M" + upload_id.encode())
-
-    def list_uploads(self) -> Iterator[MultipartUpload]:
-        for _, raw in self.kv.scan(b"M", prefix_end(b"M")):
-            yield MultipartUpload.decode(raw)
-
-    @staticmethod
-    def _part_prefix(upload_id: str) -> bytes:
-        return b"P" + upload_id.encode() + b"\0"
-
-    def put_part(self, upload_id: str, part: UploadPart) -> None:
-        self.kv.put(self._part_prefix(upload_id) + struct.pack(">I", part.number), part.encode())
-
-    def get_part(self, upload_id: str, number: int) -> UploadPart | None:
-        raw = self.kv.get(self._part_prefix(upload_id) + struct.pack(">I", number))
-        return None if raw is None else UploadPart.decode(raw)
-
-    def list_parts(self, upload_id: str, after: int = 0) -> Iterator[UploadPart]:
-        """Parts in number order, strictly after part ``after``."""
-        prefix = self._part_prefix(upload_id)
-        for _, raw in self.kv.scan(prefix + struct.pack(">I", after + 1), prefix_end(prefix)):
-            yield UploadPart.decode(raw)
-
-    def delete_parts(self, upload_id: str) -> int:
-        prefix = self._part_prefix(upload_id)
-        keys = [k for k, _ in self.kv.scan(prefix, prefix_end(prefix))]
-        for k in keys:
-            self.kv.delete(k)
-        return len(keys)
 
     def _scoped(self, kind: bytes, ino: int) -> bytes:
         """The key of this node's ``kind`` record of ``ino`` (:mod:`tierd.meta.nodes`)."""
