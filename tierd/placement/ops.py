@@ -190,6 +190,8 @@ class PlacementOps:
         bad = self.p.unpersistable_under(prefix)
         if bad:
             doc["unpersistable"] = bad  # files the cold store cannot take, with the error
+        if not ok and self.p.stranded:  # files only a dead node of the cluster holds
+            doc["stranded"] = [s.describe() for _, s in sorted(self.p.stranded.items())]
         return doc
 
     async def import_prefix(self, prefix: str) -> dict[str, Any]:

@@ -457,8 +457,9 @@ class Placement(Uploading):
         else:  # lazily: this runs after every persisted file, and stops at the first
             queued = tx.iter_queue()
         stuck = False
+        judged: dict[str, bool] = {}
         for ino in queued:
-            if not self.failures.unpersistable(ino):
+            if not (self.failures.unpersistable(ino) or self._stranded(tx, ino, judged)):
                 return "wait"
             stuck = True
         for it in intents.under(tx, prefix):
@@ -468,6 +469,22 @@ class Placement(Uploading):
                 return "wait"
             stuck = True
         return "stuck" if stuck else ""
+
+    def _stranded(self, tx: MetaTxn, ino: int, judged: dict[str, bool]) -> bool:
+        """On a cluster: a queued file only a dead home holds (not in cold at its version)
+        cannot be persisted by anyone until that node is back, so a wait stops for it as
+        for an unpersistable file (``judged``: the homes looked at, alive or not)."""
+        if self.home_alive is None:
+            return False
+        inode = tx.get_inode(ino)
+        if inode is None or inode.home in ("", self.node) or inode.size == 0:
+            return False
+        if inode.home not in judged:
+            judged[inode.home] = self.home_alive(inode.home)
+        if judged[inode.home]:
+            return False
+        rec = tx.get_cold(ino)
+        return not (rec is not None and rec.version == inode.version and rec.keys)
 
     def unpersistable_under(self, prefix: str) -> list[dict[str, Any]]:
         """The files under ``prefix`` the store cannot take (for ``persist --wait``)."""
