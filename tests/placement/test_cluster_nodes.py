@@ -256,7 +256,7 @@ def test_a_dead_homes_files_are_taken_over_when_cold_has_them_else_listed(
     with b.meta.snapshot() as tx:
         queue = tx.list_queue()
     b.placement.home_alive = lambda node: node != "a"
-    b.placement._sweep_homes(queue)
+    c.run(b.placement._sweep_homes(queue))
     # the clean file is b's now; the dirty one is listed by name, not taken
     with b.meta.snapshot() as tx:
         homes = {k: tx.get_stored_inode(v.ino).home  # type: ignore[union-attr]
@@ -277,7 +277,7 @@ def test_a_dead_homes_files_are_taken_over_when_cold_has_them_else_listed(
     assert c.run(get(b, "moved")) == clean
     # a live home keeps its files: nothing is taken from it
     b.placement.home_alive = lambda node: True
-    b.placement._sweep_homes(queue)
+    c.run(b.placement._sweep_homes(queue))
     assert b.placement.stranded == {}
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from tierd.errors import FsError, Reason
 from tierd.meta import MetaTxn
+from tierd.meta.atxn import off_loop
 from tierd.placement import homes, intents, putting
 from tierd.placement.failures import RETRY_MAX, Failures
 from tierd.placement.paths import file_keys, files_under
@@ -194,7 +195,7 @@ class Placement(Uploading):
                         self._set_dirty(ino, 0)
                 full_at = now + FULL_SCAN_INTERVAL
                 if self.node and self.home_alive is not None:
-                    self._sweep_homes(queue)
+                    await self._sweep_homes(queue)
                 self._later.clear()
                 self.kick_deletes()
             else:  # queued since, waited out a back-off or its delay, no longer written
@@ -283,13 +284,16 @@ class Placement(Uploading):
             doc["stranded"] = [s.describe() for _, s in sorted(self.stranded.items())]
         return doc
 
-    def _sweep_homes(self, queue: list[int]) -> None:
+    async def _sweep_homes(self, queue: list[int]) -> None:
         """A node of a cluster takes over what dead homes queued and cold already holds,
-        and lists the rest as stranded (a full scan's work: every FULL_SCAN_INTERVAL)."""
+        and lists the rest as stranded (a full scan's work: every FULL_SCAN_INTERVAL).
+        In a worker thread over PostgreSQL: a read per queued file of another node, and a
+        write (the cluster's writer lock) per file taken over."""
         assert self.home_alive is not None
         before = {n: len(s.inos) for n, s in self.stranded.items()}
         try:
-            taken, self.stranded = homes.sweep(self.meta, self.node, queue, self.home_alive)
+            taken, self.stranded = await off_loop(self.meta, homes.sweep, self.meta,
+                                                  self.node, queue, self.home_alive)
         except OSError as e:  # the database failing: the next full scan tries again
             log.warning("looking for files of dead nodes failed: %s", e)
             return
