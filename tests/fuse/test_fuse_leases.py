@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fuse.kpass import _leases_work
+from tierd_fuse.kpass import _leases_work
 
 
 def test_the_probe_takes_and_gives_back_a_lease(tmp_path: Path) -> None:
