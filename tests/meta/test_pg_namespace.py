@@ -16,7 +16,8 @@ import errno
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,24 @@ SLOW_S = 0.5
 @pytest.fixture
 def url(pg_server: PgServer, tmp_path: Path) -> str:
     return pg_server.url(str(tmp_path))
+
+
+@contextmanager
+def _slow_write_commits() -> Iterator[None]:
+    """Every write commit lands SLOW_S after it is sent: a commit stays in flight (in its
+    thread) long enough for the test to act meanwhile."""
+    commit = PgTxn.commit
+
+    def late_commit(txn: PgTxn) -> None:
+        if txn.write:
+            time.sleep(SLOW_S)
+        commit(txn)
+
+    PgTxn.commit = late_commit  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        PgTxn.commit = commit  # type: ignore[method-assign]
 
 
 async def _body(data: bytes) -> AsyncIterator[bytes]:
@@ -98,15 +117,7 @@ def test_an_open_during_the_unlinks_commit_sees_the_unlink(url: str, tmp_path: P
     """The unlink's body ran (it saw no handle); its commit is in flight (it lands SLOW_S
     later).  An open begun now must read the unlink's commit, not the state before it."""
     async def test(ns: Namespace, engine: PgStore, bucket_ino: int, ino: int) -> None:
-        commit = PgTxn.commit
-
-        def late_commit(txn: PgTxn) -> None:
-            if txn.write:
-                time.sleep(SLOW_S)
-            commit(txn)
-
-        PgTxn.commit = late_commit  # type: ignore[method-assign,assignment]
-        try:
+        with _slow_write_commits():
             unlinking = asyncio.create_task(ns.unlink(ROOT, bucket_ino, b"f"))
             while engine.committing is None or engine.committing.done():
                 await asyncio.sleep(0.001)  # until the unlink's commit is in its thread
@@ -115,8 +126,6 @@ def test_an_open_during_the_unlinks_commit_sees_the_unlink(url: str, tmp_path: P
                 await ns.release(fh)
             assert e.value.errno == errno.ENOENT
             await unlinking
-        finally:
-            PgTxn.commit = commit  # type: ignore[method-assign]
 
     asyncio.run(_with_file(url, tmp_path, test))
 
@@ -151,22 +160,12 @@ def test_a_write_during_the_commit_that_drops_the_intention_takes_a_new_one(
         g = (await ns.lookup(ROOT, bucket_ino, b"g")).ino
         with ns.meta.snapshot() as tx:
             assert tx.has_intent(g)
-        commit = PgTxn.commit
-
-        def late_commit(txn: PgTxn) -> None:
-            if txn.write:
-                time.sleep(SLOW_S)
-            commit(txn)
-
-        PgTxn.commit = late_commit  # type: ignore[method-assign,assignment]
-        try:
+        with _slow_write_commits():
             syncing = asyncio.create_task(ns.fsync(fh))  # records b*10, drops the intention
             while engine.committing is None or engine.committing.done():
                 await asyncio.sleep(0.001)  # its commit is in its thread
             await ns.write(fh, 50, b"c" * 10)  # bytes the version being committed names
             await syncing
-        finally:
-            PgTxn.commit = commit  # type: ignore[method-assign]
         with ns.meta.snapshot() as tx:
             assert tx.has_intent(g), "bytes changed in place with no intention on record"
         await ns.release(fh)
@@ -225,7 +224,7 @@ def test_a_put_whose_commit_broke_after_it_was_applied_keeps_its_bytes(
                                      "it may have been applied)")
 
         data = os.urandom(300_000)
-        ns._commit_put = applied_then_broke  # type: ignore[method-assign]
+        ns._commit_put = applied_then_broke  # type: ignore[method-assign,assignment]
         try:
             with pytest.raises(FsError):
                 await ns.put_object(ROOT, "bkt", "g", _body(data))
