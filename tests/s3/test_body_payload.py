@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import hashlib
 import zlib
 from typing import Any
@@ -111,3 +112,46 @@ def test_plain_body_pieces_are_the_received_bytes() -> None:
     with pytest.raises(S3Error) as e:
         consume(data, bad, UNSIGNED_PAYLOAD, 10000)
     assert e.value.code == "BadDigest"
+
+
+def _left_early(close: bool) -> tuple[list[dict[str, Any]], int]:
+    """A large plain body whose consumer takes one piece and gives up (the hot tier was
+    full), then either closes the iterator as the namespace does or drops it; what the
+    loop's exception handler saw, and how many reader tasks are left."""
+    from tierd.namespace.staging import close_source
+    from tierd.s3.objects import _with_checksums
+
+    async def run() -> tuple[list[dict[str, Any]], int]:
+        loop = asyncio.get_running_loop()
+        seen: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+        reader = streams.StreamReader(_Proto(), 1 << 16,  # type: ignore[arg-type]
+                                      loop=loop)
+        size = 64 << 20
+        headers = {"Content-Length": str(size), "x-amz-checksum-crc32": crc32_b64(b"")}
+        req = FakeRequest("PUT", "/b/k", CIMultiDictProxy(CIMultiDict(headers)), reader)
+        body = Body(req, _auth(UNSIGNED_PAYLOAD), checksum_algorithm="crc32")  # type: ignore[arg-type]
+        reader.feed_data(b"z" * (3 << 20))  # more arrives later (the client still sends)
+        chunks = aiter(_with_checksums(body, {}))
+        assert len(await anext(chunks)) > 0
+        await asyncio.sleep(0.05)  # the reader task is now waiting for the socket
+        if close:  # the reader stops at once, before any collection
+            await close_source(chunks)
+            assert asyncio.all_tasks() == {asyncio.current_task()}
+        del chunks, body, req, reader  # as when the request's connection goes away
+        for _ in range(5):
+            gc.collect()
+            await asyncio.sleep(0.02)
+        return seen, len(asyncio.all_tasks() - {asyncio.current_task()})
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("close", [True, False])
+def test_a_body_left_early_stops_its_reader_without_errors(close: bool) -> None:
+    """Left to the garbage collector, the reader task was destroyed while pending and the
+    generators' aclose() failed ("already running", "cannot reuse already awaited
+    coroutine"), logged as tracebacks by the daemon.  Closed by the consumer, or collected,
+    the chain now unwinds in order."""
+    seen, readers = _left_early(close)
+    assert [c.get("message") for c in seen] == []
+    assert readers == 0

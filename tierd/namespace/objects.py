@@ -29,7 +29,7 @@ from tierd.namespace.base import IMPLICIT, Change, now_ns
 from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.files import FileOps
 from tierd.namespace.names import check_bucket_name, split_key
-from tierd.namespace.staging import refuse_over_dirty_limit, stage_body
+from tierd.namespace.staging import close_source, refuse_over_dirty_limit, stage_body
 from tierd.preconditions import etag_matches
 from tierd.tiers import fileio
 
@@ -292,8 +292,10 @@ class ObjectOps(FileOps):
             self._bucket_dir(tx, bucket)
         refuse_over_dirty_limit(self.placement)
         if marker:
-            async for chunk in body:
+            chunks = aiter(body)
+            async for chunk in chunks:
                 if chunk:
+                    await close_source(chunks)
                     raise FsError(errno.EINVAL, f"key {key!r} ends with '/', which names a "
                                   "directory marker: its body must be empty")
             async with self.meta.awrite() as tx:

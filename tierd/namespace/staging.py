@@ -19,8 +19,8 @@ import contextlib
 import errno
 import hashlib
 import os
-from collections.abc import AsyncIterable, Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tierd.errors import FsError, Reason, no_space
 from tierd.namespace.smalllog import SmallLog
@@ -75,6 +75,18 @@ async def retry_full(placement: Placement, nbytes: int,
         if not no_space(e):
             raise
         raise full_error(e, what, nbytes) from e
+
+
+async def close_source(chunks: AsyncIterator[Any]) -> None:
+    """Close a body's iterator that its consumer leaves early (a refused or failed
+    write).  Left to the garbage collector, a chain of async generators whose reader task
+    is still pending is finalized in no fixed order: the task is destroyed while pending
+    and the generators' ``aclose`` run while another of them is still running.  Closing
+    here, on the consumer's task, unwinds the chain in order and stops the socket reads."""
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
 
 
 def _hash_batch(md5: hashlib._Hash, chunks: list[bytes]) -> None:
@@ -133,8 +145,9 @@ async def stage_body(
             asyncio.to_thread(_hash_batch, md5, chunks),
         )
 
+    chunks = aiter(body)
     try:
-        async for chunk in body:
+        async for chunk in chunks:
             if not chunk:
                 continue
             pending.append(bytes(chunk))
@@ -168,6 +181,7 @@ async def stage_body(
             await retry_full(placement, size, lambda: asyncio.to_thread(
                 _finish, hot, fd, [], size, path, install_as), "an upload", again=False)
     except BaseException:
+        await close_source(chunks)
         if inflight is not None:
             await asyncio.gather(inflight, return_exceptions=True)
         if fd >= 0:

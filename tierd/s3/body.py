@@ -416,6 +416,10 @@ class Body:
             self.checksums[self.algorithm] = checksums.encode(got)
 
 
+#: reader tasks of bodies being received (the loop keeps only weak references to tasks)
+_READERS: set[asyncio.Future[None]] = set()
+
+
 async def _prefetch(source: AsyncIterator[bytes], depth: int = PREFETCH) -> AsyncIterator[bytes]:
     """Run ``source`` (socket reads, decoding, verification) in its own task, ``depth``
     pieces ahead of the consumer, so receiving the next piece overlaps with the consumer
@@ -433,6 +437,8 @@ async def _prefetch(source: AsyncIterator[bytes], depth: int = PREFETCH) -> Asyn
             await queue.put(e)
 
     task = asyncio.ensure_future(produce())
+    _READERS.add(task)  # held until done: never collected while pending
+    task.add_done_callback(_READERS.discard)
     try:
         while True:
             item = await queue.get()

@@ -13,6 +13,7 @@ from tierd.acl import canned
 from tierd.errors import FsError, Reason
 from tierd.namespace import ObjectReader
 from tierd.namespace.api import Inode, current_vid
+from tierd.namespace.staging import close_source
 from tierd.preconditions import IF_NONE_MATCH, etag_matches
 from tierd.s3 import access, checksums, tagset, versioning, xmlio
 from tierd.s3.body import Body
@@ -130,8 +131,13 @@ async def put_object(ctx: Ctx) -> web.Response:
 async def _with_checksums(body: Body, objmeta: dict[str, str]) -> AsyncIterator[bytes]:
     """The body's pieces; once it is complete and verified, its checksum goes into
     ``objmeta`` (the namespace reads ``objmeta`` only after the body is consumed)."""
-    async for piece in body:
-        yield piece
+    pieces = aiter(body)
+    try:
+        async for piece in pieces:
+            yield piece
+    except BaseException:
+        await close_source(pieces)  # closed early (a refused write): close the reader too
+        raise
     objmeta.update(checksum_meta(body.checksums))
 
 
