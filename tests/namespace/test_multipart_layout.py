@@ -6,6 +6,8 @@ holds.  Races are driven deterministically with bodies the test releases by hand
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import hashlib
 import os
 from collections.abc import AsyncIterator
@@ -198,7 +200,7 @@ def test_failed_complete_lets_paused_parts_go_on(env: NsEnv) -> None:
     async def race() -> str:
         writer = asyncio.ensure_future(env.ns.upload_part(ROOT, uid, 2, Payload(slow(), S)))
         await asyncio.sleep(0.05)
-        st = env.ns._parts.state(uid, list)
+        st = env.ns._parts.state(uid, [])
         st.pause()  # what a Complete does; then it fails and resumes
         release.set()
         await asyncio.sleep(0.05)
@@ -229,6 +231,55 @@ def test_concurrent_uploads_of_one_part_number(env: NsEnv) -> None:
     complete(env, uid, [(1, e1), (2, winner)])
     assert env.get(ROOT, "bkt", "k") == p1 + bodies[etags.index(winner)]
     assert not (Path(env.ns.hot.root) / "mpu" / uid).exists()
+
+
+def test_a_slot_claim_never_sees_a_record_from_before_a_commit(env: NsEnv) -> None:
+    """The slot claim reads the part's record in an asynchronous snapshot.  A (in the
+    slot) finishes and commits its record while B's read is in flight: B must not then
+    take the slot (A's acknowledged bytes), write it and be refused."""
+    p1, pa = os.urandom(S), os.urandom(S)
+    uid = start(env)
+    e1 = put_part(env, uid, 1, p1)
+    release, reading = asyncio.Event(), asyncio.Event()
+    meta = env.ns.meta
+    plain = meta.asnapshot
+    b_reads: list[asyncio.Task[object] | None] = []
+
+    @contextlib.asynccontextmanager
+    async def slow_snapshot() -> AsyncIterator[object]:
+        async with plain() as tx:
+            yield tx
+        if b_reads and asyncio.current_task() is b_reads[0]:
+            b_reads.append(None)
+            if len(b_reads) == 3:  # B's second read (the upload's, then the claim's)
+                reading.set()
+                await asyncio.sleep(0.2)
+
+    async def a_body() -> AsyncIterator[bytes]:
+        yield pa[:10]
+        await release.wait()
+        yield pa[10:]
+
+    def bad_digest() -> None:  # B's bytes are all written, then refused
+        raise OSError(errno.EBADMSG, "the payload's checksum does not match")
+
+    async def race() -> str:
+        a = asyncio.ensure_future(env.ns.upload_part(ROOT, uid, 2, Payload(a_body(), S)))
+        await asyncio.sleep(0.05)
+        b = asyncio.ensure_future(env.ns.upload_part(
+            ROOT, uid, 2, Payload(gen(b"B" * S), S, verify=bad_digest)))
+        b_reads.append(b)  # type: ignore[arg-type]
+        await reading.wait()
+        release.set()  # A completes while B's claim waits for its read
+        with pytest.raises(OSError):
+            await b
+        return (await a).etag
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(meta, "asnapshot", slow_snapshot)
+        ea = env.run(race())
+    complete(env, uid, [(1, e1), (2, ea)])
+    assert env.get(ROOT, "bkt", "k") == p1 + pa
 
 
 def test_upload_part_copy_uses_slots(env: NsEnv) -> None:

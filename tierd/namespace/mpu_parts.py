@@ -86,12 +86,16 @@ class UploadState:
     slot_size: int = 0
     writing: set[int] = field(default_factory=set)  # part numbers being written to slots
     files: set[str] = field(default_factory=set)  # own part files being written
-    active: int = 0  # thread jobs writing ``data`` now
+    active: int = 0  # thread jobs writing ``data`` now, and part records being committed
     completing: int = 0  # Complete calls past validation
     gone: bool = False  # completed or aborted: writers must stop
     #: one Complete at a time: two with different part lists could otherwise both write
     #: into ``data`` (a short last part copied into its slot) after the other linked it
     complete_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: held while a part's record is read and its slot claimed, and while a part's record
+    #: is committed: a claim never sees a record from before a commit and ``writing``
+    #: from after it (the slot would look free while it holds acknowledged bytes)
+    claim: asyncio.Lock = field(default_factory=asyncio.Lock)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     _resumed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -301,12 +305,17 @@ class PartStore:
     def create(self, upload_id: str) -> None:
         os.makedirs(self.dir(upload_id), exist_ok=True)
 
-    def state(self, upload_id: str, parts: Callable[[], Iterable[UploadPart]]) -> UploadState:
-        """The upload's state; after a restart its slot size comes from the records."""
+    def known(self, upload_id: str) -> UploadState | None:
+        """The upload's state if this node has one in memory."""
+        return self._states.get(upload_id)
+
+    def state(self, upload_id: str, parts: Iterable[UploadPart]) -> UploadState:
+        """The upload's state; after a restart its slot size comes from the records
+        (``parts``: this node's, read by the caller)."""
         st = self._states.get(upload_id)
         if st is None:
             st = self._states[upload_id] = UploadState()
-            st.slot_size = next((p.slot_size for p in parts() if p.slot_size), 0)
+            st.slot_size = next((p.slot_size for p in parts if p.slot_size), 0)
         return st
 
     def target(self, upload_id: str, number: int, size: int | None, st: UploadState,

@@ -228,35 +228,34 @@ class MultipartOps(ObjectOps):
             raise FsError(errno.EINVAL, f"part number must be 1 to {MAX_PART_NUMBER}",
                           reason=Reason.INVALID_ARGUMENT)
 
-    def _stored_parts(self, upload_id: str) -> list[UploadPart]:
-        with self.meta.snapshot() as tx:
-            return list(tx.list_parts(upload_id))
-
-    def _local_parts(self, upload_id: str) -> list[UploadPart]:
-        """The parts this node holds (the ones in its data file set its slot size)."""
-        with self.meta.snapshot() as tx:
-            return local_parts(tx.get_upload(upload_id), tx.list_parts(upload_id),
+    async def _state(self, upload_id: str) -> UploadState:
+        st = self._parts.known(upload_id)
+        if st is not None:
+            return st
+        async with self.meta.asnapshot() as tx:  # the parts this node holds set its slot size
+            mine = local_parts(tx.get_upload(upload_id), tx.list_parts(upload_id),
                                self.meta.node)
+        return self._parts.state(upload_id, mine)
 
-    def _state(self, upload_id: str) -> UploadState:
-        return self._parts.state(upload_id, lambda: self._local_parts(upload_id))
-
-    def _target(self, upload_id: str, number: int, size: int | None) -> PartTarget:
-        """Where part ``number`` goes.  Synchronous on purpose (as :meth:`_store_part`'s
-        commit): the part's record is read and its slot claimed (``UploadState.writing``)
-        with no yield between, or another upload of that number could store a record in
-        the slot and leave it meanwhile, and this one would overwrite acknowledged bytes."""
-        with self.meta.snapshot() as tx:
-            up = tx.get_upload(upload_id)
-            if up is None:
-                raise no_such_upload(upload_id)
-            current = tx.get_part(upload_id, number)
-        if current is not None and holder(up, current) != self.meta.node:
-            current = None  # held elsewhere: it takes no slot of this node's data file
-        if up.node != self.meta.node:  # the first part here of an upload made elsewhere
-            self._parts.create(upload_id)
-        return self._parts.target(upload_id, number, size, self._state(upload_id), current,
-                                  self.min_part_size)
+    async def _target(self, upload_id: str, number: int, size: int | None) -> PartTarget:
+        """Where part ``number`` goes.  The part's record is read and its slot claimed
+        (``UploadState.writing``) under the upload's ``claim`` lock, which
+        :meth:`_store_part` holds over its commit: otherwise another upload of that number
+        could store a record in the slot and leave it in between, and this one would
+        overwrite acknowledged bytes."""
+        st = await self._state(upload_id)
+        async with st.claim:
+            async with self.meta.asnapshot() as tx:
+                up = tx.get_upload(upload_id)
+                if up is None:
+                    raise no_such_upload(upload_id)
+                current = tx.get_part(upload_id, number)
+            if current is not None and holder(up, current) != self.meta.node:
+                current = None  # held elsewhere: it takes no slot of this node's data file
+            if up.node != self.meta.node:  # the first part here of an upload made elsewhere
+                self._parts.create(upload_id)
+            return self._parts.target(upload_id, number, size, st, current,
+                                      self.min_part_size)
 
     async def upload_part(
         self, ident: Identity, upload_id: str, number: int,
@@ -291,7 +290,7 @@ class MultipartOps(ObjectOps):
         on any failure the bytes are dropped and an earlier upload of the part stays."""
         if size:
             await self.placement.room_for_write(size)
-        target = self._target(upload_id, number, size)
+        target = await self._target(upload_id, number, size)
         stored = False
         try:
             digest = md5()
@@ -317,14 +316,19 @@ class MultipartOps(ObjectOps):
     async def _store_part(self, upload_id: str, st: UploadState, part: UploadPart) -> None:
         """Record an fdatasynced part, durably, replacing an earlier upload of its number
         (whose own file, if it had one, is removed after the commit).  No part is stored
-        while a Complete of the upload runs: it sees the records frozen (which is why the
-        commit is a synchronous transaction: no yield between the check and the commit)."""
+        while a Complete of the upload runs: it sees the records frozen.  A commit that
+        began before the Complete is counted as ``data`` I/O (no await between the check
+        and the count), so the Complete waits for it before it reads the records."""
         await st.may_write(upload_id)
-        with self.meta.write() as tx:
-            up = tx.get_upload(upload_id)
-            if up is not None:
-                old = tx.get_part(upload_id, part.number)
-                tx.put_part(upload_id, part)
+        st.io_started()
+        try:
+            async with st.claim, self.meta.awrite() as tx:
+                up = tx.get_upload(upload_id)
+                if up is not None:
+                    old = tx.get_part(upload_id, part.number)
+                    tx.put_part(upload_id, part)
+        finally:
+            st.io_done()
         if up is None:  # aborted or completed (maybe on another node) while it streamed
             self._parts.forget(upload_id)
             await self._parts.remove(upload_id)
@@ -409,8 +413,8 @@ class MultipartOps(ObjectOps):
         ``bucket_owner`` and ``ident`` owns its bucket)."""
         return await self._upload(ident, upload_id, bucket_owner=bucket_owner)
 
-    def _chosen(self, upload_id: str, parts: list[tuple[int, str]]
-                ) -> tuple[list[UploadPart], list[UploadPart]]:
+    async def _chosen(self, upload_id: str, parts: list[tuple[int, str]]
+                      ) -> tuple[list[UploadPart], list[UploadPart]]:
         """(the listed parts, every stored part); InvalidPart/InvalidPartOrder/
         EntityTooSmall as S3 answers them."""
         if not parts:
@@ -419,7 +423,8 @@ class MultipartOps(ObjectOps):
         if any(b <= a for a, b in itertools.pairwise(numbers)):
             raise FsError(errno.EINVAL, "part numbers must be listed in ascending order",
                           reason=Reason.INVALID_PART_ORDER)
-        every = self._stored_parts(upload_id)
+        async with self.meta.asnapshot() as tx:
+            every = list(tx.list_parts(upload_id))
         stored = {p.number: p for p in every}
         chosen: list[UploadPart] = []
         for i, (number, etag) in enumerate(parts):
@@ -445,20 +450,20 @@ class MultipartOps(ObjectOps):
         in the commit, as for a PUT: a failed condition (reason ``PreconditionFailed``)
         leaves the old object and the upload as they were."""
         up = await self._upload(ident, upload_id)
-        self._chosen(upload_id, parts)  # answer a bad list before pausing the upload
+        await self._chosen(upload_id, parts)  # answer a bad list before pausing the upload
         refuse_over_dirty_limit(self.placement)  # the object's bytes become dirty
         segments, _ = split_key(up.key)
         self._check_put_allowed(ident, up.bucket, segments, "CompleteMultipartUpload")
         if if_match is not None or if_none_match is not None:
             await self._precondition_etag(ident, up.bucket, up.key)
-        st = self._state(upload_id)
+        st = await self._state(upload_id)
         async with st.complete_lock:
             if st.gone:  # another Complete (or an Abort) finished first
                 raise no_such_upload(upload_id)
             st.pause()
             try:
                 await st.idle()
-                chosen, every = self._chosen(upload_id, parts)  # frozen from here on
+                chosen, every = await self._chosen(upload_id, parts)  # frozen from here on
                 path, size = await self._assemble(
                     up, st, chosen, local_parts(up, every, self.meta.node))
                 digest = hashlib.md5(b"".join(bytes.fromhex(p.etag) for p in chosen))
