@@ -270,9 +270,11 @@ class Importer:
         node = self.meta.node
         return bool(node) and inode.home not in ("", node)
 
-    def judge_read_miss(self, ino: int, key: str) -> tuple[str, str] | None:
-        """A read of ``ino`` got NoSuchKey for ``key``: judge it lost (:func:`lost`)."""
-        with self.meta.write() as tx:
+    async def judge_read_miss(self, ino: int, key: str) -> tuple[str, str] | None:
+        """A read of ``ino`` got NoSuchKey for ``key``: judge it lost (:func:`lost`).  An
+        open that could start using the file waits for this commit (``MetaStore.awrite``
+        marks it in flight), as it would for a synchronous one."""
+        async with self.meta.awrite() as tx:
             inode = tx.get_inode(ino)
             return lost(tx, self.tree, ino, key,
                         busy=inode is not None and (self.busy(ino) or self._others(inode)),

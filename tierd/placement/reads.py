@@ -570,7 +570,7 @@ class Reading(Evicting):
         """The cold object of a clean file is gone: upload it again when a complete local
         copy exists, else drop the file from the namespace (never a file with data cold
         lacks) and free its local blocks (``importer.lost``)."""
-        got = self.importer.judge_read_miss(v.ino, key)
+        got = await self.importer.judge_read_miss(v.ino, key)
         if got is None:
             log.warning("%s vanished from the cold store but inode %d is not clean; kept",
                         key, v.ino)
