@@ -510,7 +510,7 @@ class PlacementCore:
                 await self.refresh(ino)
                 if i == len(segs) - 1 or not seg:
                     return
-                with self.meta.snapshot() as tx:
+                async with self.meta.asnapshot() as tx:
                     ent = tx.lookup(ino, seg.encode("utf-8", "surrogateescape"))
                     child = tx.get_inode(ent.ino) if ent is not None else None
                 if child is None or not child.is_dir:
@@ -523,17 +523,19 @@ class PlacementCore:
         """Import what cold has under a directory if the last look is older than the TTL
         (single-flight per directory).  Cold being down is logged, not raised: the local
         view is still a valid answer."""
-        if self.cold_down or (not force and not self.importer.stale(dir_ino)):
+        if self.cold_down or (not force and not await self.importer.stale(dir_ino)):
             return
         task = self._refreshing.get(dir_ino)
         if task is None:
-            with self.meta.snapshot() as tx:
+            async with self.meta.asnapshot() as tx:
                 path = dir_path(tx, dir_ino)
             if path is None:
                 return
-            task = asyncio.create_task(self.importer.refresh_dir(dir_ino, path))
-            self._refreshing[dir_ino] = task
-            task.add_done_callback(lambda _t: self._refreshing.pop(dir_ino, None))
+            task = self._refreshing.get(dir_ino)  # (another caller's, begun meanwhile)
+            if task is None:
+                task = asyncio.create_task(self.importer.refresh_dir(dir_ino, path))
+                self._refreshing[dir_ino] = task
+                task.add_done_callback(lambda _t: self._refreshing.pop(dir_ino, None))
         try:
             await asyncio.shield(task)
         except TierError as e:

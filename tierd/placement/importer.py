@@ -174,11 +174,13 @@ class Importer:
                 return False
             after = page.next_start_after
 
-    def stale(self, dir_ino: int) -> bool:
+    async def stale(self, dir_ino: int) -> bool:
+        """Whether the directory's last look at cold is older than the TTL (this node's
+        own looks are remembered: no read for them)."""
         now = time.time_ns()
         if now - self._stamped.get(dir_ino, 0) <= self.ttl * 1e9:
-            return False  # (called on the loop: over PostgreSQL a read is a round trip)
-        with self.meta.snapshot() as tx:
+            return False
+        async with self.meta.asnapshot() as tx:
             return now - tx.get_stamp(dir_ino) > self.ttl * 1e9
 
     def _wanted(self, tx: MetaTxn, key: str, started: int) -> bool:
