@@ -161,8 +161,14 @@ class OpsBase(pyfuse3.Operations):
         #: ino -> handles the kernel writes through itself (write passthrough, kpass.py):
         #: the daemon learns their sizes at getattr, setattr, flush, fsync and release
         self.pt_writers: dict[int, set[int]] = {}
+        #: ino -> the hot file's (size, mtime, ctime) when set-id bits were last seen on an
+        #: inode passthrough writers hold: a change since is a write the kernel made, which
+        #: clears them as Linux would (files.py ``pt_killpriv``)
+        self.pt_privs: dict[int, tuple[int, int, int]] = {}
         #: releases of passthrough writers waiting for a mapping to go (files.py)
         self._later: set[asyncio.Future[None]] = set()
+        #: the hot tier's free space watched while passthrough writers are open (files.py)
+        self._pt_space: asyncio.Future[None] | None = None
         self.dirs: dict[int, DirHandle] = {}
         self._next_dir_fh = 1
         #: called on the loop after the INIT reply (see :meth:`init`)

@@ -39,6 +39,9 @@ FMODE_EXEC = 0o40
 READ_AHEAD = 16 << 20
 
 
+#: seconds between looks at the hot tier's free space while passthrough writers are open
+#: (clean data is evicted below the headroom: ``NamespaceAPI.passthrough_room``)
+PT_SPACE_POLL = 0.02
 #: seconds between looks, after the last passthrough writer's RELEASE, at whether the hot
 #: file is still open for writing elsewhere (a mapping that outlived its descriptor)
 PT_POLL = 0.2
@@ -178,6 +181,19 @@ class FileOps(OpsBase):
         if st is not None:
             st.passthrough = True
             st.hot_fd = fd
+        if self._pt_space is None or self._pt_space.done():
+            self._pt_space = asyncio.ensure_future(self._watch_space())
+
+    async def _watch_space(self) -> None:
+        """While passthrough writers are open: keep the hot tier's headroom, evicting
+        clean data (their writes are never admitted first, and ENOSPC goes to the
+        writer).  A look costs one ``statvfs``."""
+        while self.pt_writers:
+            await asyncio.sleep(PT_SPACE_POLL)
+            try:
+                await self.ns.passthrough_room()
+            except Exception:
+                log.exception("making room for passthrough writers failed")
 
     def _pt_sync(self, fh: int, wrote: bool = True) -> None:
         """Before a durability point of a passthrough writer: the namespace takes the hot
@@ -204,16 +220,69 @@ class FileOps(OpsBase):
             fhs.discard(fh)
             if not fhs:
                 del self.pt_writers[st.ino]
+                self.pt_privs.pop(st.ino, None)
+
+    # -- killpriv under write passthrough: the kernel's writes clear no set-id bit ---------------
+    def _hot_stamp(self, ino: int) -> tuple[int, int, int] | None:
+        for fh in self.pt_writers.get(ino, ()):
+            st = self.files.get(fh)
+            if st is not None and st.hot_fd >= 0:
+                s = os.fstat(st.hot_fd)
+                return s.st_size, s.st_mtime_ns, s.st_ctime_ns
+        return None
+
+    def pt_watch_privs(self, ino: int, mode: int) -> None:
+        """After a setattr left ``ino`` with ``mode``: set-id bits on an inode passthrough
+        writers hold (a chmod made while they are open: a new writer never passes through a
+        set-id file, ``NamespaceAPI.passthrough_open``) are watched from the hot file's
+        stamp now; none, or no such writer, ends the watch."""
+        stamp = self._hot_stamp(ino) if has_privs(mode) else None
+        if stamp is None:
+            self.pt_privs.pop(ino, None)
+        else:
+            self.pt_privs[ino] = stamp
+
+    async def pt_killpriv(self, ino: int) -> None:
+        """At each look at a watched inode (getattr, lookup, readdirplus, setattr, flush,
+        fsync, release): the hot file changed since the set-id bits were set, so a writer
+        wrote through the kernel, which cleared nothing (``fs/fuse/passthrough.c`` writes
+        the backing file with the daemon's credentials).  Linux clears the bits at a write
+        by a process without ``CAP_FSETID``; the daemon cannot tell which process wrote, so
+        the bits go when any passthrough writer of the inode open then was opened by a
+        non-root caller (the proxy the WRITE path uses too), through the namespace's
+        setattr, and the kernel drops the mode it cached.  Writers all root: they stay."""
+        old = self.pt_privs.get(ino)
+        if old is None:
+            return
+        stamp = self._hot_stamp(ino)
+        if stamp is None:
+            del self.pt_privs[ino]
+            return
+        if stamp == old:
+            return
+        self.pt_privs[ino] = stamp
+        fhs = self.pt_writers.get(ino, set())
+        if all(self.files[fh].by_root for fh in fhs if fh in self.files):
+            return
+        del self.pt_privs[ino]
+        await self._kill_privs(ino)
+        self.invalidator.attrs_now(ino)
 
     @fs_errors
     async def flush(self, fh: int) -> None:
-        self._pt_sync(fh)
+        await self._pt_look(fh)
         self._committed(fh, await self.ns.flush(fh))
 
     @fs_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
-        self._pt_sync(fh)
+        await self._pt_look(fh)
         self._committed(fh, await self.ns.fsync(fh, datasync))
+
+    async def _pt_look(self, fh: int, wrote: bool = True) -> None:
+        self._pt_sync(fh, wrote)
+        st = self.files.get(fh)
+        if st is not None and st.ino in self.pt_privs:
+            await self.pt_killpriv(st.ino)
 
     @fs_errors
     async def release(self, fh: int) -> None:
@@ -235,7 +304,7 @@ class FileOps(OpsBase):
         committed its writes: the release commits again only when the hot file changed
         since (``mapped``: a mapping wrote after the close)."""
         try:
-            self._pt_sync(fh, wrote=mapped)
+            await self._pt_look(fh, wrote=mapped)
             self._pt_close(fh)
             self._committed(fh, await self.ns.release(fh))
         finally:
@@ -247,6 +316,8 @@ class FileOps(OpsBase):
         stays for the next start, ``Namespace._recover``)."""
         for task in list(self._later):
             task.cancel()
+        if self._pt_space is not None:
+            self._pt_space.cancel()
 
     async def _release_later(self, fh: int, fd: int) -> None:
         """Keep the handle -- and with it the in-place intention and the "being written"

@@ -49,6 +49,7 @@ class TierdOps(FileOps):
             raise
         if inode.ino in self.pt_writers:  # the entry carries the size the kernel wrote
             self.pt_refresh(inode.ino)
+            await self.pt_killpriv(inode.ino)
             inode = await self.ns.getattr(self.ident(ctx), inode.ino)
         return self.entry(inode)
 
@@ -61,6 +62,7 @@ class TierdOps(FileOps):
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         if self.pt_writers:
             self.pt_refresh(inode)
+            await self.pt_killpriv(inode)
         attrs = await self.ns.getattr(self.ident(ctx), inode)
         self.kcache.gave_attrs(inode, attrs.version)
         return entry_attributes(attrs, self.entry_timeout, self.attr_timeout)
@@ -81,6 +83,7 @@ class TierdOps(FileOps):
             fh = None  # ftruncate passes its file handle; anything else is a path call
         if self.pt_writers:  # what the kernel's writes left first (size, their mtime)
             self.pt_refresh(inode, wrote=size is not None)
+            await self.pt_killpriv(inode)
         if size is not None and self._near_now(atime, mtime):
             # a truncate stamps "now" (the kernel never sends explicit times with a size)
             atime = None if atime is None else UTIME_NOW
@@ -104,6 +107,8 @@ class TierdOps(FileOps):
                 ident, inode, mode=mode, uid=uid, gid=gid,
                 atime_ns=None if atime is None else UTIME_NOW,
                 mtime_ns=None if mtime is None else UTIME_NOW, fh=fh, killpriv=killpriv)
+        if mode is not None and inode in self.pt_writers:
+            self.pt_watch_privs(inode, new.mode)
         if size is not None and new.is_reg:
             self.kcache.cached(inode, new.version)  # the kernel truncated its pages itself
         self.kcache.gave_attrs(inode, new.version)
@@ -194,6 +199,7 @@ class TierdOps(FileOps):
         timeout = self.entry_timeout
         for ino in list(self.pt_writers):  # entries carry sizes: what the kernel wrote
             self.pt_refresh(ino)
+            await self.pt_killpriv(ino)
         while True:
             entries = await self.ns.listdir(dh.ident, dh.ino, start_after=marker,
                                             limit=READDIR_BATCH)

@@ -253,6 +253,11 @@ class NamespaceAPI(Protocol):
         """The kernel writes no more through the handle (before its release)."""
         ...
 
+    async def passthrough_room(self) -> int:
+        """Evict clean data when the hot tier's free space is below the headroom that
+        passthrough writers need; the bytes evicted."""
+        ...
+
     # -- extended attributes ---------------------------------------------------------------
     async def getxattr(self, ident: Identity, ino: int, name: bytes) -> bytes:
         """One extended attribute (ENODATA when unset)."""

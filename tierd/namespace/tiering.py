@@ -18,6 +18,10 @@ from collections.abc import Iterator
 
 from tierd.namespace.base import NamespaceBase
 
+#: free bytes the hot file system keeps for writes the kernel passes through (at most 1/8
+#: of the hot tier): they are never admitted first, and ENOSPC goes to the writer
+PT_HEADROOM = 64 << 20
+
 
 def _willneed(fd: int, offset: int, length: int) -> None:
     with contextlib.suppress(OSError):  # the handle was closed meanwhile: nothing to do
@@ -89,6 +93,7 @@ class TieringOps(NamespaceBase):
         st = os.fstat(of.fd)
         if st.st_size != of.size:
             return None
+        await self.passthrough_room()  # clean data out first, as a WRITE would evict it
         of.external_seen = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         of.external += 1  # busy from here: nothing uploads or evicts it meanwhile
         try:
@@ -119,6 +124,19 @@ class TieringOps(NamespaceBase):
             return
         # (a change seen: getattr overlays the live size of a file being written)
         self._external_look(h.ofile, wrote)
+
+    async def passthrough_room(self) -> int:
+        """Headroom on the hot file system for writes the kernel passes through: below
+        :data:`PT_HEADROOM` free (a ``statvfs``, a few microseconds, on the loop), clean
+        data is evicted as before a WRITE (``Placement.room_for_write``: the watermarks,
+        and the bytes free on the file system).  The bytes evicted.  Called at a writable
+        passthrough open and, by the door, every few milliseconds while such a writer is
+        open: the kernel's writes are seen only once they are made."""
+        p = self.placement
+        want = min(PT_HEADROOM, p.hotc.capacity // 8)
+        if p.hot.fs_free() >= 2 * want:
+            return 0
+        return await p.room_for_write(want)
 
     def passthrough_close(self, fh: int) -> None:
         """The kernel writes no more through ``fh`` (before its release, after a

@@ -1,0 +1,172 @@
+"""Killpriv under write passthrough: a ``chmod u+s`` (or ``g+s`` with group execute) made
+while a passthrough writer is open, then a write through that writer by a user without
+CAP_FSETID, clears the bits as on ext4 -- although the write never reaches the daemon (the
+kernel writes the hot file with the daemon's credentials and clears nothing itself).
+
+Each scenario runs the same real programs on a directory of the local disk (ext4 on the
+development machine) and on the mount, and compares the modes seen; the mount's writes
+must have been passthrough (the daemon's WRITE counter did not move).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import BUCKET, Daemon, public_tempdir, serving
+from test_fuse_ptwrite import ARGS, writes
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the kernel backend's tests need root"),
+]
+
+
+@pytest.fixture(scope="module")
+def daemon(public_tmp: Path) -> Iterator[Daemon]:
+    with serving(public_tmp, "ptkp", *ARGS) as d:
+        yield d
+
+
+@pytest.fixture()
+def local() -> Iterator[Path]:
+    """A directory of the local disk every user can reach: the reference."""
+    with public_tempdir("tierd-kp-real-") as path:
+        path.chmod(0o777)
+        yield path
+
+
+# a writer that opens, waits, writes, waits, closes -- one step per line on stdin
+_WRITER = r"""
+import os, sys
+path, uid = sys.argv[1], int(sys.argv[2])
+if uid:
+    os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)
+fd = os.open(path, os.O_WRONLY)
+print("opened", flush=True)
+sys.stdin.readline()
+os.write(fd, b"x")
+print("wrote", flush=True)
+sys.stdin.readline()
+os.close(fd)
+print("closed", flush=True)
+"""
+
+
+class Writer:
+    def __init__(self, path: Path, uid: int) -> None:
+        self.p = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(uid)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.step("opened", first=True)
+
+    def step(self, want: str, first: bool = False) -> None:
+        assert self.p.stdin is not None and self.p.stdout is not None
+        if not first:
+            self.p.stdin.write("go\n")
+            self.p.stdin.flush()
+        got = self.p.stdout.readline().strip()
+        assert got == want, (got, self.p.stderr)
+
+    def close(self) -> None:
+        self.p.kill()
+        self.p.wait(30)
+
+
+def mode(f: Path) -> int:
+    return stat.S_IMODE(os.stat(f).st_mode)
+
+
+Scenario = Callable[[Path], list[int]]
+
+
+def stat_while_open(f: Path, uid: int, bits: int) -> list[int]:
+    """chmod adds ``bits`` while ``uid``'s writer is open; its write; a stat while it is
+    still open; its close; a stat."""
+    f.write_bytes(b"0123")
+    f.chmod(0o777)
+    w = Writer(f, uid)
+    try:
+        f.chmod(0o777 | bits)  # by root, the owner, while the writer is open
+        seen = [mode(f)]
+        w.step("wrote")
+        seen.append(mode(f))
+        w.step("closed")
+        seen.append(mode(f))
+    finally:
+        w.close()
+    assert f.read_bytes() == b"x123"
+    return seen
+
+
+def no_look_until_closed(f: Path, uid: int, bits: int) -> list[int]:
+    """As above, but nothing looks at the file between the write and the close."""
+    f.write_bytes(b"0123")
+    f.chmod(0o777)
+    w = Writer(f, uid)
+    try:
+        f.chmod(0o777 | bits)
+        w.step("wrote")
+        w.step("closed")
+    finally:
+        w.close()
+    assert f.read_bytes() == b"x123"
+    return [mode(f)]
+
+
+CASES = [
+    ("setuid, another user", stat_while_open, 65534, stat.S_ISUID),
+    ("setgid with group exec, another user", stat_while_open, 65534, stat.S_ISGID),
+    ("both, no look until the close", no_look_until_closed, 65534,
+     stat.S_ISUID | stat.S_ISGID),
+    ("setuid, root writes (CAP_FSETID)", stat_while_open, 0, stat.S_ISUID),
+]
+
+
+@pytest.mark.parametrize(("name", "scenario", "uid", "bits"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_chmod_while_a_passthrough_writer_is_open_then_a_write(
+        daemon: Daemon, work: Path, local: Path, name: str,
+        scenario: Callable[[Path, int, int], list[int]], uid: int, bits: int) -> None:
+    real = scenario(local / "f.bin", uid, bits)
+    before = writes(daemon)
+    mnt = scenario(work / "f.bin", uid, bits)
+    assert writes(daemon) == before, "the write reached the daemon: not passthrough"
+    assert mnt == real, (name, [oct(m) for m in mnt], [oct(m) for m in real])
+    if uid:
+        assert real[-1] == 0o777  # (the reference did clear them)
+    assert (daemon.mnt / BUCKET).exists()
+
+
+def test_a_second_writer_joining_after_the_chmod(daemon: Daemon, work: Path,
+                                                 local: Path) -> None:
+    """Root's writer open, chmod u+s, then another user opens (it joins the passthrough
+    backing file: the inode's I/O mode allows nothing else) and writes: cleared."""
+    def run(f: Path) -> list[int]:
+        f.write_bytes(b"0123")
+        f.chmod(0o777)
+        root = Writer(f, 0)
+        try:
+            f.chmod(0o4777)
+            other = Writer(f, 65534)
+            try:
+                other.step("wrote")
+                seen = [mode(f)]
+                other.step("closed")
+            finally:
+                other.close()
+            root.step("wrote")
+            root.step("closed")
+            seen.append(mode(f))
+        finally:
+            root.close()
+        return seen
+
+    real = run(local / "j.bin")
+    before = writes(daemon)
+    assert run(work / "j.bin") == real == [0o777, 0o777]
+    assert writes(daemon) == before
