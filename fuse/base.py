@@ -28,6 +28,7 @@ from .attrs import entry_attributes
 from .handles import DirHandle, FileState, KernelCache
 from .identity import Callers
 from .invalidate import Invalidator
+from .ptspace import SpaceWatch
 
 log = logging.getLogger("tierd.fuse")
 
@@ -167,8 +168,8 @@ class OpsBase(pyfuse3.Operations):
         self.pt_privs: dict[int, tuple[int, int, int]] = {}
         #: releases of passthrough writers waiting for a mapping to go (files.py)
         self._later: set[asyncio.Future[None]] = set()
-        #: the hot tier's free space watched while passthrough writers are open (files.py)
-        self._pt_space: asyncio.Future[None] | None = None
+        #: the hot tier's headroom kept while passthrough writers are open (ptspace.py)
+        self.space = SpaceWatch(ns)
         self.dirs: dict[int, DirHandle] = {}
         self._next_dir_fh = 1
         #: called on the loop after the INIT reply (see :meth:`init`)

@@ -39,9 +39,6 @@ FMODE_EXEC = 0o40
 READ_AHEAD = 16 << 20
 
 
-#: seconds between looks at the hot tier's free space while passthrough writers are open
-#: (clean data is evicted below the headroom: ``NamespaceAPI.passthrough_room``)
-PT_SPACE_POLL = 0.02
 #: seconds between looks, after the last passthrough writer's RELEASE, at whether the hot
 #: file is still open for writing elsewhere (a mapping that outlived its descriptor)
 PT_POLL = 0.2
@@ -181,19 +178,7 @@ class FileOps(OpsBase):
         if st is not None:
             st.passthrough = True
             st.hot_fd = fd
-        if self._pt_space is None or self._pt_space.done():
-            self._pt_space = asyncio.ensure_future(self._watch_space())
-
-    async def _watch_space(self) -> None:
-        """While passthrough writers are open: keep the hot tier's headroom, evicting
-        clean data (their writes are never admitted first, and ENOSPC goes to the
-        writer).  A look costs one ``statvfs``."""
-        while self.pt_writers:
-            await asyncio.sleep(PT_SPACE_POLL)
-            try:
-                await self.ns.passthrough_room()
-            except Exception:
-                log.exception("making room for passthrough writers failed")
+        self.space.add(ino, fd)  # the hot tier's headroom kept meanwhile (ptspace.py)
 
     def _pt_sync(self, fh: int, wrote: bool = True) -> None:
         """Before a durability point of a passthrough writer: the namespace takes the hot
@@ -221,6 +206,7 @@ class FileOps(OpsBase):
             if not fhs:
                 del self.pt_writers[st.ino]
                 self.pt_privs.pop(st.ino, None)
+                self.space.remove(st.ino)
 
     # -- killpriv under write passthrough: the kernel's writes clear no set-id bit ---------------
     def _hot_stamp(self, ino: int) -> tuple[int, int, int] | None:
@@ -316,8 +302,7 @@ class FileOps(OpsBase):
         stays for the next start, ``Namespace._recover``)."""
         for task in list(self._later):
             task.cancel()
-        if self._pt_space is not None:
-            self._pt_space.cancel()
+        self.space.close()
 
     async def _release_later(self, fh: int, fd: int) -> None:
         """Keep the handle -- and with it the in-place intention and the "being written"

@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from tierd.namespace.base import NamespaceBase
 
 #: free bytes the hot file system keeps for writes the kernel passes through (at most 1/8
-#: of the hot tier): they are never admitted first, and ENOSPC goes to the writer
-PT_HEADROOM = 64 << 20
+#: of the hot tier): they are never admitted first, and ENOSPC goes to the writer; below
+#: twice this, clean data is evicted back to twice this (docs/fuse.md, "Write passthrough")
+PT_HEADROOM = 1 << 30
 
 
 def _willneed(fd: int, offset: int, length: int) -> None:
@@ -127,16 +128,17 @@ class TieringOps(NamespaceBase):
 
     async def passthrough_room(self) -> int:
         """Headroom on the hot file system for writes the kernel passes through: below
-        :data:`PT_HEADROOM` free (a ``statvfs``, a few microseconds, on the loop), clean
-        data is evicted as before a WRITE (``Placement.room_for_write``: the watermarks,
-        and the bytes free on the file system).  The bytes evicted.  Called at a writable
-        passthrough open and, by the door, every few milliseconds while such a writer is
-        open: the kernel's writes are seen only once they are made."""
+        twice :data:`PT_HEADROOM` (at most 1/8 of the tier) free -- a ``statvfs``, a few
+        microseconds, on the loop -- clean data is evicted as before a WRITE
+        (``Placement.room_for_write``: the watermarks, and the bytes free on the file
+        system) back to twice it.  The bytes evicted.  Called at a writable passthrough
+        open and by the door while such a writer is open (fuse/ptspace.py): the kernel's
+        writes are seen only once they are made."""
         p = self.placement
         want = min(PT_HEADROOM, p.hotc.capacity // 8)
         if p.hot.fs_free() >= 2 * want:
             return 0
-        return await p.room_for_write(want)
+        return await p.room_for_write(2 * want)  # (in one batch, to the watermarks too)
 
     def passthrough_close(self, fh: int) -> None:
         """The kernel writes no more through ``fh`` (before its release, after a

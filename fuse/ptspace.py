@@ -1,0 +1,138 @@
+"""The hot tier's free space while passthrough writers are open.
+
+A passthrough write (fuse/kpass.py) goes from the kernel to the hot file: the daemon never
+sees it, so it is not admitted by the placement engine first, and when the hot file system
+is full the writer gets ``ENOSPC`` at once -- the WRITE path would have evicted clean data
+and tried again (``tierd/namespace/staging.py`` ``retry_full``).  Nothing in the kernel lets
+the daemon hold such a write back, so the door keeps **headroom** instead:
+``NamespaceAPI.passthrough_room`` evicts clean data when the file system's free space is
+below it, and this watch calls it
+
+* when a passthrough writer's hot file is written: an ``inotify`` ``IN_MODIFY`` watch on
+  each such file (the kernel's write of the backing file raises it) wakes the watch, at
+  most once per :data:`MIN_GAP` (a writer of small blocks must not wake the daemon per
+  write), and
+* every :data:`POLL` seconds whatever happened (stores through a shared mapping raise no
+  event).
+
+A look costs one ``statvfs`` (about 3 microseconds); eviction only happens below the
+headroom.  What the watch cannot do is stop a writer that fills the headroom faster than
+the daemon evicts (measured in docs/fuse.md, "Write passthrough").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tierd.namespace.api import NamespaceAPI
+
+log = logging.getLogger("tierd.fuse")
+
+#: seconds between looks when no write event comes
+POLL = 0.02
+#: the least seconds between two looks woken by write events
+MIN_GAP = 0.002
+_IN_MODIFY = 0x2
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+
+
+class SpaceWatch:
+    """Keeps the hot tier's headroom while passthrough writers are open."""
+
+    def __init__(self, ns: NamespaceAPI) -> None:
+        self.ns = ns
+        self._wds: dict[int, int] = {}  # ino -> inotify watch of its hot file
+        self._ifd = -1
+        self._libc: ctypes.CDLL | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Future[None] | None = None
+        self._armed = False
+
+    def add(self, ino: int, fd: int) -> None:
+        """A passthrough writer of ``ino`` (hot file ``fd``) was opened."""
+        if ino not in self._wds:
+            self._wds[ino] = self._watch(fd)
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+
+    def remove(self, ino: int) -> None:
+        """The last passthrough writer of ``ino`` went."""
+        wd = self._wds.pop(ino, -1)
+        if wd >= 0 and self._libc is not None:
+            self._libc.inotify_rm_watch(self._ifd, wd)  # (-1 when the file went: harmless)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._disarm()
+        if self._ifd >= 0:
+            os.close(self._ifd)
+            self._ifd = -1
+        self._wds.clear()
+
+    # -- inotify ---------------------------------------------------------------------------
+    def _watch(self, fd: int) -> int:
+        """An ``IN_MODIFY`` watch on the file of ``fd`` (-1 where inotify is unavailable:
+        the poll alone then)."""
+        try:
+            if self._libc is None:
+                self._libc = ctypes.CDLL(None, use_errno=True)
+            if self._ifd < 0:
+                ifd = self._libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+                if ifd < 0:
+                    raise OSError(ctypes.get_errno(), "inotify_init1")
+                self._ifd = ifd
+            wd = int(self._libc.inotify_add_watch(
+                self._ifd, f"/proc/self/fd/{fd}".encode(), _IN_MODIFY))
+            if wd < 0:
+                raise OSError(ctypes.get_errno(), "inotify_add_watch")
+            return wd
+        except (OSError, AttributeError) as e:
+            log.warning("no write events of passthrough writers' hot files (%s): the free "
+                        "space is polled every %.0f ms", e, POLL * 1000)
+            return -1
+
+    def _arm(self) -> None:
+        if self._ifd >= 0 and not self._armed:
+            asyncio.get_running_loop().add_reader(self._ifd, self._readable)
+            self._armed = True
+
+    def _disarm(self) -> None:
+        if self._armed:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._ifd)
+            self._armed = False
+
+    def _readable(self) -> None:
+        self._disarm()  # re-armed after the look (at most one wake per MIN_GAP)
+        with contextlib.suppress(OSError):
+            while os.read(self._ifd, 4096):
+                pass
+        self._wake.set()
+
+    # -- the watch -------------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            while self._wds:
+                self._arm()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), POLL)
+                self._wake.clear()
+                try:
+                    await self.ns.passthrough_room()
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        log.exception("making room for passthrough writers failed")
+                except Exception:
+                    log.exception("making room for passthrough writers failed")
+                await asyncio.sleep(MIN_GAP)
+        finally:
+            self._disarm()
