@@ -37,6 +37,7 @@ from tierd.namespace.lifecycle import encode as encode_lifecycle
 from tierd.namespace.mpu_parts import Hasher, Payload
 from tierd.namespace.names import check_bucket_name, split_key
 from tierd.namespace.objects import Listing, ObjectReader
+from tierd.namespace.staging import close_source
 from tierd.namespace.tags import TAGS_META, Tags, decode_tags, encode_tags, tags_of
 from tierd.namespace.versionops import Deleted, DeleteMarkerHit, VersionInfo, VersionListing
 from tierd.namespace.versions import CONFIG as VERSIONING_CONFIG
@@ -77,6 +78,7 @@ __all__ = [
     "VersionInfo",
     "VersionListing",
     "check_bucket_name",
+    "close_source",
     "current_vid",
     "decode_lifecycle",
     "decode_tags",

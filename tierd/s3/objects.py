@@ -12,8 +12,7 @@ from aiohttp import web
 from tierd.acl import canned
 from tierd.errors import FsError, Reason
 from tierd.namespace import ObjectReader
-from tierd.namespace.api import Inode, current_vid
-from tierd.namespace.staging import close_source
+from tierd.namespace.api import Inode, close_source, current_vid
 from tierd.preconditions import IF_NONE_MATCH, etag_matches
 from tierd.s3 import access, checksums, tagset, versioning, xmlio
 from tierd.s3.body import Body
