@@ -358,6 +358,16 @@ class Config:
             metavar="SECONDS",
         ),
     )
+    s3_complete_keepalive: float = field(
+        default=10.0,
+        metadata=setting(
+            parse=parse_float(0.1, 3600),
+            help="Seconds a CompleteMultipartUpload may run before its answer starts, as S3's "
+            "does: 200 and the XML declaration, then a space every half that time until "
+            "the result or the error, so clients and load balancers keep the connection.",
+            metavar="SECONDS",
+        ),
+    )
     lifecycle_interval: float = field(
         default=3600.0,
         metadata=setting(

@@ -314,7 +314,8 @@ class Daemon:
         ns.min_part_size = cfg.s3_min_part_size
         app = make_s3_app(ns, self.keys, region=cfg.region, domains=cfg.s3_domain,
                           max_skew=float(cfg.s3_max_clock_skew), metrics=self.metrics,
-                          allow_sigv2=cfg.s3_allow_sigv2)
+                          allow_sigv2=cfg.s3_allow_sigv2,
+                          complete_keepalive=cfg.s3_complete_keepalive)
         s3_limits.apply(app, cfg.s3_idle_timeout, cfg.s3_body_timeout)
         return app
 

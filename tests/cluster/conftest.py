@@ -21,6 +21,9 @@ from moto_server import MotoServer
 
 from .clusterlib import Cluster, running_cluster
 
+#: s3_complete_keepalive of the clusters with the default settings
+KEEPALIVE = 2.0
+
 
 def _missing() -> str | None:
     if not os.path.exists("/dev/fuse"):
@@ -50,8 +53,10 @@ def cluster_pg() -> Iterator[PgServer]:
 
 @pytest.fixture(scope="module")
 def cluster_settings() -> dict[str, str]:
-    """``TIERD_*`` settings of every node of the module's cluster (override per module)."""
-    return {}
+    """``TIERD_*`` settings of every node of the module's cluster (override per module).
+    A CompleteMultipartUpload starts its kept-alive answer after 2 s, not 10 (the stalled
+    Complete's test waits for it twice)."""
+    return {"TIERD_S3_COMPLETE_KEEPALIVE": str(KEEPALIVE)}
 
 
 class ClusterPool:

@@ -21,9 +21,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from tierd.s3.multipart import KEEPALIVE_AFTER_S
-
 from .clusterlib import Cluster, Node, poll
+from .conftest import KEEPALIVE
 
 pytestmark = pytest.mark.usefixtures("bucket")
 BUCKET = "mpux"
@@ -297,12 +296,12 @@ def _complete_in_thread(s3: Any, key: str, up: str, listed: list[dict[str, Any]]
 
 def test_a_complete_stalled_on_a_node_keeps_its_client_connected(cluster: Cluster) -> None:
     """n1 stops answering (SIGSTOP) while n3 completes an upload with a part on it: n3
-    answers 200 after KEEPALIVE_AFTER_S and sends spaces, so a client whose read timeout
-    is a little longer waits as long as it takes: the result once n1 answers again, or --
-    n1 killed meanwhile -- the error, as the answer's body."""
+    answers 200 after s3_complete_keepalive (KEEPALIVE) and sends spaces, so a client
+    whose read timeout is a little longer waits as long as it takes: the result once n1
+    answers again, or -- n1 killed meanwhile -- the error, as the answer's body."""
     s = _clients(cluster)
     n1 = cluster[1]
-    patient = cluster[3].s3(read_timeout=KEEPALIVE_AFTER_S + 4,  # and no retry
+    patient = cluster[3].s3(read_timeout=KEEPALIVE + 4,  # and no retry
                             retries={"total_max_attempts": 1, "mode": "standard"})
     for key, then_kill in (("stalled", False), ("stalled-dead", True)):
         up = s[2].create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
@@ -314,7 +313,7 @@ def test_a_complete_stalled_on_a_node_keeps_its_client_connected(cluster: Cluste
         try:
             t0 = time.monotonic()
             t, outcome = _complete_in_thread(patient, key, up, listed)
-            time.sleep(KEEPALIVE_AFTER_S + 8)  # past the client's read timeout
+            time.sleep(KEEPALIVE + 6)  # past the client's read timeout
             if then_kill:
                 n1.kill9()
         finally:
@@ -322,7 +321,7 @@ def test_a_complete_stalled_on_a_node_keeps_its_client_connected(cluster: Cluste
                 os.kill(pid, signal.SIGCONT)
         t.join(60)
         took = time.monotonic() - t0
-        assert took > KEEPALIVE_AFTER_S + 4 and outcome, (took, outcome)
+        assert took > KEEPALIVE + 4 and outcome, (took, outcome)
         if not then_kill:
             assert isinstance(outcome[0], dict), outcome
             assert outcome[0]["ETag"] == _mpu_etag(data)

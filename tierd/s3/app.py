@@ -118,7 +118,8 @@ def make_s3_app(ns: NamespaceAPI, keys: KeyStore, *, region: str = "us-east-1",
                 domains: tuple[str, ...] = (), max_skew: float = 900.0,
                 policies: PolicyStore | None = None,
                 metrics: Metrics | None = None,
-                allow_sigv2: str = "presigned") -> web.Application:
+                allow_sigv2: str = "presigned",
+                complete_keepalive: float = 10.0) -> web.Application:
     """The S3 gateway over ``ns``, authenticating with the access keys in ``keys`` and
     authorizing with the bucket policies in ``policies`` (by default those of the key
     store's metadata); requests are counted and timed in ``metrics`` when given.
@@ -126,7 +127,8 @@ def make_s3_app(ns: NamespaceAPI, keys: KeyStore, *, region: str = "us-east-1",
     state = S3State(ns=ns, keys=keys,
                     auth=Authenticator(keys, region, max_skew, sigv2=allow_sigv2),
                     policies=policies or PolicyStore(keys.meta),
-                    region=region, domains=tuple(d.lower().strip(".") for d in domains))
+                    region=region, domains=tuple(d.lower().strip(".") for d in domains),
+                    complete_keepalive=complete_keepalive)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         # the id the request middleware gave it (the logs carry the same one)

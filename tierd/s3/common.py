@@ -54,6 +54,8 @@ class S3State:
     policies: PolicyStore
     region: str
     domains: tuple[str, ...] = ()
+    #: seconds before a long CompleteMultipartUpload's answer starts (s3_complete_keepalive)
+    complete_keepalive: float = 10.0
 
 
 @dataclass

@@ -14,7 +14,7 @@ after a lost response (the upload is gone, the key holds the object it made) ans
 the first call did, and so does one that loses to another Complete running meanwhile;
 ``If-None-Match: *`` and ``If-Match`` make it conditional like a PUT.  A Complete that runs
 long (parts fetched from other nodes of a cluster) answers 200 at once and sends spaces
-until its result, as S3 does (:data:`KEEPALIVE_AFTER_S`).  The bucket owner may list and
+until its result, as S3 does (setting ``s3_complete_keepalive``).  The bucket owner may list and
 abort other users' uploads into its bucket.
 """
 
@@ -53,14 +53,13 @@ from tierd.tiers.fileio import INLINE_BYTES
 
 MAX_PARTS = 10000
 _COPY_ATTEMPTS = 3
-#: a Complete still running after this many seconds answers 200 and the XML declaration,
-#: then a space every KEEPALIVE_EVERY_S until its result, as S3 does: clients and load
-#: balancers drop a connection idle for a minute (boto3, the AWS CLI, nginx, ALB) while a
-#: Complete fetches gigabytes of parts from other nodes.  A failure after that is the
-#: body, an Error document, which clients read as that error (botocore does for a 200
-#: CompleteMultipartUpload); the x-amz-version-id header cannot follow once started.
-KEEPALIVE_AFTER_S = 10.0
-KEEPALIVE_EVERY_S = 5.0
+#: a Complete still running after ``s3_complete_keepalive`` seconds (S3State) answers 200
+#: and the XML declaration, then a space every half that time until its result, as S3
+#: does: clients and load balancers drop a connection idle for a minute (boto3, the AWS
+#: CLI, nginx, ALB) while a Complete fetches gigabytes of parts from other nodes.  A
+#: failure after that is the body, an Error document, which clients read as that error
+#: (botocore does for a 200 CompleteMultipartUpload); the x-amz-version-id header cannot
+#: follow once started.
 
 log = logging.getLogger("tierd.s3")
 
@@ -393,7 +392,7 @@ async def complete(ctx: Ctx) -> web.StreamResponse:
 
     task = asyncio.ensure_future(commit())  # (it finishes even if the client leaves)
     task.add_done_callback(lambda t: t.cancelled() or t.exception())
-    if not (await asyncio.wait([task], timeout=KEEPALIVE_AFTER_S))[0]:
+    if not (await asyncio.wait([task], timeout=ctx.state.complete_keepalive))[0]:
         return await _kept_alive(ctx, task)
     inode = task.result()
     set_version_header(ctx, inode)
@@ -401,8 +400,8 @@ async def complete(ctx: Ctx) -> web.StreamResponse:
 
 
 async def _kept_alive(ctx: Ctx, task: asyncio.Future[Inode]) -> web.StreamResponse:
-    """A long Complete's answer (:data:`KEEPALIVE_AFTER_S`): 200 and the XML declaration
-    now, a space every :data:`KEEPALIVE_EVERY_S`, then the result or the Error document.
+    """A long Complete's answer (``s3_complete_keepalive``): 200 and the XML declaration
+    now, a space every half that time, then the result or the Error document.
     A client that leaves meanwhile ends this answer, not the Complete."""
     stream = web.StreamResponse(status=200, headers=ctx.response_headers)
     stream.content_type = "application/xml"
@@ -410,7 +409,7 @@ async def _kept_alive(ctx: Ctx, task: asyncio.Future[Inode]) -> web.StreamRespon
     await stream.prepare(ctx.request)
     await stream.write(xmlio.HEADER.encode())
     while not task.done():
-        await asyncio.wait([task], timeout=KEEPALIVE_EVERY_S)
+        await asyncio.wait([task], timeout=ctx.state.complete_keepalive / 2)
         if not task.done():
             await stream.write(b" ")
     try:
