@@ -38,10 +38,15 @@ log = logging.getLogger("tierd.fuse")
 #: seconds between looks when no write event comes
 POLL = 0.02
 #: the least seconds between two looks woken by write events
-MIN_GAP = 0.002
+MIN_GAP = 0.005
 _IN_MODIFY = 0x2
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
+
+
+def _wake(fut: asyncio.Future[None] | None) -> None:
+    if fut is not None and not fut.done():
+        fut.set_result(None)
 
 
 class SpaceWatch:
@@ -52,7 +57,7 @@ class SpaceWatch:
         self._wds: dict[int, int] = {}  # ino -> inotify watch of its hot file
         self._ifd = -1
         self._libc: ctypes.CDLL | None = None
-        self._wake = asyncio.Event()
+        self._wake: asyncio.Future[None] | None = None  # what the watch waits on now
         self._task: asyncio.Future[None] | None = None
         self._armed = False
 
@@ -116,16 +121,19 @@ class SpaceWatch:
         with contextlib.suppress(OSError):
             while os.read(self._ifd, 4096):
                 pass
-        self._wake.set()
+        _wake(self._wake)
 
     # -- the watch -------------------------------------------------------------------------
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while self._wds:
                 self._arm()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), POLL)
-                self._wake.clear()
+                # (a future and a timer, not wait_for: no task per wake)
+                self._wake = loop.create_future()
+                timer = loop.call_later(POLL, _wake, self._wake)
+                await self._wake
+                timer.cancel()
                 try:
                     await self.ns.passthrough_room()
                 except OSError as e:
