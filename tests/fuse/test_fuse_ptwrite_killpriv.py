@@ -10,8 +10,10 @@ must have been passthrough (the daemon's WRITE counter did not move).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+import struct
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -170,3 +172,44 @@ def test_a_second_writer_joining_after_the_chmod(daemon: Daemon, work: Path,
     before = writes(daemon)
     assert run(work / "j.bin") == real == [0o777, 0o777]
     assert writes(daemon) == before
+
+
+# -- file capabilities: Linux removes security.capability at any write (root's too) -------------
+CAPS = "security.capability"
+#: a valid VFS_CAP_REVISION_2 value: CAP_NET_RAW permitted and effective
+CAPS_VALUE = struct.pack("<5I", 0x02000001, 1 << 13, 0, 0, 0)
+
+
+def caps_after_a_write(f: Path, set_while_open: bool) -> bool:
+    """Whether ``f`` still has file capabilities after root wrote it through one
+    descriptor; they are set before the open, or while it is open."""
+    f.write_bytes(b"0123")
+    if not set_while_open:
+        os.setxattr(f, CAPS, CAPS_VALUE)
+    fd = os.open(f, os.O_WRONLY)
+    try:
+        if set_while_open:
+            os.setxattr(f, CAPS, CAPS_VALUE)
+            assert os.getxattr(f, CAPS) == CAPS_VALUE
+        os.write(fd, b"x")
+    finally:
+        os.close(fd)
+    assert f.read_bytes() == b"x123"
+    try:
+        os.getxattr(f, CAPS)
+    except OSError as e:
+        assert e.errno == errno.ENODATA
+        return False
+    return True
+
+
+@pytest.mark.parametrize("set_while_open", [False, True], ids=["set before", "set while open"])
+def test_a_write_removes_file_capabilities(daemon: Daemon, work: Path, local: Path,
+                                           set_while_open: bool) -> None:
+    """A guard, not a fix: the kernel's passthrough write removes them itself
+    (``backing_file_write_iter`` calls ``file_remove_privs`` on the FUSE file: a
+    REMOVEXATTR reaches the daemon), unlike set-id bits under HANDLE_KILLPRIV_V2."""
+    assert caps_after_a_write(local / "c.bin", set_while_open) is False  # ext4
+    before = writes(daemon)
+    assert caps_after_a_write(work / "c.bin", set_while_open) is False
+    assert writes(daemon) == before, "the write reached the daemon: not passthrough"
