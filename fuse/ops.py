@@ -107,7 +107,8 @@ class TierdOps(FileOps):
                 ident, inode, mode=mode, uid=uid, gid=gid,
                 atime_ns=None if atime is None else UTIME_NOW,
                 mtime_ns=None if mtime is None else UTIME_NOW, fh=fh, killpriv=killpriv)
-        if mode is not None and inode in self.pt_writers:
+        if (mode is not None or size is not None) and inode in self.pt_writers:
+            # (a truncate changed the hot file itself: the stamp is taken anew)
             self.pt_watch_privs(inode, new.mode)
         if size is not None and new.is_reg:
             self.kcache.cached(inode, new.version)  # the kernel truncated its pages itself

@@ -10,6 +10,7 @@ must have been passthrough (the daemon's WRITE counter did not move).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -83,41 +84,56 @@ def mode(f: Path) -> int:
     return stat.S_IMODE(os.stat(f).st_mode)
 
 
-Scenario = Callable[[Path], list[int]]
-
-
-def stat_while_open(f: Path, uid: int, bits: int) -> list[int]:
-    """chmod adds ``bits`` while ``uid``'s writer is open; its write; a stat while it is
-    still open; its close; a stat."""
+@contextlib.contextmanager
+def chmod_while_open(f: Path, uid: int, bits: int) -> Iterator[Writer]:
+    """``f`` made (``0123``, mode 0777), ``uid``'s writer opened, then root (the owner)
+    adds ``bits``; the writer is killed at the end if it still runs."""
     f.write_bytes(b"0123")
     f.chmod(0o777)
     w = Writer(f, uid)
     try:
-        f.chmod(0o777 | bits)  # by root, the owner, while the writer is open
+        f.chmod(0o777 | bits)
+        yield w
+    finally:
+        w.close()
+
+
+def stat_while_open(f: Path, uid: int, bits: int) -> list[int]:
+    """The writer's write; a stat while it is still open; its close; a stat."""
+    with chmod_while_open(f, uid, bits) as w:
         seen = [mode(f)]
         w.step("wrote")
         seen.append(mode(f))
         w.step("closed")
         seen.append(mode(f))
-    finally:
-        w.close()
     assert f.read_bytes() == b"x123"
     return seen
 
 
 def no_look_until_closed(f: Path, uid: int, bits: int) -> list[int]:
     """As above, but nothing looks at the file between the write and the close."""
-    f.write_bytes(b"0123")
-    f.chmod(0o777)
-    w = Writer(f, uid)
-    try:
-        f.chmod(0o777 | bits)
+    with chmod_while_open(f, uid, bits) as w:
         w.step("wrote")
         w.step("closed")
-    finally:
-        w.close()
     assert f.read_bytes() == b"x123"
     return [mode(f)]
+
+
+def root_truncates(f: Path, uid: int, bits: int) -> list[int]:
+    """Root truncates the file by path (a change of the hot file the daemon made
+    itself, for a caller with CAP_FSETID: the bits stay) and root's fsync looks at the
+    hot file; then the writer writes (they go)."""
+    with chmod_while_open(f, uid, bits) as w:
+        os.truncate(f, 2)
+        fd = os.open(f, os.O_WRONLY)
+        os.fsync(fd)
+        os.close(fd)
+        seen = [mode(f)]
+        w.step("wrote")
+        w.step("closed")
+        seen.append(mode(f))
+    assert f.read_bytes() == b"x1"
+    return seen
 
 
 CASES = [
@@ -126,6 +142,8 @@ CASES = [
     ("both, no look until the close", no_look_until_closed, 65534,
      stat.S_ISUID | stat.S_ISGID),
     ("setuid, root writes (CAP_FSETID)", stat_while_open, 0, stat.S_ISUID),
+    ("setuid, root truncates, then another user writes", root_truncates, 65534,
+     stat.S_ISUID),
 ]
 
 
