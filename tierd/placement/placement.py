@@ -134,6 +134,7 @@ class Placement(Uploading):
             for t in list(self._active.values()):
                 t.cancel()
             await asyncio.gather(self._task, *self._active.values(), return_exceptions=True)
+            await self.txns.finish()
             await self.stop_deletes()
             if self._probe is not None:
                 self._probe.cancel()

@@ -118,6 +118,14 @@ class TxnBatch:
             self._task = asyncio.create_task(self._drain(), name="tierd-persist-txn")
         return await fut
 
+    async def finish(self) -> None:
+        """Wait until the bodies handed in so far have committed (or failed): at close,
+        after the uploads stopped, the records and intention drops they left still go in,
+        and no task of the batch outlives its loop."""
+        task = self._task
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+
     async def _drain(self) -> None:
         try:
             # reconciles reach a transaction as their uploads finish, rarely in the same
