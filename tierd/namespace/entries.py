@@ -39,9 +39,8 @@ class EntryOps(ResizeOps):
     async def lookup(self, ident: Identity, parent: int, name: bytes) -> Inode:
         async with self.meta.asnapshot() as tx:
             child = self._child(tx, ident, self._dir(tx, parent), name)
-        if child is None and parent != ROOT_INO:
-            await self.placement.refresh(parent)  # an object put straight into cold?
-            async with self.meta.asnapshot() as tx:
+        if child is None and parent != ROOT_INO and await self.placement.refresh(parent):
+            async with self.meta.asnapshot() as tx:  # an object put straight into cold?
                 child = self._child(tx, ident, self._dir(tx, parent), name)
         if child is None:
             raise FsError(errno.ENOENT, f"{name.decode(errors='replace')!r} not found")

@@ -519,18 +519,19 @@ class PlacementCore:
         except TierError as e:
             log.warning("listing cold for import failed: %s", e)
 
-    async def refresh(self, dir_ino: int, force: bool = False) -> None:
+    async def refresh(self, dir_ino: int, force: bool = False) -> bool:
         """Import what cold has under a directory if the last look is older than the TTL
         (single-flight per directory).  Cold being down is logged, not raised: the local
-        view is still a valid answer."""
+        view is still a valid answer.  False when nothing was looked at (the directory's
+        entries are as before: a caller need not read them again)."""
         if self.cold_down or (not force and not await self.importer.stale(dir_ino)):
-            return
+            return False
         task = self._refreshing.get(dir_ino)
         if task is None:
             async with self.meta.asnapshot() as tx:
                 path = dir_path(tx, dir_ino)
             if path is None:
-                return
+                return False
             task = self._refreshing.get(dir_ino)  # (another caller's, begun meanwhile)
             if task is None:
                 task = asyncio.create_task(self.importer.refresh_dir(dir_ino, path))
@@ -541,6 +542,7 @@ class PlacementCore:
         except TierError as e:
             log.warning("listing cold for import failed: %s", e)
         await self.forget_dropped()
+        return True
 
     async def forget_dropped(self) -> None:
         """Files a listing found lost from cold: those re-uploaded from their complete local

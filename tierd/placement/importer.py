@@ -235,7 +235,11 @@ class Importer:
                         started: int) -> None:
         gone = []
         for name, _, ent in tx.list_dirents(dir_ino):
-            if stat.S_ISREG(ent.kind) and name not in listed:
+            # a queued file (new or changed, not yet persisted: most of a directory being
+            # written) is never judged lost (:func:`lost`); asking costs a key lookup, not
+            # the records' decoding, on every refresh of a large directory
+            if (stat.S_ISREG(ent.kind) and name not in listed
+                    and tx.queued(ent.ino) is None):
                 gone.append((name, ent.ino))
         for name, ino in gone:
             key = prefix + name.decode("utf-8", "surrogateescape")
