@@ -4,11 +4,18 @@ nothing else in the transaction's typed access touches them."""
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Iterator
 
 from tierd.meta.kv import KVTxn, prefix_end
 from tierd.meta.records import MultipartUpload, UploadPart
+
+#: what an upload id may look like (``secrets.token_urlsafe`` makes them; older stores' ids
+#: fit too): checked before an id becomes a path or a key (the namespace, the peer door)
+UPLOAD_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+#: S3 numbers parts 1 to 10,000 (the part's key packs its number in 4 bytes)
+MAX_PART_NUMBER = 10000
 
 
 class UploadRecords:

@@ -36,7 +36,6 @@ import contextlib
 import errno
 import hashlib
 import os
-import re
 import secrets
 import shutil
 from collections.abc import AsyncIterable, Callable, Iterable, Sequence
@@ -45,12 +44,10 @@ from typing import Protocol
 
 from tierd.errors import FsError, Reason
 from tierd.meta import UploadPart
+from tierd.meta.uploads import UPLOAD_ID
 from tierd.tiers.fileio import COPY_CHUNK, copy_range, pwritev_all
 
 DATA = "data"
-#: what an upload id may look like (``secrets.token_urlsafe`` makes them; older stores' ids
-#: fit too): checked before an id becomes a path
-UPLOAD_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 BATCH = 1 << 20  # bytes gathered before one thread job writes and hashes them
 MAX_DATA_END = 4 << 40  # slots end below this offset (ext4's file size limit is 16 TiB)
 

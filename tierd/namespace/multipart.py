@@ -31,6 +31,7 @@ from tierd.acl import Identity
 from tierd.acl.s3map import enforce
 from tierd.errors import FsError, Reason, no_space
 from tierd.meta import Inode, MetaTxn, MultipartUpload, UploadPart
+from tierd.meta.uploads import MAX_PART_NUMBER
 from tierd.namespace.base import now_ns
 from tierd.namespace.mpu_parts import (
     DATA,
@@ -59,7 +60,6 @@ from tierd.tiers.fileio import copy_range
 log = logging.getLogger("tierd.namespace")
 
 MIN_PART_SIZE = 5 << 20  # S3's minimum size of every part but the last
-MAX_PART_NUMBER = 10000
 
 
 class MultipartOps(ObjectOps):

@@ -37,6 +37,7 @@ from aiohttp import web
 
 from tierd.errors import FsError
 from tierd.logs import LogBudget, get_logger
+from tierd.meta.uploads import MAX_PART_NUMBER, UPLOAD_ID
 from tierd.peer import auth
 
 log = get_logger("peer")
@@ -69,9 +70,6 @@ _MAX_INT = (1 << 63) - 1
 
 #: ``(upload id, part number, etag, size) -> FileSlice`` of that part held here, or None
 PartReader = Callable[[str, int, str, int], Awaitable[FileSlice | None]]
-_UPLOAD_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # as tierd/namespace/mpu_parts.py UPLOAD_ID
-#: S3 numbers parts 1 to 10,000; the record key packs the number in 4 bytes
-MAX_PART_NUMBER = 10_000
 _ETAG = re.compile(r"[0-9a-f]{32}")
 
 _NODE: web.AppKey[str] = web.AppKey("tierd.peer.node", str)
@@ -184,7 +182,7 @@ def make_app(node: str, secret: str, reader: LocalReader, *,
             size = _int_param(request, "size", request.query.get("size"))
         except ValueError as e:
             return _error(request, 400, str(e))
-        if not _UPLOAD_ID.fullmatch(upload_id) or not _ETAG.fullmatch(etag):
+        if not UPLOAD_ID.fullmatch(upload_id) or not _ETAG.fullmatch(etag):
             return _error(request, 400, "the upload id or the part's etag is malformed")
         try:
             got = None if part_reader is None else await part_reader(upload_id, number,
