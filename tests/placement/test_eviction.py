@@ -56,7 +56,7 @@ async def test_pin_warmup_and_evict(file_env: Env) -> None:
     ops = PlacementOps(p)
     try:
         await ns.list_objects(ROOT, "pinx")
-        assert ops.set_policy("pinx/keep/", pin=True)["pin"] is True
+        assert (await ops.set_policy("pinx/keep/", pin=True))["pin"] is True
         progress = [doc async for doc in ops.warmup("pinx/keep/")]
         assert progress[-1]["done"] == progress[-1]["total"] == 3 * BLOCK_SIZE
         du = ops.du("pinx/keep/")
@@ -69,7 +69,7 @@ async def test_pin_warmup_and_evict(file_env: Env) -> None:
         assert ops.du("pinx/keep/")["tiers"]["hot"] == 3 * BLOCK_SIZE
         # evict PREFIX drops what it may; pinned data stays until unpinned
         assert (await ops.evict("pinx/keep/"))["evicted"] == 0
-        ops.set_policy("pinx/keep/", pin=False)
+        await ops.set_policy("pinx/keep/", pin=False)
         assert (await ops.evict("pinx/keep/"))["evicted"] == 3 * BLOCK_SIZE
         assert ops.du("pinx/keep/")["tiers"]["hot"] == 0
         inode = await ns.resolve(ROOT, "pinx/keep/0")

@@ -191,7 +191,7 @@ async def test_full_hot_tier_evicts_and_nothing_evictable_is_enospc(tmp_path: Pa
         for k, v in scan.items():
             assert await read_file(ns, (await ns.resolve(ROOT, k)).ino) == v
         assert p.stats.evicted_bytes > 0
-        ops.set_policy("fsx/keep/", pin=True)
+        await ops.set_policy("fsx/keep/", pin=True)
         assert [d async for d in ops.warmup("fsx/keep/")][-1]["done"] == 12 * MiB
         for k in scan:  # what may leave, leaves; the pins cannot
             await ops.evict(k)
@@ -204,7 +204,7 @@ async def test_full_hot_tier_evicts_and_nothing_evictable_is_enospc(tmp_path: Pa
         assert ei.value.errno == errno.ENOSPC  # InsufficientStorage (507) through S3
         for k, v in keep.items():  # nothing corrupted
             assert await read_file(ns, (await ns.resolve(ROOT, k)).ino) == v
-        ops.set_policy("fsx/keep/", pin=False)
+        await ops.set_policy("fsx/keep/", pin=False)
         assert await read_file(ns, big_ino) == big  # evictable again: it fits
     finally:
         await env.close()

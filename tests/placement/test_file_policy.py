@@ -30,12 +30,12 @@ async def test_pin_follows_the_first_name(file_env: Env) -> None:
             await read_file(ns, f.ino)  # (re)fill hot
             return (await ops.evict("hlx/"))["tiers"][HOT]
 
-        ops.set_policy("hlx/keep/", pin=True)  # pins the second name only
+        await ops.set_policy("hlx/keep/", pin=True)  # pins the second name only
         assert await hot_bytes() == BLOCK_SIZE
-        ops.set_policy("hlx/keep/", pin=False)
-        ops.set_policy("hlx/a/", pin=True)  # pins the first name
+        await ops.set_policy("hlx/keep/", pin=False)
+        await ops.set_policy("hlx/a/", pin=True)  # pins the first name
         assert await hot_bytes() == 0
-        ops.set_policy("hlx/a/", pin=False)
+        await ops.set_policy("hlx/a/", pin=False)
         assert await hot_bytes() == BLOCK_SIZE
     finally:
         await file_env.close()

@@ -43,7 +43,7 @@ async def _pooled(env: Env, capacity: int, max_share: float = 0.5,
         if bucket:
             await ns.create_bucket(ROOT, "mem")
         if policy is not None:
-            PlacementOps(p).set_policy(policy, tier=MEM)
+            await PlacementOps(p).set_policy(policy, tier=MEM)
         yield ns, p, pool, mem
     finally:
         p.detach_pool()
@@ -58,7 +58,7 @@ def _regions(pool: MemPool) -> dict[str, int]:
 async def test_mem_policy_files_are_copied_into_the_pool_and_served_from_it(env: Env) -> None:
     async with _pooled(env, 64 * MiB, policy=None) as (ns, p, pool, mem):
         ops = PlacementOps(p)
-        ops.set_policy("mem/ckpt/", tier=MEM)
+        await ops.set_policy("mem/ckpt/", tier=MEM)
         data = os.urandom(3 * MiB + 17)
         ino = await _put(env, "ckpt/a.bin", data)
         other = await _put(env, "plain/b.bin", os.urandom(MiB))
@@ -232,11 +232,11 @@ async def test_warmup_evict_and_policy_change(env: Env) -> None:
         out = await ops.evict("mem/d/", MEM)
         assert out["tiers"][MEM] == sum(map(len, payloads.values())) and not pool.regions
         # a prefix that leaves the memory tier drops its copies
-        ops.set_policy("mem/d/", tier=MEM)
+        await ops.set_policy("mem/d/", tier=MEM)
         for i in inos.values():
             await read_file(ns, i)
         await until(lambda: all(mem.get(i) is not None for i in inos.values()))
-        ops.set_policy("mem/d/", tier="hot")
+        await ops.set_policy("mem/d/", tier="hot")
         assert not mem.copies and not pool.regions
 
 
@@ -244,9 +244,9 @@ async def test_policy_needs_a_pool(file_env: Env) -> None:
     _, p = await file_env.open()
     try:
         with pytest.raises(ValueError, match="memory pool"):
-            PlacementOps(p).set_policy("mem/", tier=MEM)
+            await PlacementOps(p).set_policy("mem/", tier=MEM)
         with pytest.raises(ValueError, match="tier must be"):
-            PlacementOps(p).set_policy("mem/", tier="ram")
+            await PlacementOps(p).set_policy("mem/", tier="ram")
         with pytest.raises(ValueError, match="memory pool"):
             PlacementOps(p).check_tier(MEM)
     finally:

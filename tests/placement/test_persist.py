@@ -205,8 +205,8 @@ async def test_write_through_policy_waits_for_cold(file_env: Env) -> None:
     try:
         await ns.create_bucket(ROOT, "wtx")
         ops = PlacementOps(p)
-        ops.set_policy("wtx/sync/", mode="write-through")
-        ops.set_policy("wtx/tmp/", mode="cache-only")
+        await ops.set_policy("wtx/sync/", mode="write-through")
+        await ops.set_policy("wtx/tmp/", mode="cache-only")
         await ns.put_object(ROOT, "wtx", "sync/a", body(b"now"))
         assert file_env.raw_get("wtx/sync/a") == b"now"  # already there at the ack
         await ns.put_object(ROOT, "wtx", "tmp/s", body(b"scratch"))

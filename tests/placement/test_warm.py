@@ -110,7 +110,7 @@ async def test_warm_drops_when_full_and_pins_stay(file_env: Env) -> None:
     ops = PlacementOps(p)
     try:
         await ns.list_objects(ROOT, "pwx")
-        ops.set_policy("pwx/keep/", pin=True, tier="warm")
+        await ops.set_policy("pwx/keep/", pin=True, tier="warm")
         progress = [doc async for doc in ops.warmup("pwx/keep/")]
         assert progress[-1]["done"] == 3 * BLOCK_SIZE and progress[-1]["tier"] == "warm"
         du = ops.du("pwx/keep/")
@@ -127,7 +127,7 @@ async def test_warm_drops_when_full_and_pins_stay(file_env: Env) -> None:
         for k, v in scan.items():  # dropped blocks come back from cold
             assert await read_file(ns, (await ns.resolve(ROOT, k)).ino) == v
         with pytest.raises(ValueError):
-            ops.set_policy("pwx/x/", tier="cold")
+            await ops.set_policy("pwx/x/", tier="cold")
     finally:
         await file_env.close()
 
@@ -138,7 +138,7 @@ async def test_policy_tier_warm_moves_written_data_down_after_persistence(env: E
     try:
         b = await ns.create_bucket(ROOT, "twx")
         d = await ns.mkdir(ROOT, b.ino, b"ckpt", 0o755)
-        ops.set_policy("twx/ckpt/", tier="warm")
+        await ops.set_policy("twx/ckpt/", tier="warm")
         payload = os.urandom(2 * BLOCK_SIZE + 5)
         ino = await write_file(ns, d.ino, b"step1", payload)
         other = await write_file(ns, b.ino, b"plain", payload)  # no policy: stays on hot
@@ -193,7 +193,7 @@ async def test_reads_under_a_warm_policy_land_on_warm(env: Env) -> None:
     env.raw_put("rdw/ds/big", payload)
     ns, p = await env.open(warm=64 * BLOCK_SIZE)
     try:
-        PlacementOps(p).set_policy("rdw/ds/", tier="warm")
+        await PlacementOps(p).set_policy("rdw/ds/", tier="warm")
         await ns.list_objects(ROOT, "rdw")
         ino = (await ns.resolve(ROOT, "rdw/ds/big")).ino
         assert await read_file(ns, ino) == payload  # a stream: readahead lands on warm too

@@ -193,7 +193,7 @@ async def _warmup(job: Job, ops: PlacementOps) -> None:
 
 
 async def _pin(job: Job, ops: PlacementOps) -> None:
-    pol = await ops.aset_policy(job.prefix, pin=True, tier=job.tier)
+    pol = await ops.set_policy(job.prefix, pin=True, tier=job.tier)
     await _warmup(job, ops)
     job.result = {**(job.result or {}), "policy": pol}
 

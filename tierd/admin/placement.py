@@ -99,7 +99,7 @@ async def evict(request: web.Request) -> web.Response:
 async def pin(request: web.Request) -> web.Response:
     on = request.path.endswith("/pin")
     return await _prefixed(request, await _body(request),
-                           lambda o, prefix: o.aset_policy(prefix, pin=on),
+                           lambda o, prefix: o.set_policy(prefix, pin=on),
                            need_bucket=on)  # unpin may clean up after a removed bucket
 
 
@@ -111,7 +111,7 @@ async def policy_get(request: web.Request) -> web.Response:
 @routes.put("/v1/placement/policy")
 async def policy_set(request: web.Request) -> web.Response:
     doc = await _body(request)
-    return await _prefixed(request, doc, lambda o, prefix: o.aset_policy(
+    return await _prefixed(request, doc, lambda o, prefix: o.set_policy(
         prefix, mode=doc.get("mode"), pin=doc.get("pin"), tier=doc.get("tier")))
 
 
@@ -123,7 +123,7 @@ async def policy_delete(request: web.Request) -> web.Response:
         return _err(404, "no_such_policy", f"no placement policy for prefix {prefix!r} "
                     "(tierctl policy get lists them)")
     default = PlacementPolicy(prefix)  # set_policy drops a policy equal to the default
-    await o.aset_policy(prefix, mode=default.mode, pin=default.pin, tier=default.tier)
+    await o.set_policy(prefix, mode=default.mode, pin=default.pin, tier=default.tier)
     return web.json_response({"prefix": prefix, "deleted": True})
 
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from tierd.meta import STATE_CLEAN, MetaStore, MetaTxn, PlacementPolicy
+from tierd.meta import STATE_CLEAN, MetaStore, PlacementPolicy
 from tierd.placement import bitmap
 from tierd.placement.engine import HOT, MODES, POLICY_TIERS, WARM, PlacementSettings
 from tierd.placement.memtier import MEM
@@ -127,34 +127,29 @@ class PlacementOps:
         return [{"prefix": p.prefix, "mode": p.mode, "pin": p.pin, "tier": p.tier}
                 for p in sorted(self.p.policies.values(), key=lambda p: p.prefix)]
 
-    def set_policy(self, prefix: str, *, mode: str | None = None, pin: bool | None = None,
-                   tier: str | None = None) -> dict[str, Any]:
-        """Set (or, equal to the default, drop) the policy of ``prefix``; in a synchronous
-        transaction (start-up, tests): the admin door uses :meth:`aset_policy`."""
-        self._check_policy(mode, tier)
-        with self.p.meta.write() as tx:
-            cur = _policy_in(tx, prefix, mode, pin, tier)
-        return self._policy_set(prefix, cur)
-
-    async def aset_policy(self, prefix: str, *, mode: str | None = None,
-                          pin: bool | None = None, tier: str | None = None) -> dict[str, Any]:
-        """:meth:`set_policy` without blocking the loop on the cluster's writers' lock."""
-        self._check_policy(mode, tier)
-        async with self.p.meta.awrite() as tx:
-            cur = _policy_in(tx, prefix, mode, pin, tier)
-        return self._policy_set(prefix, cur)
-
-    def _check_policy(self, mode: str | None, tier: str | None) -> None:
+    async def set_policy(self, prefix: str, *, mode: str | None = None,
+                         pin: bool | None = None, tier: str | None = None) -> dict[str, Any]:
+        """Set (or, equal to the default, drop) the policy of ``prefix`` (``awrite``: the
+        loop does not wait for the cluster's writers' lock).  It takes effect here once
+        committed: memory files it no longer places in memory are dropped from there."""
         if mode is not None and mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
         if tier is not None:
             if tier not in POLICY_TIERS:
                 raise ValueError("tier must be mem, hot or warm")
             self.check_tier(tier)
-
-    def _policy_set(self, prefix: str, cur: PlacementPolicy) -> dict[str, Any]:
-        """After the commit: the policy takes effect here (memory files it no longer
-        places in memory are dropped from there)."""
+        async with self.p.meta.awrite() as tx:
+            cur = tx.get_policy(prefix) or PlacementPolicy(prefix)
+            if mode is not None:
+                cur.mode = mode
+            if pin is not None:
+                cur.pin = pin
+            if tier is not None:
+                cur.tier = tier
+            if cur == PlacementPolicy(prefix):
+                tx.delete_policy(prefix)
+            else:
+                tx.put_policy(cur)
         if cur == PlacementPolicy(prefix):
             self.p.policies.pop(prefix, None)
         else:
@@ -208,21 +203,3 @@ class PlacementOps:
         n = await self.p.importer.import_prefix(prefix)
         await self.p.forget_dropped()
         return {"prefix": prefix, "imported": n}
-
-
-def _policy_in(tx: MetaTxn, prefix: str, mode: str | None, pin: bool | None,
-               tier: str | None) -> PlacementPolicy:
-    """The policy of ``prefix`` with the given fields changed, written in ``tx`` (deleted
-    when it equals the default)."""
-    cur = tx.get_policy(prefix) or PlacementPolicy(prefix)
-    if mode is not None:
-        cur.mode = mode
-    if pin is not None:
-        cur.pin = pin
-    if tier is not None:
-        cur.tier = tier
-    if cur == PlacementPolicy(prefix):
-        tx.delete_policy(prefix)
-    else:
-        tx.put_policy(cur)
-    return cur
