@@ -191,6 +191,8 @@ class AsyncGate:
             weakref.WeakKeyDictionary())
         self.reading = 0  # async read transactions open now, and at most so far
         self.reading_peak = 0
+        self.groups = 0  # write groups committed or rolled back, and their members
+        self.grouped = 0
 
     def _gate(self, loop: asyncio.AbstractEventLoop) -> _LoopGate:
         gate = self._gates.get(loop)
@@ -263,7 +265,8 @@ class AsyncGate:
     def stat(self) -> dict[str, int]:
         """The sizes (module doc) and how many async readers were open at most."""
         return {"async_readers_max": self.readers, "async_readers_peak": self.reading_peak,
-                "begin_threads": self.threads}
+                "begin_threads": self.threads, "write_groups": self.groups,
+                "write_group_members": self.grouped}
 
     async def end(self, txn: PgTxn, commit: bool) -> None:
         """Commit (or abort) ``txn``: a reader's end sends nothing and stays on the loop; a
@@ -311,6 +314,8 @@ class AsyncGate:
         to the next writer, whose begin waits for the lock meanwhile."""
         if gate.group is group:
             gate.group = None
+        self.groups += 1
+        self.grouped += group.members
         cf = self._commits.submit(group.run_commit)
         self.store.committing = cf  # what a synchronous reader waits for (PgStore.begin)
         group.done.add_done_callback(functools.partial(self._committed, gate))
