@@ -231,3 +231,31 @@ def test_a_member_cancelled_while_it_waits_for_the_commit_gets_the_outcome(
     assert sorted(seen) == ["after a", "after b", "slept a"]
     assert _get(meta, b"a", b"b") == [b"v", b"v"]
     assert _seq(meta) == before + 1
+
+
+def test_a_group_a_fresh_read_waits_for_takes_no_further_member(meta: MetaStore) -> None:
+    """A fresh read (an open after a writer's body) waits for the group's commit: the group
+    then ends at the next member instead of growing to its caps while the read waits."""
+    seen: list[bytes | None] = []
+
+    async def fresh_read() -> None:
+        async with meta.asnapshot(fresh=True) as tx:
+            seen.append(tx.kv.get(b"a"))
+
+    reads: list[asyncio.Task[None]] = []
+
+    def first(tx: MetaTxn) -> None:
+        tx.kv.put(b"a", b"1")
+        reads.append(asyncio.create_task(fresh_read()))  # runs before the next member
+
+    def put(key: bytes) -> Body:
+        return lambda tx: tx.kv.put(key, b"v")
+
+    async def main() -> list[BaseException | int]:
+        out = await _writers(meta, [first, put(b"b"), put(b"c"), put(b"d")])
+        await asyncio.gather(*reads)
+        return out
+
+    out = asyncio.run(main())
+    assert seen == [b"1"]
+    assert out[0] == out[1] and out[2] > out[1], out

@@ -123,6 +123,7 @@ class _LoopGate:
         self.busy = False
         self.waiters: deque[asyncio.Future[Group | None]] = deque()
         self.group: Group | None = None  # the open group of the writer holding the turn
+        self.fresh = 0  # fresh reads waiting for a commit (a group then stops growing)
 
     async def take(self, pass_on: Callable[[Group | None], None]) -> Group | None:
         """Wait for the writers' turn; the open group it comes with, if any.  A turn that
@@ -228,8 +229,13 @@ class AsyncGate:
             if fresh and commit is not None and not commit.done():
                 # a read begun after a writer's body sees its commit, as when the commit
                 # returned before anything else ran: the caller may have seen in-memory
-                # state that body changed (an open file, a handle's size)
-                await asyncio.wait([commit])
+                # state that body changed (an open file, a handle's size); meanwhile the
+                # group it waits for takes no further member
+                gate.fresh += 1
+                try:
+                    await asyncio.wait([commit])
+                finally:
+                    gate.fresh -= 1
             await gate.readers.acquire()
             try:
                 txn = await self._begun(loop, False)
@@ -293,7 +299,7 @@ class AsyncGate:
             # (then every member fails): the group ends, rolled back
             self._close(gate, group)
             return
-        if not txn._done and not group.full() and gate.waiting():
+        if not txn._done and not group.full() and not gate.fresh and gate.waiting():
             txn.finish = group.run_commit  # (a synchronous begin may commit it meanwhile)
             self.store._writers.offer(txn)
             self._pass(gate, group)
