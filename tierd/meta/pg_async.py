@@ -27,9 +27,11 @@ effects of a writer's body (a handle, a queued file) must not then read the meta
 before it.  A read waits for a commit, never for the lock.  The others do not wait: reads
 are not held up by the stream of commits of a node that writes.
 
-Async writers of one loop take turns on an asyncio lock, from before their begin until their
-commit is sent (the next writer's begin then waits for the lock in its thread while the
-commit runs: the two round trips overlap).  A writer begun in a thread may be taken over by
+Async writers of one loop take turns (:class:`_LoopGate`), from before their begin until
+their commit is sent (the next writer's begin then waits for the lock in its thread while the
+commit runs: the two round trips overlap).  A writer whose turn comes while the previous
+writer's transaction is still open joins it instead of beginning: group commit
+(:mod:`tierd.meta.pg_group`).  A writer begun in a thread may be taken over by
 a synchronous writer before its coroutine resumes (``PgStore.begin`` steals it): a
 synchronous writer on the loop thread would otherwise wait for a lock that only the loop can
 release.  The coroutine then begins again.
