@@ -212,7 +212,9 @@ async def _run(url: str, args: argparse.Namespace, base: Path) -> dict[str, Any]
             out["puts"]["census"] = args.census.report()
         st = meta.engine.stat()
         out["engine"] = {k: st[k] for k in ("async_readers_max", "async_readers_peak",
-                                            "begin_threads", "cache_hits", "cache_misses")}
+                                            "begin_threads", "cache_hits", "cache_misses",
+                                            "write_groups", "write_group_members")
+                         if k in st}
         out["engine"]["remote"] = meta.engine.remote
         return out
     finally:

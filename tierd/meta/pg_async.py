@@ -27,9 +27,11 @@ effects of a writer's body (a handle, a queued file) must not then read the meta
 before it.  A read waits for a commit, never for the lock.  The others do not wait: reads
 are not held up by the stream of commits of a node that writes.
 
-Async writers of one loop take turns on an asyncio lock, from before their begin until their
-commit is sent (the next writer's begin then waits for the lock in its thread while the
-commit runs: the two round trips overlap).  A writer begun in a thread may be taken over by
+Async writers of one loop take turns (:class:`_LoopGate`), from before their begin until
+their commit is sent (the next writer's begin then waits for the lock in its thread while the
+commit runs: the two round trips overlap).  A writer whose turn comes while the previous
+writer's transaction is still open joins it instead of beginning: group commit
+(:mod:`tierd.meta.pg_group`).  A writer begun in a thread may be taken over by
 a synchronous writer before its coroutine resumes (``PgStore.begin`` steals it): a
 synchronous writer on the loop thread would otherwise wait for a lock that only the loop can
 release.  The coroutine then begins again.
@@ -45,9 +47,18 @@ import asyncio
 import functools
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Generic, TypeVar
+
+from tierd.meta.pg_group import (
+    Group,
+    end_member,
+    finish_pending,
+    rollback_member,
+    start_member,
+)
 
 if TYPE_CHECKING:
     from tierd.meta.pg_engine import PgStore, PgTxn
@@ -105,10 +116,47 @@ class _LoopGate:
     first used on)."""
 
     def __init__(self, readers: int) -> None:
-        self.writer = asyncio.Lock()
         self.readers = asyncio.Semaphore(readers)
-        #: the write commit in flight (one at a time: the writers' lock)
+        #: the write commit in flight or the group not yet committed (what a fresh read
+        #: waits for)
         self.commit: asyncio.Future[None] | None = None
+        #: the writers' turn: held by one writer coroutine; the others wait in order, and
+        #: each is handed the open group to join or None (begin a transaction)
+        self.busy = False
+        self.waiters: deque[asyncio.Future[Group | None]] = deque()
+        self.group: Group | None = None  # the open group of the writer holding the turn
+        self.fresh = 0  # fresh reads waiting for a commit (a group then stops growing)
+
+    async def take(self, pass_on: Callable[[Group | None], None]) -> Group | None:
+        """Wait for the writers' turn; the open group it comes with, if any.  A turn that
+        came with a cancellation goes to ``pass_on``."""
+        if not self.busy and not self.waiters:
+            self.busy = True
+            return None
+        fut: asyncio.Future[Group | None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if not fut.done() or fut.cancelled():
+                self.waiters.remove(fut)
+            else:
+                pass_on(fut.result())
+            raise
+
+    def waiting(self) -> bool:
+        return any(not f.done() for f in self.waiters)
+
+    def hand_on(self, group: Group | None) -> bool:
+        """Pass the turn (and ``group``, to join) to the next waiter; False when none
+        waits (the turn is free: the caller must end the group)."""
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(group)
+                return True
+        self.busy = False
+        return False
 
 
 async def wait_out(fut: asyncio.Future[T]) -> T:
@@ -146,6 +194,8 @@ class AsyncGate:
             weakref.WeakKeyDictionary())
         self.reading = 0  # async read transactions open now, and at most so far
         self.reading_peak = 0
+        self.groups = 0  # write groups committed or rolled back, and their members
+        self.grouped = 0
 
     def _gate(self, loop: asyncio.AbstractEventLoop) -> _LoopGate:
         gate = self._gates.get(loop)
@@ -181,8 +231,13 @@ class AsyncGate:
             if fresh and commit is not None and not commit.done():
                 # a read begun after a writer's body sees its commit, as when the commit
                 # returned before anything else ran: the caller may have seen in-memory
-                # state that body changed (an open file, a handle's size)
-                await asyncio.wait([commit])
+                # state that body changed (an open file, a handle's size); meanwhile the
+                # group it waits for takes no further member
+                gate.fresh += 1
+                try:
+                    await asyncio.wait([commit])
+                finally:
+                    gate.fresh -= 1
             await gate.readers.acquire()
             try:
                 txn = await self._begun(loop, False)
@@ -193,16 +248,22 @@ class AsyncGate:
             self.reading_peak = max(self.reading_peak, self.reading)
             txn.on_end = functools.partial(self._read_done, gate)
             return txn
-        await gate.writer.acquire()
+        group = await gate.take(functools.partial(self._pass, gate))
+        if group is not None and self.store.claim(group.txn):
+            start_member(group.txn, prior=True)  # join the open group (pg_group)
+            return group.txn
+        # (a group handed on but claimed by a synchronous begin meanwhile was committed
+        # there: its members have their outcome; begin anew)
         try:
             while True:
                 txn = await self._begun(loop, True)
                 if self.store.claim(txn):
                     break  # (else a synchronous writer took it over: begin again)
         except BaseException:
-            gate.writer.release()
+            self._pass(gate, None)
             raise
-        txn.on_end = gate.writer.release
+        gate.group = Group(txn, loop)
+        start_member(txn, prior=False)
         return txn
 
     def _read_done(self, gate: _LoopGate) -> None:
@@ -212,7 +273,8 @@ class AsyncGate:
     def stat(self) -> dict[str, int]:
         """The sizes (module doc) and how many async readers were open at most."""
         return {"async_readers_max": self.readers, "async_readers_peak": self.reading_peak,
-                "begin_threads": self.threads}
+                "begin_threads": self.threads, "write_groups": self.groups,
+                "write_group_members": self.grouped}
 
     async def end(self, txn: PgTxn, commit: bool) -> None:
         """Commit (or abort) ``txn``: a reader's end sends nothing and stays on the loop; a
@@ -226,25 +288,59 @@ class AsyncGate:
                 if release is not None:
                     release()
             return
-        if release is not None:
-            release()  # the next writer's begin may wait for the lock meanwhile
         loop = asyncio.get_running_loop()
-        cf = self._commits.submit(txn.commit if commit else txn.abort)
-        self.store.committing = cf  # what a synchronous reader waits for (PgStore.begin)
-        fut = asyncio.wrap_future(cf, loop=loop)
         gate = self._gate(loop)
-        gate.commit = fut
-        try:
-            await wait_out(fut)
-        finally:
-            if gate.commit is fut:
-                gate.commit = None
+        group = gate.group
+        assert group is not None and group.txn is txn, "not the open group's transaction"
+        if commit:
+            end_member(txn)
+            group.members += 1
+            gate.commit = group.done  # a fresh read now waits for the group
+        elif group.members == 0 or not rollback_member(txn):
+            # the leader's writes are the whole transaction, or the database failed it
+            # (then every member fails): the group ends, rolled back
+            self._close(gate, group)
+            return
+        if not txn._done and not group.full() and not gate.fresh and gate.waiting():
+            txn.finish = group.run_commit  # (a synchronous begin may commit it meanwhile)
+            self.store._writers.offer(txn)
+            self._pass(gate, group)
+        else:
+            self._close(gate, group)
+        if commit:
+            await wait_out(group.done)
+
+    def _pass(self, gate: _LoopGate, group: Group | None) -> None:
+        """Hand the turn, and ``group`` to join, to the next waiting writer; with none
+        left, the group (unless a synchronous begin took it) ends."""
+        if not gate.hand_on(group) and group is not None and self.store.claim(group.txn):
+            group.txn.finish = None
+            self._close(gate, group)
+
+    def _close(self, gate: _LoopGate, group: Group) -> None:
+        """End ``group``: its commit (or rollback) goes to the commit thread, and the turn
+        to the next writer, whose begin waits for the lock meanwhile."""
+        if gate.group is group:
+            gate.group = None
+        self.groups += 1
+        self.grouped += group.members
+        cf = self._commits.submit(group.run_commit)
+        self.store.committing = cf  # what a synchronous reader waits for (PgStore.begin)
+        group.done.add_done_callback(functools.partial(self._committed, gate))
+        gate.hand_on(None)
+
+    @staticmethod
+    def _committed(gate: _LoopGate, fut: asyncio.Future[None]) -> None:
+        if gate.commit is fut:
+            gate.commit = None
+        if not fut.cancelled():
+            fut.exception()  # (retrieved: a group no member waits for logs nothing)
 
     def close(self) -> None:
         """Stop the threads; a write transaction begun for a coroutine that never took it
         (its loop is gone) is rolled back, so no begin waits for its lock."""
         ready = self.store._writers.ready
-        if ready is not None and self.store.claim(ready):
+        if ready is not None and self.store.claim(ready) and not finish_pending(ready):
             ready.abort()
         self._begins.shutdown(wait=False, cancel_futures=True)
         self._commits.shutdown(wait=True)

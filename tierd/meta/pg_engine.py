@@ -79,6 +79,7 @@ from tierd.meta.kv import KVStore, KVTxn
 from tierd.meta.pg_async import AsyncGate, WriterLock
 from tierd.meta.pg_cache import ReadCache
 from tierd.meta.pg_changes import ChangeFeed, FeedCallback
+from tierd.meta.pg_group import Undo, finish_pending
 from tierd.meta.pg_sql import (
     CHANNEL,
     NODE,
@@ -165,6 +166,12 @@ class PgTxn(KVTxn):
         self._done = False
         #: called once when an async transaction ends (:mod:`tierd.meta.pg_async`)
         self.on_end: Callable[[], None] | None = None
+        # group commit (:mod:`tierd.meta.pg_group`): the running member's undo record, the
+        # savepoint taken before its first send, and the group's commit while it is offered
+        self.undo: dict[bytes, Undo] | None = None
+        self.before_send: Callable[[], None] | None = None
+        self.member_sent = False
+        self.finish: Callable[[], None] | None = None
 
     def _check(self) -> None:
         if self._done:
@@ -172,6 +179,9 @@ class PgTxn(KVTxn):
 
     def _send_writes(self) -> None:
         if self._unsent:
+            if self.before_send is not None:
+                hook, self.before_send = self.before_send, None
+                hook()
             items, self._unsent = self._unsent, {}
             puts = [(k, v) for k, v in items.items() if v is not None]
             dels = [(k,) for k, v in items.items() if v is None]
@@ -214,6 +224,10 @@ class PgTxn(KVTxn):
         return value
 
     def _record(self, key: bytes, value: bytes | None) -> None:
+        if self.undo is not None and key not in self.undo:
+            w = self._written
+            self.undo[key] = (key in self._unsent, self._unsent.get(key),
+                              w is not None and key in w, None if w is None else w.get(key))
         self._unsent[key] = value
         if self._written is not None:
             self._written[key] = value
@@ -401,11 +415,17 @@ class PgStore(KVStore):
         """A transaction begun here, in the caller's thread.  A writer takes over a write
         transaction begun for a coroutine that has not resumed yet (:meth:`begin_offered`):
         on the loop thread it could not wait for it."""
+        ready = None if write else self._writers.ready
+        # a group of async writers between two members (pg_group): it commits now
+        if (ready is not None and ready.finish is not None and self._writers.claim(ready)
+                and not finish_pending(ready)):
+            self._writers.offer(ready)
         committing = self.committing
         if not write and committing is not None:
             wait([committing])  # (see pg_async: a read sees the writes begun before it)
-        if write and (offered := self._writers.acquire(steal=True)) is not None:
-            return offered
+        while write and (offered := self._writers.acquire(steal=True)) is not None:
+            if not finish_pending(offered):  # (a group: committed here; wait again)
+                return offered
         try:
             return self._begin(write)
         except BaseException:
