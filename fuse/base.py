@@ -162,6 +162,9 @@ class OpsBase(pyfuse3.Operations):
         #: ino -> handles the kernel writes through itself (write passthrough, kpass.py):
         #: the daemon learns their sizes at getattr, setattr, flush, fsync and release
         self.pt_writers: dict[int, set[int]] = {}
+        #: a writable CREATE of a new file commits the kernel's write intention with it
+        #: (write passthrough on, kpass.py; its OPEN reply then waits for no flush)
+        self.pt_creates = False
         #: ino -> the hot file's (size, mtime, ctime) when set-id bits were last seen on an
         #: inode passthrough writers hold: a change since is a write the kernel made, which
         #: clears them as Linux would (files.py ``pt_killpriv``)

@@ -105,7 +105,7 @@ class FileOps(OpsBase):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         ident = self.ident(ctx)
         inode, fh = await self.ns.create(ident, parent_inode, name, mode, flags,
-                                         self.umask(ctx))
+                                         self.umask(ctx), kernel_writes=self.pt_creates)
         if flags & os.O_TRUNC and inode.size:
             # an existing file was opened and truncated: its version is the truncated one
             inode = await self.ns.getattr(Identity.ROOT, inode.ino)

@@ -81,6 +81,11 @@ class Passthrough:
         self.devfd = devfd
         #: writable opens may be passthrough too (``fuse_passthrough_writes``)
         self.writes = writes
+        #: with write passthrough configured, readers pass through only where a writer
+        #: could too (:meth:`prepare`), so no writer waits for them
+        self.strict = writes
+        ops.pt_creates = writes
+        self._refused_readers: set[int] = set()  # fh of read-only opens kept cached
         self._writer_fd: dict[int, int] = {}  # fh -> hot fd of a writer decided passthrough
         self._libc = ctypes.CDLL(None, use_errno=True)
         self.backings: dict[int, _Backing] = {}  # ino -> its registered hot file
@@ -111,7 +116,10 @@ class Passthrough:
         kernel writes the hot file itself when no cached open of the inode exists and the
         namespace agrees (``passthrough_open``: whole on hot, the in-place intention
         durable); else the cached mode is reserved as :meth:`may_open` does."""
-        if not (self.writes and _writable(flags)):
+        if not _writable(flags):
+            await self._reader(ino, fh)
+            return
+        if not self.writes:
             return
         if not self.cached[ino] and not self._broken:
             fd = await self.ops.ns.passthrough_open(fh)
@@ -120,6 +128,7 @@ class Passthrough:
                 # (fuse/files.py written_elsewhere): such a file system keeps the WRITE path
                 self.ops.ns.passthrough_close(fh)
                 fd, self.writes = None, False
+                self.ops.pt_creates = False
                 log.warning("write leases are unavailable on the hot tier: FUSE write "
                             "passthrough is off for this mount")
             if fd is not None:
@@ -129,6 +138,18 @@ class Passthrough:
                 self.ops.ns.passthrough_close(fh)
         await self._readers_gone(ino)
         self.cached[ino] += 1
+
+    async def _reader(self, ino: int, fh: int) -> None:
+        """A read-only open, with write passthrough configured: it starts passthrough for
+        the inode only if a writer of it would pass through as well (the namespace's
+        refusals: set-id files, the memory tier's, a cluster node's, ...; or write
+        passthrough turned off for this mount); else it is a cached open, and a writer
+        that comes while it is open takes the WRITE path instead of waiting for it and
+        failing ``ETXTBSY``.  An inode already held by passthrough opens is joined."""
+        if not self.strict or ino in self.backings or self.cached[ino]:
+            return
+        if not (self.writes and await self.ops.ns.passthrough_readable(fh)):
+            self._refused_readers.add(fh)
 
     def open_failed(self, ino: int, flags: int) -> None:
         if _writable(flags):
@@ -149,7 +170,9 @@ class Passthrough:
         if _writable(flags):
             self._cached_fh[fh] = ino  # counted by may_open or prepare
             return 0
-        backing = 0 if self.cached[ino] else self._backing(ino, fh)
+        refused = fh in self._refused_readers and ino not in self.backings
+        self._refused_readers.discard(fh)
+        backing = 0 if self.cached[ino] or refused else self._backing(ino, fh)
         if backing:
             self._pt_fh[fh] = ino
         else:
@@ -176,6 +199,7 @@ class Passthrough:
             log.warning("FUSE passthrough is off for this mount: FUSE_DEV_IOC_BACKING_OPEN "
                         "failed (%s)", os.strerror(err))
             self._broken = True
+            self.ops.pt_creates = False
             return 0
         ns.hold(ino)  # no eviction under the kernel's reads
         self.backings[ino] = _Backing(rc, {fh})
@@ -183,6 +207,7 @@ class Passthrough:
 
     # -- release -------------------------------------------------------------------------------
     def released(self, ino: int, fh: int) -> None:
+        self._refused_readers.discard(fh)
         if self._writer_fd.pop(fh, None) is not None:  # the OPEN reply failed
             self.ops.ns.passthrough_close(fh)
         if self._cached_fh.pop(fh, None) is not None:

@@ -198,9 +198,10 @@ class NamespaceAPI(Protocol):
     # -- open files ------------------------------------------------------------------------
     async def create(
         self, ident: Identity, parent: int, name: bytes, mode: int, flags: int,
-        umask: int = 0,
+        umask: int = 0, *, kernel_writes: bool = False,
     ) -> tuple[Inode, int]:
-        """open(2) with O_CREAT: the inode and a file handle."""
+        """open(2) with O_CREAT: the inode and a file handle (``kernel_writes``: the FUSE
+        door's write passthrough will write a new file: its intention comes with it)."""
         ...
 
     async def open(self, ident: Identity, ino: int, flags: int) -> int:
@@ -245,6 +246,10 @@ class NamespaceAPI(Protocol):
     async def passthrough_open(self, fh: int) -> int | None:
         """A writable handle's hot data file descriptor for the kernel to write directly,
         after the in-place write rules are applied for all writes to come; None: refused."""
+        ...
+
+    async def passthrough_readable(self, fh: int) -> bool:
+        """A read-only handle may be read through the kernel: a writer could pass through."""
         ...
 
     def passthrough_sync(self, fh: int, wrote: bool = True) -> None:

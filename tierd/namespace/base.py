@@ -84,6 +84,9 @@ class OpenFile:
     # the hot file's (size, mtime, ctime) when last looked at for them: a change since
     # is the kernel's writes; an explicit mtime set since stays (passthrough_sync)
     external_seen: tuple[int, int, int] = (-1, -1, -1)
+    # the create that made this file committed its kernel-marked ``V`` key with it (FUSE
+    # write passthrough of a new file: no flush before the reply, TieringOps.passthrough_open)
+    kernel_intent: bool = False
     _fd: int = -1
     _unpin: Callable[[], None] | None = None
 

@@ -37,12 +37,16 @@ def _access_mask(flags: int) -> tuple[bool, bool]:
 class FileOps(EntryOps):
     async def create(
         self, ident: Identity, parent: int, name: bytes, mode: int, flags: int,
-        umask: int = 0,
+        umask: int = 0, *, kernel_writes: bool = False,
     ) -> tuple[Inode, int]:
         """Create and open a regular file (open(2) with O_CREAT); ``umask`` (of the caller)
-        applies unless the parent has a default ACL."""
+        applies unless the parent has a default ACL.  ``kernel_writes``: the FUSE door
+        will ask the kernel to write a new file itself (write passthrough): its
+        kernel-marked ``V`` key is committed in the create's transaction
+        (:meth:`passthrough_open` then needs no flush)."""
         readable, writable = _access_mask(flags)
         drops: list[int] = []
+        intend = kernel_writes and writable and not (self.meta.node or self.meta.engine.remote)
         async with self.meta.awrite() as tx:
             d = self._dir(tx, parent)
             existing = self._child(tx, ident, d, name) if name not in (b".", b"..") else d
@@ -59,6 +63,10 @@ class FileOps(EntryOps):
                 tx.add_dirent(parent, name, Dirent(inode.ino, stat.S_IFREG))
                 self._touch_dir(tx, d)
                 self._queue(tx, inode)  # an empty object is an object too
+                intend = intend and not has_privs(inode.mode) and not (
+                    self.placement.wants_mem(tx, inode.ino))
+                if intend:
+                    tx.add_intent(inode.ino, kernel=True)
         if existing is not None:
             if flags & os.O_EXCL:
                 raise FsError(errno.EEXIST, f"{name.decode(errors='replace')!r} exists")
@@ -69,6 +77,9 @@ class FileOps(EntryOps):
         for gone in drops:  # a null version this one replaced (suspended versioning)
             self._forget_data(gone)
         fh = self._attach(inode, ident, readable, writable, bool(flags & os.O_APPEND))
+        if intend:
+            of = self._handles[fh].ofile
+            of.intent = of.kernel_intent = True
         return inode, fh
 
     async def open(self, ident: Identity, ino: int, flags: int) -> int:
@@ -250,9 +261,18 @@ class FileOps(EntryOps):
         """Data fsynced, then size/version/ETag committed (and the in-place intention
         removed, when no write came in meanwhile), then metadata synced; False when
         there was nothing to make durable."""
-        if of.synced_gen == of.gen and not of.intent:
-            return False
         gen = of.gen
+        if of.synced_gen == gen and (not of.intent or of.external):
+            return False  # nothing new (the kernel's writers keep their intention)
+        if of.synced_gen == gen and of.size == 0 == of.committed_size:
+            # an intention over no bytes (a file created for the kernel to write, left
+            # empty): its removal needs no flush -- a crash that keeps it only gives the
+            # empty file a new version at start
+            async with self.meta.awrite() as tx:
+                if of.gen == gen and not of.external:
+                    tx.remove_intent(of.ino)
+                    of.intent = False
+            return False
         if of.opened:  # else nothing was written through it
             await asyncio.to_thread(os.fdatasync, of.fd)
         crashpoint("durable.synced")

@@ -16,7 +16,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from tierd.namespace.base import NamespaceBase
+from tierd.namespace.base import NamespaceBase, OpenFile
 
 #: free bytes the hot file system keeps for writes the kernel passes through (at most 1/8
 #: of the hot tier): they are never admitted first, and ENOSPC goes to the writer; below
@@ -79,18 +79,15 @@ class TieringOps(NamespaceBase):
         nodes learn of changes from commits the kernel's writes would not make), files with
         set-id bits (a write by another user must clear them, and no write is seen)."""
         h = self._handles.get(fh)
-        if h is None or not h.writable or self.meta.node or self.meta.engine.remote:
+        if h is None or not h.writable:
             return None
         of = h.ofile
         if of.external:  # the kernel writes it already: one more writer
             of.external += 1
             return of.fd
-        if of.privs or not self.placement.hot_complete(of.ino):
+        fresh, of.kernel_intent = of.kernel_intent and of.intent, False
+        if await self._pt_refused(of):
             return None
-        if self.placement.mem_policies():
-            async with self.meta.asnapshot() as tx:
-                if self.placement.wants_mem(tx, of.ino):
-                    return None
         st = os.fstat(of.fd)
         if st.st_size != of.size:
             return None
@@ -99,6 +96,13 @@ class TieringOps(NamespaceBase):
         of.external += 1  # busy from here: nothing uploads or evicts it meanwhile
         try:
             await self._prepare_write(of.ino, of.size)
+            if fresh:
+                # a file this handle created: its kernel-marked ``V`` key was committed
+                # with the create, in one transaction (files.FileOps.create), so no flush
+                # is needed -- a crash keeps both (the start detaches the data file) or
+                # neither (the file never existed; its data file, under a number the
+                # start never hands out again, is removed as no inode's: ``load``)
+                return of.fd
             if of.committed_size and not of.intent:
                 await self._intend(of)  # what the WRITE path does first: keep the old
             # and, whatever intention there is, one marked as the kernel's: a process may
@@ -114,6 +118,28 @@ class TieringOps(NamespaceBase):
             raise
         return of.fd
 
+    async def _pt_refused(self, of: OpenFile) -> bool:
+        """Whether the kernel must not write ``of``'s hot file itself: files not whole on
+        hot, a cluster node's files, set-id files, the memory tier's files (the reasons in
+        :meth:`passthrough_open`)."""
+        if self.meta.node or self.meta.engine.remote or of.privs:
+            return True
+        if not self.placement.hot_complete(of.ino):
+            return True
+        if self.placement.mem_policies():
+            async with self.meta.asnapshot() as tx:
+                return self.placement.wants_mem(tx, of.ino)
+        return False
+
+    async def passthrough_readable(self, fh: int) -> bool:
+        """For read-only handle ``fh``, with write passthrough on: whether a writer of the
+        file could pass through too.  While an inode has passthrough readers every writer
+        of it must be passthrough with the same backing file, or it waits for them and
+        fails ``ETXTBSY`` (the kernel's I/O modes, fuse/kpass.py); so a file whose writers
+        :meth:`passthrough_open` would refuse is not read through the kernel either."""
+        h = self._handles.get(fh)
+        return h is not None and not await self._pt_refused(h.ofile)
+
     def passthrough_sync(self, fh: int, wrote: bool = True) -> None:
         """The kernel may have written handle ``fh``'s hot file: its size and mtime become
         the live ones; ``wrote`` (flush, fsync, a truncate), or a size, mtime or ctime seen
@@ -123,8 +149,14 @@ class TieringOps(NamespaceBase):
         h = self._handles.get(fh)
         if h is None or not h.ofile.external:
             return
+        of = h.ofile
+        if wrote and of.committed_size == 0 and os.fstat(of.fd).st_size == 0:
+            # an empty file still empty was not written (a write extends it, a store
+            # through a mapping cannot reach past its end, a truncate is a setattr the
+            # namespace sees): closing a file created and left empty commits nothing
+            wrote = False
         # (a change seen: getattr overlays the live size of a file being written)
-        self._external_look(h.ofile, wrote)
+        self._external_look(of, wrote)
 
     async def passthrough_room(self) -> int:
         """Headroom on the hot file system for writes the kernel passes through: below

@@ -1,0 +1,130 @@
+"""The kernel's I/O modes under passthrough (fuse/kpass.py): while an inode has a
+passthrough open, every other open of it must be passthrough too, so a writer the daemon
+must see (the namespace refuses to let the kernel write it) would wait for the readers and
+fail ``ETXTBSY``.  With write passthrough on, a read-only open therefore passes through
+only where a writer could too; these tests drive the shapes a user of ext4 takes for
+granted -- ``cat f; echo x >> f`` and a long-lived reader beside a writer -- on the files
+whose writers keep the WRITE path: set-id files and every file of a cluster node.  Each
+failed before (the writer got ``ETXTBSY`` after 2 s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Daemon, serving
+from test_fuse_kernel import fuse_reads
+from test_fuse_ptwrite import ARGS
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the kernel backend's tests need root"),
+]
+
+@pytest.fixture(scope="module")
+def daemon(public_tmp: Path) -> Iterator[Daemon]:
+    with serving(public_tmp, "ptm", *ARGS) as d:
+        yield d
+
+
+def _scenarios(d: Path, mode: int) -> list[bytes]:
+    """The same steps on a mount's directory or a local one: what each reader saw and
+    what the file held.  Raises what the writer's open raised (ETXTBSY before the fix)."""
+    f = d / "f"
+    f.write_bytes(b"first\n")
+    os.chmod(f, mode)
+    seen: list[bytes] = []
+    # cat f; echo x >> f (the reader's RELEASE comes after its close)
+    seen.append(subprocess.run(["cat", str(f)], check=True, capture_output=True,
+                               timeout=30).stdout)
+    t0 = time.monotonic()
+    subprocess.run(["sh", "-c", f"echo x >> '{f}'"], check=True, timeout=30)
+    assert time.monotonic() - t0 < 1.5, "the writer waited for a reader"
+    # a long-lived reader (tail -f) beside a writer
+    with open(f, "rb") as reader:
+        seen.append(reader.read())
+        t0 = time.monotonic()
+        with open(f, "ab") as w:
+            w.write(b"appended\n")
+        assert time.monotonic() - t0 < 1.5, "the writer waited for a reader"
+        seen.append(reader.read())  # the appended line, read on from where it stopped
+        with open(f, "r+b") as rw:  # a read-write open beside it
+            rw.seek(0)
+            rw.write(b"F")
+        reader.seek(0)
+        seen.append(reader.read())
+    seen.append(f.read_bytes())
+    seen.append(oct(os.stat(f).st_mode & 0o7777).encode())
+    return seen
+
+
+def _local(mode: int) -> list[bytes]:
+    with tempfile.TemporaryDirectory() as t:
+        return _scenarios(Path(t), mode)
+
+
+def test_a_set_id_file_read_and_written_as_on_ext4(daemon: Daemon, work: Path) -> None:
+    """A set-id file's writers keep the WRITE path (the set-id bits are the daemon's to
+    clear), so its readers must not pass through: the writer opens at once."""
+    assert _scenarios(work, 0o4755) == _local(0o4755)
+
+
+def test_a_plain_file_is_still_read_through_the_kernel(daemon: Daemon, work: Path) -> None:
+    """The rule refuses only what it must: a plain file's reader and writer both pass
+    through (no READ and no WRITE reaches the daemon) and behave as on ext4."""
+    f = work / "warm"
+    f.write_bytes(b"x" * (1 << 20))
+    reads, writes = fuse_reads(daemon, "read"), fuse_reads(daemon, "write")
+    assert f.read_bytes() == b"x" * (1 << 20)
+    assert _scenarios(work, 0o644) == _local(0o644)
+    assert fuse_reads(daemon, "read") == reads
+    assert fuse_reads(daemon, "write") == writes
+
+
+def test_a_set_id_file_is_read_through_the_daemon(daemon: Daemon, work: Path) -> None:
+    """The other side of the first test: its reads do reach the daemon (so it is the rule
+    that made the writer's open succeed, not a reader's timing)."""
+    f = work / "suid"
+    f.write_bytes(b"y" * 4096)
+    os.chmod(f, 0o4755)
+    time.sleep(0.5)  # the writer's RELEASE (after its close) ends its backing file
+    reads = fuse_reads(daemon, "read")
+    with open(f, "rb") as r:
+        assert r.read() == b"y" * 4096
+    assert fuse_reads(daemon, "read") > reads
+
+
+def test_a_cluster_node_s_files_read_and_written_as_on_ext4(tmp_path: Path) -> None:
+    """On a cluster node no writer passes through (other nodes learn of changes from
+    commits), so no reader does: ``cat f; echo x >> f`` and a reader beside a writer work
+    as on ext4 (before: ``ETXTBSY`` after 2 s)."""
+    from cluster.clusterlib import running_cluster
+    from meta.pg_server import PgServer, find_bindir
+    from moto_server import running_moto
+
+    bindir = find_bindir()
+    if bindir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL is not installed")
+        pytest.skip("PostgreSQL is not installed")
+    pg = PgServer(bindir, fsync=False)
+    try:
+        with running_moto() as moto, running_cluster(
+                tmp_path, pg, moto, 1, TIERD_FUSE_PASSTHROUGH="true",
+                TIERD_FUSE_PASSTHROUGH_WRITES="true") as cluster:
+            node = cluster[1]
+            bucket = node.path("ptmodes")
+            with contextlib.suppress(FileExistsError):
+                bucket.mkdir()
+            work = bucket / "w"
+            work.mkdir()
+            assert _scenarios(work, 0o644) == _local(0o644)
+    finally:
+        pg.stop()
