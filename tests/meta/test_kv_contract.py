@@ -209,6 +209,35 @@ def test_read_your_own_writes_including_scan(engine: KVStore) -> None:
     assert dump(engine) == model
 
 
+def test_many_own_writes_scan_in_order_across_batches(engine: KVStore) -> None:
+    """A write transaction holding hundreds of its own keys (more than one batch of any
+    engine's scan) scans them merged with the stored ones, in both directions and within
+    bounds, and may delete each key as its scan reaches it."""
+    def key(i: int) -> bytes:
+        return b"k%04d" % i
+
+    base = {key(i): b"base" for i in range(0, 400, 2)}
+    fill(engine, base)
+    model = dict(base)
+    with engine.begin(write=True) as tx:
+        for i in range(1, 400, 2):
+            tx.put(key(i), b"own")
+            model[key(i)] = b"own"
+        for i in range(0, 400, 10):
+            tx.delete(key(i))
+            model.pop(key(i))
+        for lo, hi in [(b"", None), (key(37), key(301)), (key(1), key(2)), (key(399), None)]:
+            assert list(tx.scan(lo, hi)) == expected_range(model, lo, hi)
+            assert list(tx.scan(lo, hi, reverse=True)) == expected_range(model, lo, hi, True)
+        seen = []
+        for k, _ in tx.scan(b""):
+            seen.append(k)
+            tx.delete(k)
+        assert seen == sorted(model)
+        assert list(tx.scan(b"")) == []
+    assert dump(engine) == {}
+
+
 def test_writes_between_scans_in_one_txn(engine: KVStore) -> None:
     """A scan begun after a write sees it, even when the first write comes after a scan."""
     fill(engine, {b"a": b"1"})

@@ -46,12 +46,11 @@ import errno
 import logging
 import threading
 import time
-import weakref
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterator
 from itertools import islice
 
-from sortedcontainers import SortedDict, SortedList
+from sortedcontainers import SortedList
 
 from tierd.errors import FsError, no_space
 from tierd.meta.kv import KVStore, KVTxn
@@ -153,19 +152,35 @@ _ENDED = _Ended()
 
 
 class GroupTxn(KVTxn):
+    """One transaction over the overlay and an inner snapshot.
+
+    Its own writes are a plain dict (every transaction of every door begins one, and a
+    sorted map costs several microseconds to make and to fill); the sorted view a scan
+    needs is built on demand and kept until a new key is written."""
+
+    __slots__ = ("_done", "_gen", "_inner", "_local", "_seq", "_sorted", "_store", "write")
+
     def __init__(self, store: GroupCommitStore, write: bool) -> None:
         self.write = write
         self._store = store
-        self._local: SortedDict | None = SortedDict() if write else None
-        self._done = False
+        self._local: dict[bytes, bytes | None] | None = {} if write else None
+        self._sorted: list[bytes] | None = None  # the local keys in order, for scans
+        self._done = True  # until the snapshot is taken (``__del__`` has nothing to free)
         with store._lock:
             self._seq = store._seq
-            self._gen = store._gen
-            store._readers[self._gen] += 1
+            self._gen = gen = store._gen
             # begun under the lock so the snapshot and the sequence number agree
             self._inner = store.inner.begin(write=False)
-        # an abandoned transaction still releases its snapshot when collected
-        self._finalizer = weakref.finalize(self, store._released.append, (self._gen, self._inner))
+            readers = store._readers
+            readers[gen] = readers.get(gen, 0) + 1
+        self._done = False
+
+    def __del__(self) -> None:
+        # an abandoned transaction still releases its snapshot when collected (a list
+        # append: atomic without the lock, which the collector may run inside of)
+        if not self._done:
+            self._done = True
+            self._store._released.append((self._gen, self._inner))
 
     def _check(self) -> None:
         if self._done:
@@ -177,6 +192,11 @@ class GroupTxn(KVTxn):
             value: bytes | None = self._local[key]
             return value
         store = self._store
+        # a key the overlay lacks now had no version this snapshot may see that is not in
+        # its inner snapshot (versions are dropped only once every older reader's inner
+        # snapshot holds them): no lock for the common case
+        if key not in store._versions:
+            return self._inner.get(key)
         with store._lock:
             versions = store._versions.get(key)
             found = versions.at(self._seq) if versions is not None else _MISSING
@@ -188,14 +208,20 @@ class GroupTxn(KVTxn):
         self._check()
         if self._local is None:
             raise PermissionError("write in a read-only transaction")
-        self._local[bytes(key)] = bytes(value)
+        key = bytes(key)
+        if self._sorted is not None and key not in self._local:
+            self._sorted = None
+        self._local[key] = bytes(value)
 
     def delete(self, key: bytes) -> bool:
         self._check()
         if self._local is None:
             raise PermissionError("write in a read-only transaction")
         existed = self.get(key) is not None
-        self._local[bytes(key)] = None
+        key = bytes(key)
+        if self._sorted is not None and key not in self._local:
+            self._sorted = None
+        self._local[key] = None
         return existed
 
     def _overlay(
@@ -231,8 +257,15 @@ class GroupTxn(KVTxn):
         # copied per batch: the caller may write between the items it takes
         lo, lo_inclusive, hi = start, True, end
         while True:
-            keys = list(islice(local.irange(lo, hi, inclusive=(lo_inclusive, False),
-                                            reverse=reverse), _SCAN_BATCH))
+            if self._sorted is None:
+                self._sorted = sorted(local)
+            order = self._sorted
+            first = (bisect.bisect_left if lo_inclusive else bisect.bisect_right)(order, lo)
+            last = len(order) if hi is None else bisect.bisect_left(order, hi)
+            if reverse:
+                keys = order[max(first, last - _SCAN_BATCH):last][::-1]
+            else:
+                keys = order[first:min(last, first + _SCAN_BATCH)]
             for k in keys:
                 if k in local:
                     yield k, local[k]
@@ -271,7 +304,7 @@ class GroupTxn(KVTxn):
         """Bytes this transaction adds to the store (negative: it frees some)."""
         assert self._local is not None
         delta = 0
-        for k, v in dict.items(self._local):
+        for k, v in list(self._local.items()):
             local, self._local = self._local, None  # read what is stored, not our write
             try:
                 old = self.get(k)
@@ -286,7 +319,7 @@ class GroupTxn(KVTxn):
 
     def _end(self) -> None:
         self._done = True
-        self._finalizer()
+        self._store._released.append((self._gen, self._inner))
         # lmdb frees a reader slot only with the transaction object, and a caller's frame
         # may keep this wrapper alive long after it ended
         self._inner = _ENDED
@@ -309,7 +342,7 @@ class GroupCommitStore(KVStore):
         self._versions: dict[bytes, _Versions] = {}
         self._seq = 0  # last published commit
         self._gen = 0  # inner-engine flushes completed
-        self._readers: Counter[int] = Counter()
+        self._readers: dict[int, int] = {}  # live transactions per flush generation
         self._released: list[tuple[int, KVTxn]] = []
         self._queued: dict[bytes, bytes | None] = {}  # newest value per key since last flush
         self._queued_seq = 0
@@ -346,11 +379,11 @@ class GroupCommitStore(KVStore):
                 self._writer.release()
             raise
 
-    def _publish(self, changes: SortedDict) -> None:
+    def _publish(self, changes: dict[bytes, bytes | None]) -> None:
         with self._lock:
             seq = self._seq + 1
             idle = not self._queued  # the flusher sleeps until there is work
-            for k, v in dict.items(changes):  # unsorted: a SortedDict's own items() is slow
+            for k, v in changes.items():
                 versions = self._versions.get(k)
                 if versions is None:
                     versions = self._versions[k] = _Versions()
@@ -405,8 +438,10 @@ class GroupCommitStore(KVStore):
         while self._released:
             gen, inner = self._released.pop()
             inner.abort()
-            self._readers[gen] -= 1
-            if not self._readers[gen]:
+            left = self._readers[gen] - 1
+            if left:
+                self._readers[gen] = left
+            else:
                 del self._readers[gen]
         self._collect()
 
