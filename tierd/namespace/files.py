@@ -190,8 +190,14 @@ class FileOps(EntryOps):
         return await self._committed_version(of.ino) if await self._durable(of) else None
 
     async def fsync(self, fh: int, datasync: bool = False) -> int | None:
+        """fsync(2): the writes and the file's metadata durable -- its existence too, as on
+        ext4, when nothing was written (a new file's create may not be flushed yet: a
+        passthrough CREATE waits for no flush).  A flush with nothing pending costs no I/O."""
         of = self._handle(fh).ofile
-        return await self._committed_version(of.ino) if await self._durable(of) else None
+        if await self._durable(of):
+            return await self._committed_version(of.ino)
+        await self._sync_meta()
+        return None
 
     async def _committed_version(self, ino: int) -> int | None:
         """Read only after a commit: a close of a file nobody wrote costs no metadata read."""
