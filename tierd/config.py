@@ -170,17 +170,18 @@ class Config:
         ),
     )
     fuse_passthrough: bool = field(
-        default=False,
+        default=True,
         metadata=setting(
             parse=parse_bool,
             help="With fuse_backend = kernel: read-only opens of files wholly on the hot "
-            "tier are served by the kernel from the hot file (FUSE passthrough); a writer "
-            "then waits for such readers to close (docs/fuse.md).",
+            "tier are served by the kernel from the hot file (FUSE passthrough); with "
+            "fuse_passthrough_writes only files a writer could pass through too, else a "
+            "writer waits for such readers to close (docs/fuse.md).",
             metavar="BOOL",
         ),
     )
     fuse_passthrough_writes: bool = field(
-        default=False,
+        default=True,
         metadata=setting(
             parse=parse_bool,
             help="With fuse_passthrough: writable opens of files wholly on the hot tier "

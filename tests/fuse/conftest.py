@@ -56,8 +56,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 #: settings the suite hands on to its daemons: ``TIERD_FUSE_BACKEND=pyfuse3`` runs the FUSE
 #: tests on the pyfuse3 backend instead of the kernel-protocol one (docs/fuse.md),
-#: ``TIERD_FUSE_PASSTHROUGH=true`` turns passthrough on (``TIERD_FUSE_PASSTHROUGH_WRITES=true``
-#: for writable opens too)
+#: ``TIERD_FUSE_PASSTHROUGH=false`` turns passthrough off (on by default;
+#: ``TIERD_FUSE_PASSTHROUGH_WRITES=false``: for writable opens only)
 PASSED_ON = frozenset({"TIERD_FUSE_BACKEND", "TIERD_FUSE_PASSTHROUGH",
                        "TIERD_FUSE_PASSTHROUGH_WRITES"})
 
