@@ -19,11 +19,13 @@ cancellation reaches the task at its next await).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from tierd.meta.kv import KVTxn
+    from tierd.meta.pg_warm import Warm
     from tierd.meta.store import MetaStore, MetaTxn
 
 T = TypeVar("T")
@@ -49,22 +51,39 @@ async def off_loop(meta: MetaStore, fn: Callable[..., T], *args: Any) -> T:
 class AsyncTxn:
     """One transaction of ``store``: ``write``, or a read that ``snapshot`` always aborts."""
 
-    __slots__ = ("_fresh", "_snapshot", "_store", "_tx", "_write")
+    __slots__ = ("_fresh", "_keys", "_snapshot", "_store", "_tx", "_warm", "_write")
 
     def __init__(self, store: MetaStore, write: bool, snapshot: bool = False,
-                 fresh: bool = False) -> None:
+                 fresh: bool = False, keys: Iterable[bytes] = (),
+                 warm: Callable[[MetaTxn], object] | None = None) -> None:
         self._store = store
         self._write = write
         self._snapshot = snapshot
         self._fresh = fresh
+        self._keys = keys
+        self._warm = warm
         self._tx: MetaTxn | None = None
+
+    def _prefetch(self) -> Warm | None:
+        """The body's reads for the engine to make in the begin's thread (pg_warm)."""
+        fn, node = self._warm, self._store.node
+        if fn is None and not self._keys:
+            return None
+        from tierd.meta.pg_warm import Warm
+        from tierd.meta.store import MetaTxn
+
+        def run(kv: KVTxn) -> object:
+            assert fn is not None
+            return fn(MetaTxn(kv, node))
+        return Warm(tuple(self._keys), None if fn is None else run)
 
     async def __aenter__(self) -> MetaTxn:
         from tierd.meta.store import MetaTxn
 
         engine: Any = self._store.engine
         if engine.remote:
-            kv = await engine.abegin(self._write, fresh=self._fresh)
+            kv = await engine.abegin(self._write, fresh=self._fresh,
+                                     warm=self._prefetch())
         else:
             kv = engine.begin(write=self._write)
         self._tx = MetaTxn(kv, self._store.node)

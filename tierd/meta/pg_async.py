@@ -59,6 +59,7 @@ from tierd.meta.pg_group import (
     rollback_member,
     start_member,
 )
+from tierd.meta.pg_warm import Warm, absorb, warm_member
 
 if TYPE_CHECKING:
     from tierd.meta.pg_engine import PgStore, PgTxn
@@ -203,11 +204,13 @@ class AsyncGate:
             gate = self._gates[loop] = _LoopGate(self.readers)
         return gate
 
-    async def _begun(self, loop: asyncio.AbstractEventLoop, write: bool) -> PgTxn:
+    async def _begun(self, loop: asyncio.AbstractEventLoop, write: bool,
+                     warm: Warm | None) -> PgTxn:
         """One begin in a thread; a task cancelled meanwhile leaves the transaction to a
         callback that ends it once begun."""
-        fut = loop.run_in_executor(self._begins, self.store.begin_offered if write
-                                   else self.store.begin_read)
+        begin = self.store.begin_offered if write else self.store.begin_read
+        fut = (loop.run_in_executor(self._begins, begin) if warm is None
+               else loop.run_in_executor(self._begins, begin, warm))
         try:
             return await asyncio.shield(fut)
         except asyncio.CancelledError:
@@ -223,7 +226,8 @@ class AsyncGate:
         elif self.store.claim(txn):  # (else a synchronous writer took it over)
             self._commits.submit(txn.abort)
 
-    async def begin(self, write: bool, fresh: bool = False) -> PgTxn:
+    async def begin(self, write: bool, fresh: bool = False,
+                    warm: Warm | None = None) -> PgTxn:
         loop = asyncio.get_running_loop()
         gate = self._gate(loop)
         if not write:
@@ -240,7 +244,7 @@ class AsyncGate:
                     gate.fresh -= 1
             await gate.readers.acquire()
             try:
-                txn = await self._begun(loop, False)
+                txn = await self._begun(loop, False, warm)
             except BaseException:
                 gate.readers.release()
                 raise
@@ -250,13 +254,15 @@ class AsyncGate:
             return txn
         group = await gate.take(functools.partial(self._pass, gate))
         if group is not None and self.store.claim(group.txn):
+            if warm is not None:
+                await self._warm_member(loop, gate, group, warm)
             start_member(group.txn, prior=True)  # join the open group (pg_group)
             return group.txn
         # (a group handed on but claimed by a synchronous begin meanwhile was committed
         # there: its members have their outcome; begin anew)
         try:
             while True:
-                txn = await self._begun(loop, True)
+                txn = await self._begun(loop, True, warm)
                 if self.store.claim(txn):
                     break  # (else a synchronous writer took it over: begin again)
         except BaseException:
@@ -265,6 +271,32 @@ class AsyncGate:
         gate.group = Group(txn, loop)
         start_member(txn, prior=False)
         return txn
+
+    async def _warm_member(self, loop: asyncio.AbstractEventLoop, gate: _LoopGate,
+                           group: Group, warm: Warm) -> None:
+        """Prefetch for a writer joining ``group`` (:func:`~tierd.meta.pg_warm.warm_member`:
+        a read transaction of its own, in a thread, counted as an async reader).  Cancelled
+        meanwhile, the writer hands the group on as a writer that ended its body does."""
+        txn = group.txn
+        try:
+            await gate.readers.acquire()
+        except asyncio.CancelledError:
+            self._hand_over(gate, group)
+            raise
+        fut = loop.run_in_executor(self._begins, warm_member, self.store, txn, warm)
+        fut.add_done_callback(lambda _: gate.readers.release())
+        try:
+            answers = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            self._hand_over(gate, group)
+            raise
+        absorb(txn, answers)
+
+    def _hand_over(self, gate: _LoopGate, group: Group) -> None:
+        """Offer ``group``'s transaction again, between members, and pass the turn on."""
+        group.txn.finish = group.run_commit
+        self.store._writers.offer(group.txn)
+        self._pass(gate, group)
 
     def _read_done(self, gate: _LoopGate) -> None:
         self.reading -= 1

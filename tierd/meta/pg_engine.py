@@ -65,8 +65,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, wait
 from typing import Any
@@ -80,16 +78,19 @@ from tierd.meta.pg_async import AsyncGate, WriterLock
 from tierd.meta.pg_cache import ReadCache
 from tierd.meta.pg_changes import ChangeFeed, FeedCallback
 from tierd.meta.pg_group import Undo, finish_pending
+from tierd.meta.pg_park import Parking
 from tierd.meta.pg_sql import (
     CHANNEL,
     NODE,
     PG_SCHEMA_VERSION,  # re-exported: the layout version callers check
+    SCANS,
     commit_query,
     contiguous,
     migrate,
     prepare,
     results,
 )
+from tierd.meta.pg_warm import READ_MAX, Warm, warm_txn
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +113,6 @@ _INLINE_MAX = 256 << 10
 #: log rows kept (each commit's keys); a node whose cache or feed is further behind than
 #: this drops its cache (a full invalidation)
 DEFAULT_LOG_KEEP = 100_000
-#: seconds a connection whose read transaction ended waits, its COMMIT unsent, for the next
-#: begin to send that COMMIT in its own round trip; then a sweeper sends it (the open snapshot
-#: holds back the server's vacuum meanwhile: keep it short)
-_PARK_S = 0.2
 #: no lmdb-like map: the database's own limits apply; the group commit only needs a figure
 #: far larger than a group (headroom is what admission compares with)
 _HEADROOM = 1 << 50
@@ -137,12 +134,7 @@ _TRIM = b"DELETE FROM kv_log WHERE seq <= %d"
 _GET = b"SELECT v FROM kv WHERE k = %b"
 _PUT = b"INSERT INTO kv (k, v) VALUES (%b, %b) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
 _DELETE = b"DELETE FROM kv WHERE k = %b"
-_SCAN_UP = b"SELECT k, v FROM kv WHERE k >= %b ORDER BY k LIMIT %s"
-_SCAN_UP_END = b"SELECT k, v FROM kv WHERE k >= %b AND k < %b ORDER BY k LIMIT %s"
-_SCAN_DOWN = b"SELECT k, v FROM kv WHERE k >= %b ORDER BY k DESC LIMIT %s"
-_SCAN_DOWN_END = b"SELECT k, v FROM kv WHERE k >= %b AND k < %b ORDER BY k DESC LIMIT %s"
-_AFTER = b"SELECT k, v FROM kv WHERE k > %b ORDER BY k LIMIT %s"
-_AFTER_END = b"SELECT k, v FROM kv WHERE k > %b AND k < %b ORDER BY k LIMIT %s"
+
 
 
 def _io_error(e: psycopg.Error, doing: str) -> FsError:
@@ -164,6 +156,13 @@ class PgTxn(KVTxn):
         #: every write of this transaction (None once there are too many to remember)
         self._written: dict[bytes, bytes | None] | None = {}
         self._done = False
+        #: what this transaction read from the server, prefetched ones included
+        #: (:mod:`tierd.meta.pg_warm`): answers that hold for its whole life even after the
+        #: shared cache moved on; None once its writes are too many to track
+        self.read: dict[bytes, bytes | None] | None = {}
+        #: scan pages read while it had written nothing (:meth:`_page`), and their rows
+        self.pages: dict[tuple[bytes, tuple[Any, ...]], list[Any]] | None = {}
+        self.paged = 0
         #: called once when an async transaction ends (:mod:`tierd.meta.pg_async`)
         self.on_end: Callable[[], None] | None = None
         # group commit (:mod:`tierd.meta.pg_group`): the running member's undo record, the
@@ -202,25 +201,40 @@ class PgTxn(KVTxn):
             self._fail()
             raise _io_error(e, doing) from e
 
-    def get(self, key: bytes) -> bytes | None:
-        self._check()
-        key = bytes(key)
+    def local(self, key: bytes) -> tuple[bool, bytes | None]:
+        """``(True, value)`` when ``key`` is answered without the server: this transaction's
+        writes, what it read already, the node's cache."""
         if self.write:
             if key in self._unsent:
-                return self._unsent[key]
+                return True, self._unsent[key]
             if self._written is not None and key in self._written:
-                return self._written[key]
-        cache = self._store.cache
+                return True, self._written[key]
+        read = self.read
+        if read is not None and key in read:
+            return True, read[key]
         if self._cached:
-            hit, value = cache.lookup(self.seq, key)
-            if hit:
-                return value
-        rows = self._query(_GET, (key,), "reading a key")
-        value = bytes(rows[0][0]) if rows else None
+            return self._store.cache.lookup(self.seq, key)
+        return False, None
+
+    def learn(self, key: bytes, value: bytes | None) -> None:
+        """What the server said ``key`` holds in this transaction (never a key it wrote)."""
+        read = self.read
+        if read is not None and len(read) < READ_MAX:
+            read[key] = value
         if self._cached:
             # a writer's server answers never include its own writes here: those keys were
             # answered above (and _cached is off once the writes are too many to remember)
-            cache.fill(self.seq, key, value)
+            self._store.cache.fill(self.seq, key, value)
+
+    def get(self, key: bytes) -> bytes | None:
+        self._check()
+        key = bytes(key)
+        hit, value = self.local(key)
+        if hit:
+            return value
+        rows = self._query(_GET, (key,), "reading a key")
+        value = bytes(rows[0][0]) if rows else None
+        self.learn(key, value)
         return value
 
     def _record(self, key: bytes, value: bytes | None) -> None:
@@ -234,6 +248,7 @@ class PgTxn(KVTxn):
             if len(self._written) > _TRACK_MAX:
                 self._written = None  # logged as "everything"; the cache is off for us
                 self._cached = False
+                self.read = None  # (it could no longer tell our writes from the server's)
         if len(self._unsent) >= _PENDING_MAX:  # a huge transaction (a load) streams
             try:
                 self._send_writes()
@@ -266,15 +281,11 @@ class PgTxn(KVTxn):
         limit, hi = _SCAN_FIRST, end
         lo: bytes | None = None  # forward: the last key returned (resume after it)
         while not self._done:
-            if reverse:
-                q, p = ((_SCAN_DOWN, (start, limit)) if hi is None
-                        else (_SCAN_DOWN_END, (start, hi, limit)))
-            elif lo is None:
-                q, p = ((_SCAN_UP, (start, limit)) if end is None
-                        else (_SCAN_UP_END, (start, end, limit)))
-            else:
-                q, p = (_AFTER, (lo, limit)) if end is None else (_AFTER_END, (lo, end, limit))
-            rows = self._query(q, p, "scanning keys", send_writes=True)
+            first = hi if reverse else end
+            bound = () if first is None else (first,)
+            q = SCANS[reverse, lo is not None, first is not None]
+            p = (start if lo is None else lo, *bound, limit)
+            rows = self._page(q, p)
             for k, v in rows:
                 yield bytes(k), bytes(v)
             if len(rows) < limit:
@@ -284,6 +295,21 @@ class PgTxn(KVTxn):
             else:
                 lo = bytes(rows[-1][0])
             limit = min(limit * 2, _SCAN_MAX)
+
+    def _page(self, q: bytes, p: tuple[Any, ...]) -> list[Any]:
+        """One page of a scan: the server's, or the same page read before in this
+        transaction (a prefetch: :mod:`tierd.meta.pg_warm`) while it has written nothing,
+        so the page cannot have changed."""
+        pages = self.pages
+        if pages is None or self.read is None or (self.write and self._written != {}):
+            return self._query(q, p, "scanning keys", send_writes=True)
+        rows = pages.get((q, p))
+        if rows is None:
+            rows = pages[q, p] = self._query(q, p, "scanning keys", send_writes=True)
+            self.paged += len(rows)
+            if self.paged > READ_MAX:
+                self.pages = None
+        return rows
 
     def commit(self) -> None:
         if self._done:
@@ -346,9 +372,9 @@ class PgTxn(KVTxn):
 
     def _park(self) -> None:
         """End a read transaction without a round trip: its ``COMMIT`` goes out with the next
-        ``begin`` on the connection (see :meth:`PgStore._park`)."""
+        ``begin`` on the connection (see :class:`~tierd.meta.pg_park.Parking`)."""
         self._done = True
-        self._store._park(self._conn)
+        self._store._parking.park(self._conn)
 
     def _fail(self) -> None:
         """An error ends the transaction: roll back (best effort) and hand the connection
@@ -388,11 +414,6 @@ class PgStore(KVStore):
         # this process's writers queue here, not in a socket
         self._writers: WriterLock[PgTxn] = WriterLock()
         self._feeds: list[ChangeFeed] = []
-        # connections whose read transaction ended without its COMMIT (see _park)
-        self._parked: list[tuple[psycopg.Connection[Any], float]] = []
-        self._parked_lock = threading.Lock()
-        self._sweeper: threading.Thread | None = None
-        self._closed = threading.Event()
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, timeout=timeout, open=False,
             # psycopg's own automatic preparing is off: it answers a ROLLBACK with
@@ -405,6 +426,8 @@ class PgStore(KVStore):
         with psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(timeout))) as c:
             migrate(c)
         self._pool.open(wait=True, timeout=timeout)
+        # connections whose read transaction ended without its COMMIT (PgTxn._park)
+        self._parking = Parking(self._pool)
         self._async = AsyncGate(self, pool_size)
         #: the async write commit in flight, if any (:mod:`tierd.meta.pg_async`), and the
         #: seq of this process's last write commit (atxn.behind)
@@ -433,20 +456,25 @@ class PgStore(KVStore):
                 self._writers.release()
             raise
 
-    def begin_read(self) -> PgTxn:
-        """A read transaction (run in a thread of :mod:`tierd.meta.pg_async`)."""
-        return self._begin(False)
+    def begin_read(self, warm: Warm | None = None) -> PgTxn:
+        """A read transaction (run in a thread of :mod:`tierd.meta.pg_async`), its body's
+        reads prefetched (:mod:`tierd.meta.pg_warm`)."""
+        txn = self._begin(False)
+        warm_txn(txn, warm)
+        return txn
 
-    def begin_offered(self) -> PgTxn:
+    def begin_offered(self, warm: Warm | None = None) -> PgTxn:
         """A write transaction for a coroutine (in a thread of :mod:`tierd.meta.pg_async`):
-        it waits for this process's writers without taking over theirs, and is offered to
-        a synchronous :meth:`begin` until the coroutine :meth:`claim` s it."""
+        it waits for this process's writers without taking over theirs, prefetches (before
+        anyone else may take it), and is offered to a synchronous :meth:`begin` until the
+        coroutine :meth:`claim` s it."""
         self._writers.acquire(steal=False)
         try:
             txn = self._begin(True)
         except BaseException:
             self._writers.release()
             raise
+        warm_txn(txn, warm)  # (a database error ended txn, and released the lock)
         self._writers.offer(txn)
         return txn
 
@@ -455,9 +483,11 @@ class PgStore(KVStore):
         synchronous writer took it over (the coroutine begins again)."""
         return self._writers.claim(txn)
 
-    async def abegin(self, write: bool = False, *, fresh: bool = False) -> PgTxn:
-        """:meth:`begin` off the event loop (:mod:`tierd.meta.pg_async`)."""
-        return await self._async.begin(write, fresh)
+    async def abegin(self, write: bool = False, *, fresh: bool = False,
+                     warm: Warm | None = None) -> PgTxn:
+        """:meth:`begin` off the event loop (:mod:`tierd.meta.pg_async`), with the body's
+        reads ``warm`` prefetched (:mod:`tierd.meta.pg_warm`)."""
+        return await self._async.begin(write, fresh, warm)
 
     async def aend(self, txn: KVTxn, commit: bool) -> None:
         """End a transaction of :meth:`abegin`: commit it, or abort it."""
@@ -468,7 +498,7 @@ class PgStore(KVStore):
         # after a database restart every pooled connection is broken: try them all
         tries = self._pool.max_size + 1
         for attempt in range(tries):
-            conn = self._unpark()
+            conn = self._parking.take()
             parked = conn is not None
             if conn is None:
                 conn = self._pool.getconn()
@@ -517,50 +547,6 @@ class PgStore(KVStore):
         if txn.write:
             self._writers.release()
 
-    def _park(self, conn: psycopg.Connection[Any]) -> None:
-        """A read transaction ended: keep its connection, with the transaction still open on
-        the server, for the next begin, which sends the ``COMMIT`` in its own pipeline -- a
-        read transaction costs one round trip, not two.  (Ending a read-only transaction
-        cannot fail or change anything; until then it only holds its snapshot.)  A sweeper
-        thread ends what waited longer than ``_PARK_S``."""
-        with self._parked_lock:
-            if not self._closed.is_set():
-                self._parked.append((conn, time.monotonic()))
-                if self._sweeper is None:
-                    self._sweeper = threading.Thread(target=self._sweep, daemon=True,
-                                                     name="tierd-pg-park")
-                    self._sweeper.start()
-                return
-        self._end_parked(conn)
-
-    def _unpark(self) -> psycopg.Connection[Any] | None:
-        with self._parked_lock:
-            return self._parked.pop()[0] if self._parked else None
-
-    def _sweep(self) -> None:
-        while True:
-            self._closed.wait(_PARK_S / 2)
-            now = time.monotonic()
-            with self._parked_lock:
-                closing = self._closed.is_set()
-                old = [c for c, t in self._parked if closing or now - t >= _PARK_S]
-                self._parked = [(c, t) for c, t in self._parked
-                                if not closing and now - t < _PARK_S]
-                done = not self._parked
-                if done:
-                    self._sweeper = None
-            for conn in old:
-                self._end_parked(conn)
-            if done:
-                return
-
-    def _end_parked(self, conn: psycopg.Connection[Any]) -> None:
-        try:
-            conn.execute(b"COMMIT")
-        except psycopg.Error:
-            conn.close()
-        self._pool.putconn(conn)
-
     def watch(self, callback: FeedCallback, *, poll: float = 1.0) -> Callable[[], None]:
         """Start a change feed (:class:`~tierd.meta.pg_changes.ChangeFeed`): ``callback(seq,
         keys)`` in a thread of its own for every later commit of another node (``keys``
@@ -587,14 +573,7 @@ class PgStore(KVStore):
         for feed in list(self._feeds):
             feed.close()
         self._feeds.clear()
-        with self._parked_lock:
-            self._closed.set()
-            parked, self._parked = self._parked, []
-            sweeper = self._sweeper
-        for conn, _ in parked:
-            self._end_parked(conn)
-        if sweeper is not None:
-            sweeper.join(5)
+        self._parking.close()
         self._async.close()
         self._pool.close()
 

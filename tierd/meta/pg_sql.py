@@ -32,6 +32,20 @@ PREPARE = (
     b"SELECT seq, keys FROM kv_log WHERE seq > $1 ORDER BY seq LIMIT $2")
 
 
+#: a range scan's page (pg_engine: PgTxn.scan), by (reverse, resuming after a key, bounded)
+SCANS = {
+    (False, False, False): b"SELECT k, v FROM kv WHERE k >= %b ORDER BY k LIMIT %s",
+    (False, False, True): b"SELECT k, v FROM kv WHERE k >= %b AND k < %b ORDER BY k LIMIT %s",
+    (True, False, False): b"SELECT k, v FROM kv WHERE k >= %b ORDER BY k DESC LIMIT %s",
+    (True, False, True):
+        b"SELECT k, v FROM kv WHERE k >= %b AND k < %b ORDER BY k DESC LIMIT %s",
+    (False, True, False): b"SELECT k, v FROM kv WHERE k > %b ORDER BY k LIMIT %s",
+    (False, True, True): b"SELECT k, v FROM kv WHERE k > %b AND k < %b ORDER BY k LIMIT %s",
+}
+#: the values of several keys at once (a prefetch: pg_warm)
+GET_MANY = b"SELECT k, v FROM kv WHERE k = ANY(%b)"
+
+
 def migrate(conn: psycopg.Connection[Any]) -> None:
     """Create the tables, or bring an older layout up to :data:`PG_SCHEMA_VERSION`; refuse
     a newer one (a newer tierd wrote it).  Two nodes starting at once on an empty database

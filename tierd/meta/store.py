@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -552,15 +552,19 @@ class MetaStore:
         finally:
             tx.abort()
 
-    def awrite(self) -> AsyncTxn:
+    def awrite(self, keys: Iterable[bytes] = (),
+               warm: Callable[[MetaTxn], object] | None = None) -> AsyncTxn:
         """``async with meta.awrite() as tx``: :meth:`write` for coroutines, never blocking
-        the event loop (:mod:`tierd.meta.atxn`)."""
-        return AsyncTxn(self, True)
+        the event loop (:mod:`tierd.meta.atxn`); ``keys`` and ``warm``: what the body will
+        read, prefetched off the loop (:mod:`tierd.meta.pg_warm`)."""
+        return AsyncTxn(self, True, keys=keys, warm=warm)
 
-    def asnapshot(self, fresh: bool = False) -> AsyncTxn:
+    def asnapshot(self, fresh: bool = False, keys: Iterable[bytes] = (),
+                  warm: Callable[[MetaTxn], object] | None = None) -> AsyncTxn:
         """``async with meta.asnapshot() as tx``: :meth:`snapshot` for coroutines; ``fresh``:
-        after a write commit of this process in flight (:mod:`tierd.meta.pg_async`)."""
-        return AsyncTxn(self, False, snapshot=True, fresh=fresh)
+        after a write commit of this process in flight (:mod:`tierd.meta.pg_async`);
+        ``keys``, ``warm``: as for :meth:`awrite`."""
+        return AsyncTxn(self, False, snapshot=True, fresh=fresh, keys=keys, warm=warm)
 
     def sync(self) -> None:
         """Make every committed transaction survive a machine crash (blocking)."""
