@@ -184,3 +184,29 @@ def test_a_member_joining_a_group_prefetches_and_sees_the_group(
     assert seen["queries"] == []
     with other.snapshot() as tx:
         assert (tx.kv.get(b"a"), tx.kv.get(b"c")) == (b"first", b"second")
+
+
+def test_scan_pages_of_the_warm_pass_serve_the_body_until_it_writes(
+        metas: Callable[[str], MetaStore], on_loop: list[str]) -> None:
+    meta = metas("n1")
+    _put(meta, {b"r1": b"a", b"r2": b"b", b"s": b"c"})
+
+    def listing(tx: MetaTxn) -> list[bytes]:
+        return [k for k, _ in tx.kv.scan(b"r", b"s")]
+
+    async def run() -> None:
+        on_loop.clear()
+        async with meta.asnapshot() as tx:  # without: the scan is a query on the loop
+            assert listing(tx) == [b"r1", b"r2"]
+        assert on_loop == ["scanning keys"]
+        on_loop.clear()
+        async with meta.asnapshot(warm=listing) as tx:
+            assert listing(tx) == [b"r1", b"r2"]
+        assert on_loop == []
+        async with meta.awrite(warm=listing) as tx:
+            assert listing(tx) == [b"r1", b"r2"]
+            assert on_loop == []
+            tx.kv.put(b"r3", b"d")  # a writer's own write: the page is read anew
+            assert listing(tx) == [b"r1", b"r2", b"r3"]
+        assert on_loop == ["scanning keys"]
+    asyncio.run(run())
