@@ -54,6 +54,7 @@ from sortedcontainers import SortedList
 
 from tierd.errors import FsError, no_space
 from tierd.meta.kv import KVStore, KVTxn
+from tierd.meta.layers import ENDED, merge_layers
 
 log = logging.getLogger(__name__)
 
@@ -99,56 +100,6 @@ class _Versions:
         return self.values[i - 1] if i else _MISSING
 
 
-def _merge(
-    upper: Iterator[tuple[bytes, bytes | None]],
-    lower: Iterator[tuple[bytes, bytes | None]],
-    reverse: bool,
-) -> Iterator[tuple[bytes, bytes | None]]:
-    """Two sorted streams as one; ``upper`` wins on equal keys (None values are deletions
-    and are passed on, so a third layer below can be hidden too)."""
-    u = next(upper, None)
-    lo = next(lower, None)
-    while u is not None or lo is not None:
-        if lo is None or (u is not None and ((u[0] > lo[0]) if reverse else (u[0] < lo[0]))):
-            assert u is not None
-            yield u
-            u = next(upper, None)
-        elif u is None or u[0] != lo[0]:
-            yield lo
-            lo = next(lower, None)
-        else:
-            yield u
-            u = next(upper, None)
-            lo = next(lower, None)
-
-
-class _Ended(KVTxn):
-    """Stands in for an ended transaction's inner snapshot."""
-
-    write = False
-
-    def get(self, key: bytes) -> bytes | None:
-        raise RuntimeError("transaction already ended")
-
-    def put(self, key: bytes, value: bytes) -> None:
-        raise RuntimeError("transaction already ended")
-
-    def delete(self, key: bytes) -> bool:
-        raise RuntimeError("transaction already ended")
-
-    def scan(
-        self, start: bytes, end: bytes | None = None, *, reverse: bool = False
-    ) -> Iterator[tuple[bytes, bytes]]:
-        raise RuntimeError("transaction already ended")
-
-    def commit(self) -> None:
-        return None
-
-    def abort(self) -> None:
-        return None
-
-
-_ENDED = _Ended()
 
 
 class GroupTxn(KVTxn):
@@ -282,9 +233,9 @@ class GroupTxn(KVTxn):
         self._check()
         inner: Iterator[tuple[bytes, bytes | None]] = self._inner.scan(
             start, end, reverse=reverse)
-        merged = _merge(self._overlay(start, end, reverse), inner, reverse)
+        merged = merge_layers(self._overlay(start, end, reverse), inner, reverse)
         if self._local is not None:
-            merged = _merge(self._local_range(start, end, reverse), merged, reverse)
+            merged = merge_layers(self._local_range(start, end, reverse), merged, reverse)
         for k, v in merged:
             if v is not None:
                 yield k, v
@@ -322,7 +273,7 @@ class GroupTxn(KVTxn):
         self._store._released.append((self._gen, self._inner))
         # lmdb frees a reader slot only with the transaction object, and a caller's frame
         # may keep this wrapper alive long after it ended
-        self._inner = _ENDED
+        self._inner = ENDED
         if self.write:
             self._store._writer.release()
         with self._store._lock:
