@@ -352,20 +352,30 @@ class S3ObjectTier(ObjectTier):
     async def put_file(self, key: str, source: Source, size: int, *,
                        md5_hex: str | None = None) -> ObjectInfo:
         check_key(key)
+        if size < self.transfer.multipart_threshold:
+            # opened or duplicated in the worker (``_parallel`` waits for the job before
+            # the caller can close its descriptor): on the loop, the system call hands
+            # the GIL to the upload threads and the loop waits to get it back
+            job = functools.partial(self._put_single, key, source, size, md5_hex)
+            return (await self._parallel([job]))[0]
         src = os.dup(source) if isinstance(source, int) else os.open(
             source, os.O_RDONLY | os.O_CLOEXEC
         )
         try:
-            if size < self.transfer.multipart_threshold:
-                job = functools.partial(self._put_single, key, src, size, md5_hex)
-                return (await self._parallel([job]))[0]
             return await self._put_multipart(key, src, size)
         finally:
             os.close(src)
 
-    def _put_single(self, key: str, src: int, size: int, md5_hex: str | None,
+    def _put_single(self, key: str, source: Source, size: int, md5_hex: str | None,
                     stop: threading.Event) -> ObjectInfo:
-        data = read_exact(src, 0, size)
+        if isinstance(source, int):
+            data = read_exact(source, 0, size)
+        else:
+            src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = read_exact(src, 0, size)
+            finally:
+                os.close(src)
         digest = bytes.fromhex(md5_hex) if md5_hex else hashlib.md5(
             data, usedforsecurity=False).digest()
         b, k = self._loc(key)
