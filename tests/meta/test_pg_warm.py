@@ -210,3 +210,24 @@ def test_scan_pages_of_the_warm_pass_serve_the_body_until_it_writes(
             assert listing(tx) == [b"r1", b"r2", b"r3"]
         assert on_loop == ["scanning keys"]
     asyncio.run(run())
+
+
+def test_an_answer_the_cache_gave_the_warm_pass_outlives_the_cache(
+        metas: Callable[[str], MetaStore], on_loop: list[str]) -> None:
+    """The warm pass found the key in the node's cache; another node's commit then moves the
+    cache past the body's snapshot: the body still answers without a query."""
+    meta = metas("n1")
+    other = metas("n2")
+    _put(meta, {b"k": b"v1", b"j": b"w"})
+    with meta.snapshot() as tx:
+        assert tx.kv.get(b"k") == b"v1"  # cached now
+
+    async def run() -> None:
+        async with meta.asnapshot(warm=lambda tx: tx.kv.get(b"k")) as tx:
+            _put(other, {b"j": b"w2"})
+            with meta.snapshot() as now:  # moves this node's cache on
+                assert now.kv.get(b"j") == b"w2"
+            on_loop.clear()
+            assert tx.kv.get(b"k") == b"v1"
+            assert on_loop == []
+    asyncio.run(run())

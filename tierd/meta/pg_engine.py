@@ -201,9 +201,11 @@ class PgTxn(KVTxn):
             self._fail()
             raise _io_error(e, doing) from e
 
-    def local(self, key: bytes) -> tuple[bool, bytes | None]:
+    def local(self, key: bytes, keep: bool = False) -> tuple[bool, bytes | None]:
         """``(True, value)`` when ``key`` is answered without the server: this transaction's
-        writes, what it read already, the node's cache."""
+        writes, what it read already, the node's cache (with ``keep``, an answer of the cache
+        is kept in :attr:`read`: a prefetch's, which the cache may have dropped before the
+        body reads it)."""
         if self.write:
             if key in self._unsent:
                 return True, self._unsent[key]
@@ -212,9 +214,17 @@ class PgTxn(KVTxn):
         read = self.read
         if read is not None and key in read:
             return True, read[key]
-        if self._cached:
-            return self._store.cache.lookup(self.seq, key)
-        return False, None
+        if not self._cached:
+            return False, None
+        hit, value = self._store.cache.lookup(self.seq, key)
+        if hit and keep and read is not None and len(read) < READ_MAX:
+            read[key] = value
+        return hit, value
+
+    def wrote(self, key: bytes) -> bool:
+        """Whether this transaction wrote ``key`` (its reads of it answer the write)."""
+        return self.write and (key in self._unsent or self._written is None
+                               or key in self._written)
 
     def learn(self, key: bytes, value: bytes | None) -> None:
         """What the server said ``key`` holds in this transaction (never a key it wrote)."""

@@ -21,8 +21,9 @@ warm=...)``, ``meta.asnapshot(...)``):
   chain the caller cannot name in advance (a dirent, then the inode it names) costs one per
   link.  Its result and its errors are ignored: it only fills.
 
-Every answer goes into the transaction's own read map (``PgTxn.read``), which the body's
-gets consult after the transaction's writes and before the shared cache: the answers hold
+Every answer -- the server's, or the shared cache's at the transaction's seq -- goes into the
+transaction's own read map (``PgTxn.read``), which the body's gets consult after the
+transaction's writes and before the shared cache: the answers hold
 for the transaction's whole life, as its snapshot does (a writer's, because it holds the
 cluster's writer lock, so no other node's commit can change them), even when another
 transaction moves the shared cache on meanwhile.  They fill the cache too, under the cache's
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: passes of a warm function at most: each reads what the one before missed, in one query
-ROUNDS = 4
+ROUNDS = 8
 #: answers one transaction keeps in its read map at most (a huge transaction -- a load --
 #: reads through the cache and the server as before past it)
 READ_MAX = 4096
@@ -87,10 +88,10 @@ class _View(KVTxn):
     def get(self, key: bytes) -> bytes | None:
         key = bytes(key)
         if self._over is not None:
-            hit, value = self._over.local(key)
+            hit, value = self._over.local(key, keep=True)
             if hit:
                 return value
-        hit, value = self._txn.local(key)
+        hit, value = self._txn.local(key, keep=True)
         if not hit:
             self.missed.append(key)
         return value
@@ -117,7 +118,7 @@ def prefetch(txn: PgTxn, keys: Iterable[bytes], over: PgTxn | None = None) -> in
     the number read."""
     miss = []
     for key in dict.fromkeys(bytes(k) for k in keys):
-        if (over is None or not over.local(key)[0]) and not txn.local(key)[0]:
+        if (over is None or not over.local(key, True)[0]) and not txn.local(key, True)[0]:
             miss.append(key)
     if not miss:
         return 0
@@ -180,5 +181,5 @@ def absorb(txn: PgTxn, answers: dict[bytes, bytes | None]) -> None:
     for key, value in answers.items():
         if len(read) >= READ_MAX:
             return
-        if not txn.local(key)[0]:
+        if key not in read and not txn.wrote(key):
             read[key] = value
