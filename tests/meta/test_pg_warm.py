@@ -186,7 +186,7 @@ def test_a_member_joining_a_group_prefetches_and_sees_the_group(
         assert (tx.kv.get(b"a"), tx.kv.get(b"c")) == (b"first", b"second")
 
 
-def test_scan_pages_of_the_warm_pass_serve_the_body_until_it_writes(
+def test_scan_pages_of_the_warm_pass_serve_the_body_until_it_writes_in_their_range(
         metas: Callable[[str], MetaStore], on_loop: list[str]) -> None:
     meta = metas("n1")
     _put(meta, {b"r1": b"a", b"r2": b"b", b"s": b"c"})
@@ -205,8 +205,10 @@ def test_scan_pages_of_the_warm_pass_serve_the_body_until_it_writes(
         assert on_loop == []
         async with meta.awrite(warm=listing) as tx:
             assert listing(tx) == [b"r1", b"r2"]
+            tx.kv.put(b"s", b"e")  # a write outside the range: the page still holds
+            assert listing(tx) == [b"r1", b"r2"]
             assert on_loop == []
-            tx.kv.put(b"r3", b"d")  # a writer's own write: the page is read anew
+            tx.kv.put(b"r3", b"d")  # a write inside it: the page is read anew
             assert listing(tx) == [b"r1", b"r2", b"r3"]
         assert on_loop == ["scanning keys"]
     asyncio.run(run())

@@ -160,7 +160,7 @@ class PgTxn(KVTxn):
         #: (:mod:`tierd.meta.pg_warm`): answers that hold for its whole life even after the
         #: shared cache moved on; None once its writes are too many to track
         self.read: dict[bytes, bytes | None] | None = {}
-        #: scan pages read while it had written nothing (:meth:`_page`), and their rows
+        #: scan pages read, and their rows (:meth:`_page`)
         self.pages: dict[tuple[bytes, tuple[Any, ...]], list[Any]] | None = {}
         self.paged = 0
         #: called once when an async transaction ends (:mod:`tierd.meta.pg_async`)
@@ -295,7 +295,7 @@ class PgTxn(KVTxn):
             bound = () if first is None else (first,)
             q = SCANS[reverse, lo is not None, first is not None]
             p = (start if lo is None else lo, *bound, limit)
-            rows = self._page(q, p)
+            rows = self._page(q, p, first)
             for k, v in rows:
                 yield bytes(k), bytes(v)
             if len(rows) < limit:
@@ -306,12 +306,12 @@ class PgTxn(KVTxn):
                 lo = bytes(rows[-1][0])
             limit = min(limit * 2, _SCAN_MAX)
 
-    def _page(self, q: bytes, p: tuple[Any, ...]) -> list[Any]:
-        """One page of a scan: the server's, or the same page read before in this
-        transaction (a prefetch: :mod:`tierd.meta.pg_warm`) while it has written nothing,
-        so the page cannot have changed."""
+    def _page(self, q: bytes, p: tuple[Any, ...], end: bytes | None) -> list[Any]:
+        """One page of a scan of keys from ``p[0]`` (before ``end``): the server's, or the
+        same page read before in this transaction (a prefetch: :mod:`tierd.meta.pg_warm`)
+        while it has written no key in that range, so the page cannot have changed."""
         pages = self.pages
-        if pages is None or self.read is None or (self.write and self._written != {}):
+        if pages is None or self.read is None or self._wrote_in(p[0], end):
             return self._query(q, p, "scanning keys", send_writes=True)
         rows = pages.get((q, p))
         if rows is None:
@@ -320,6 +320,12 @@ class PgTxn(KVTxn):
             if self.paged > READ_MAX:
                 self.pages = None
         return rows
+
+    def _wrote_in(self, lo: bytes, hi: bytes | None) -> bool:
+        written = self._written
+        if not self.write or written == {}:
+            return False
+        return written is None or any(lo <= k and (hi is None or k < hi) for k in written)
 
     def commit(self) -> None:
         if self._done:
