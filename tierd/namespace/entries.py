@@ -20,6 +20,7 @@ from tierd.acl.modes import (
 )
 from tierd.errors import FsError
 from tierd.meta import EMPTY_MD5, ROOT_INO, Bucket, Dirent, Inode, MetaTxn
+from tierd.meta.reads import create_reads, entry_reads
 from tierd.namespace import versions
 from tierd.namespace.base import (
     MAX_SYMLINK_HOPS,
@@ -37,17 +38,19 @@ UTIME_NOW = -1  # setattr(atime_ns=UTIME_NOW): the current time, as utimensat's 
 class EntryOps(ResizeOps):
     # -- reading ---------------------------------------------------------------------------
     async def lookup(self, ident: Identity, parent: int, name: bytes) -> Inode:
-        async with self.meta.asnapshot() as tx:
-            child = self._child(tx, ident, self._dir(tx, parent), name)
+        def find(tx: MetaTxn) -> Inode | None:  # (also run off the loop: tierd.meta.atxn)
+            return self._child(tx, ident, self._dir(tx, parent), name)
+        async with self.meta.asnapshot(warm=find) as tx:
+            child = find(tx)
         if child is None and parent != ROOT_INO and await self.placement.refresh(parent):
-            async with self.meta.asnapshot() as tx:  # an object put straight into cold?
-                child = self._child(tx, ident, self._dir(tx, parent), name)
+            async with self.meta.asnapshot(warm=find) as tx:  # put straight into cold?
+                child = find(tx)
         if child is None:
             raise FsError(errno.ENOENT, f"{name.decode(errors='replace')!r} not found")
         return self._live(child)
 
     async def getattr(self, ident: Identity, ino: int) -> Inode:
-        async with self.meta.asnapshot() as tx:
+        async with self.meta.asnapshot(warm=lambda tx: tx.get_inode(ino)) as tx:
             return self._live(self._get(tx, ino))
 
     async def access(self, ident: Identity, ino: int, mask: int) -> None:
@@ -267,7 +270,7 @@ class EntryOps(ResizeOps):
         self, ident: Identity, parent: int, name: bytes, mode: int, umask: int = 0
     ) -> Inode:
         """``umask`` (of the caller) applies unless the parent has a default ACL."""
-        async with self.meta.awrite() as tx:
+        async with self.meta.awrite(warm=lambda tx: create_reads(tx, parent, name)) as tx:
             d = self._creatable(tx, ident, parent, name)
             inode = self._new_inode(tx, ident, d, stat.S_IFDIR | (mode & 0o7777),
                                     nlink=2, parent=parent)
@@ -334,7 +337,7 @@ class EntryOps(ResizeOps):
         return d, child
 
     async def unlink(self, ident: Identity, parent: int, name: bytes) -> None:
-        async with self.meta.awrite() as tx:
+        async with self.meta.awrite(warm=lambda tx: entry_reads(tx, parent, name)) as tx:
             d, child = self._removable(tx, ident, parent, name)
             if child.is_dir:
                 raise FsError(errno.EISDIR, f"{name.decode(errors='replace')!r} is a directory")
@@ -390,7 +393,11 @@ class EntryOps(ResizeOps):
         ):
             raise FsError(errno.EINVAL, f"invalid rename flags {flags:#x}")
         drops: list[int] = []
-        async with self.meta.awrite() as tx:
+
+        def reads(tx: MetaTxn) -> None:  # off the loop first (tierd.meta.atxn)
+            entry_reads(tx, old_parent, old_name)
+            entry_reads(tx, new_parent, new_name)
+        async with self.meta.awrite(warm=reads) as tx:
             od = self._dir(tx, old_parent)
             nd = self._dir(tx, new_parent)
             for n in (old_name, new_name):

@@ -16,8 +16,9 @@ import stat
 from tierd.acl import R_OK, W_OK, Identity, check_access
 from tierd.acl.modes import drop_privs, has_privs, write_drops_privs
 from tierd.errors import FsError
-from tierd.meta import EMPTY_MD5, ROOT_INO, STATE_DIRTY, Dirent, Inode
+from tierd.meta import EMPTY_MD5, ROOT_INO, STATE_DIRTY, Dirent, Inode, MetaTxn
 from tierd.meta.atxn import behind
+from tierd.meta.reads import create_reads
 from tierd.namespace import versions
 from tierd.namespace.base import OpenFile, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
@@ -47,7 +48,10 @@ class FileOps(EntryOps):
         readable, writable = _access_mask(flags)
         drops: list[int] = []
         intend = kernel_writes and writable and not (self.meta.node or self.meta.engine.remote)
-        async with self.meta.awrite() as tx:
+        def reads(tx: MetaTxn) -> None:  # off the loop first (tierd.meta.atxn)
+            create_reads(tx, parent, name)
+            versions.locate(tx, parent, name)
+        async with self.meta.awrite(warm=reads) as tx:
             d = self._dir(tx, parent)
             existing = self._child(tx, ident, d, name) if name not in (b".", b"..") else d
             if existing is None:  # (else nothing is written: the file is only opened)

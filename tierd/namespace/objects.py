@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import os
 import stat
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
@@ -24,6 +25,7 @@ from tierd.acl.modes import has_privs
 from tierd.acl.s3map import allowed, enforce
 from tierd.errors import FsError, Reason
 from tierd.meta import EMPTY_MD5, ROOT_INO, STATE_DIRTY, Bucket, Dirent, Inode, MetaTxn
+from tierd.meta.reads import path_reads, put_reads
 from tierd.namespace import versions
 from tierd.namespace.base import IMPLICIT, Change, now_ns
 from tierd.namespace.crashpoint import crashpoint
@@ -225,8 +227,9 @@ class ObjectOps(FileOps):
 
     # -- whole objects ---------------------------------------------------------------------
     async def head_object(self, ident: Identity, bucket: str, key: str) -> Inode:
+        warm = functools.partial(path_reads, bucket=bucket, segments=split_key(key)[0])
         try:
-            async with self.meta.asnapshot() as tx:
+            async with self.meta.asnapshot(warm=warm) as tx:
                 inode = self._live(self._object(tx, ident, bucket, key))
         except FsError as e:
             if e.errno != errno.ENOENT or not key:
@@ -288,7 +291,8 @@ class ObjectOps(FileOps):
         ``if_none_match`` (``"*"``) are checked inside the commit transaction: a failed
         condition raises with reason ``PreconditionFailed`` and leaves the old object."""
         segments, marker = split_key(key)
-        async with self.meta.asnapshot() as tx:  # fail fast, before reading the body
+        warm = functools.partial(path_reads, bucket=bucket, segments=[])
+        async with self.meta.asnapshot(warm=warm) as tx:  # fail fast, before the body
             self._bucket_dir(tx, bucket)
         refuse_over_dirty_limit(self.placement)
         if marker:
@@ -414,7 +418,8 @@ class ObjectOps(FileOps):
         logged: bytes | None = None,
     ) -> tuple[Inode, list[int], list[Change]]:
         """The PUT's transaction: its inode, the versions it dropped, the dirs it made."""
-        async with self.meta.awrite() as tx:
+        warm = functools.partial(put_reads, bucket, segments, ino)
+        async with self.meta.awrite(warm=warm) as tx:
             if in_txn is not None:
                 in_txn(tx)
             d = self._parent_dirs(tx, ident, bucket, segments[:-1], create=True)
@@ -543,7 +548,12 @@ class ObjectOps(FileOps):
         # show what cold has (transparent import)
         await self.placement.refresh_key(bucket, prefix, recursive=not delimiter)
         p, sa, dl = prefix.encode(), start_after.encode(), delimiter.encode()
-        async with self.meta.asnapshot() as tx:
+
+        def reads(tx: MetaTxn) -> None:  # the walk's, off the loop first (tierd.meta.atxn)
+            walk = self._walk(tx, ident, self._bucket_dir(tx, bucket), b"", p, sa, dl)
+            for _ in zip(range(limit + 1), walk, strict=False):
+                pass
+        async with self.meta.asnapshot(warm=reads) as tx:
             root = self._bucket_dir(tx, bucket)
             enforce(ident, "ListObjects", directory=root, key=bucket)
             last_cp = b""
@@ -615,3 +625,4 @@ class ObjectOps(FileOps):
                 yield from self._walk(tx, ident, inode, key, prefix, start_after, delimiter)
             elif (inode.is_reg or inode.is_lnk) and key > start_after and key.startswith(prefix):
                 yield key, inode
+

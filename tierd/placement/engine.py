@@ -528,7 +528,7 @@ class PlacementCore:
             return False
         task = self._refreshing.get(dir_ino)
         if task is None:
-            async with self.meta.asnapshot() as tx:
+            async with self.meta.asnapshot(warm=lambda tx: dir_path(tx, dir_ino)) as tx:
                 path = dir_path(tx, dir_ino)
             if path is None:
                 return False

@@ -180,7 +180,7 @@ class Importer:
         now = time.time_ns()
         if now - self._stamped.get(dir_ino, 0) <= self.ttl * 1e9:
             return False
-        async with self.meta.asnapshot() as tx:
+        async with self.meta.asnapshot(warm=lambda tx: tx.get_stamp(dir_ino)) as tx:
             return now - tx.get_stamp(dir_ino) > self.ttl * 1e9
 
     def _wanted(self, tx: MetaTxn, key: str, started: int) -> bool:

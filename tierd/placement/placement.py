@@ -333,7 +333,10 @@ class Placement(Uploading):
         missing = [ino for ino in queue if ino not in known]
         if missing:
             # fresh: a hint comes from a body whose commit may still be in flight
-            async with self.meta.asnapshot(fresh=True) as tx:
+            def tokens(tx: MetaTxn) -> None:  # read off the loop first (tierd.meta.atxn)
+                for ino in missing:
+                    tx.queued(ino)
+            async with self.meta.asnapshot(fresh=True, warm=tokens) as tx:
                 for ino in missing:
                     token = tx.queued(ino)
                     if token is not None:
