@@ -8,7 +8,9 @@ serve`` on lmdb (tests/durability/coldlib.py) over the same cold store.  Each cl
 thread making ``--files`` files in a directory of its own through its node's mount, then
 stats, renames and unlinks them: create (open O_CREAT|O_EXCL + close), stat, rename, unlink,
 each phase timed from the first client's start to the last one's end.  Write-back is held
-back (the files are empty anyway).  Prints one JSON document; ``--out FILE`` writes it there
+back (the files are empty anyway).  ``--spy`` samples the first node with py-spy during the
+creates on 3 nodes and reports where its event loop's thread was (idle, waiting in a query
+of a transaction body, running).  Prints one JSON document; ``--out FILE`` writes it there
 too.
 
     .venv/bin/python bench/cluster_meta.py --clients 8 --files 200 \\
@@ -18,14 +20,17 @@ too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,16 +87,73 @@ def _unlink(d: Path, i: int) -> None:
     os.unlink(d / f"g{i}")
 
 
-def _workload(mounts: list[Path], clients: int, files: int, tag: str) -> dict[str, float]:
-    """The four phases with ``clients`` clients, client k on ``mounts[k % len(mounts)]``."""
+def _workload(mounts: list[Path], clients: int, files: int, tag: str,
+              spy: int | None = None) -> dict[str, Any]:
+    """The four phases with ``clients`` clients, client k on ``mounts[k % len(mounts)]``;
+    with ``spy`` (a daemon's pid) py-spy samples that daemon during the creates."""
     dirs = []
     for k in range(clients):
         d = mounts[k % len(mounts)] / "bench" / f"{tag}-c{k}"
         d.mkdir(parents=True)
         dirs.append(d)
     ops = (_create, _stat, _rename, _unlink)
-    return {name: round(_phase(dirs, files, op), 1)
-            for name, op in zip(PHASES, ops, strict=True)}
+    out: dict[str, Any] = {}
+    for name, op in zip(PHASES, ops, strict=True):
+        if spy is not None and name == "create":
+            with _spying(spy) as where:
+                out[name] = round(_phase(dirs, files, op), 1)
+            out["create_loop"] = where
+            continue
+        out[name] = round(_phase(dirs, files, op), 1)
+    return out
+
+
+@contextlib.contextmanager
+def _spying(pid: int) -> Iterator[dict[str, Any]]:
+    """py-spy on ``pid`` meanwhile; then where its event loop's thread was, in shares of its
+    samples: idle (waiting for events), in a transaction body's query (``PgTxn._query``:
+    a get or scan the cache did not answer, on the loop), running anything else; and the
+    tierd callers of those queries."""
+    where: dict[str, Any] = {}
+    spy = REPO / ".venv" / "bin" / "py-spy"
+    with tempfile.NamedTemporaryFile(suffix=".txt") as raw:
+        proc = subprocess.Popen([str(spy), "record", "--format", "raw", "--threads", "--idle",
+                                 "--nonblocking", "--rate", "200", "--pid", str(pid),
+                                 "-o", raw.name], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # (py-spy attaches)
+        try:
+            yield where
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+        where.update(_loop_shares(Path(raw.name).read_text()))
+
+
+def _loop_shares(raw: str) -> dict[str, Any]:
+    """See :func:`_spying`: the loop's thread is the one whose stacks run ``_run_once``."""
+    total = idle = query = 0
+    callers: dict[str, int] = {}
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if "_run_once" not in stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        if "select (selectors.py" in frames[-1] or "epoll" in frames[-1]:
+            idle += n
+        elif any(f.startswith("_query (") for f in frames):
+            query += n
+            mine = [f for f in frames if "tierd/" in f and "tierd/meta/" not in f]
+            key = mine[-1].split(" (")[0] if mine else "?"
+            callers[key] = callers.get(key, 0) + n
+    if not total:
+        return {"samples": 0}
+    top = sorted(callers.items(), key=lambda kv: -kv[1])[:8]
+    return {"samples": total, "idle": round(idle / total, 3),
+            "body_query": round(query / total, 3),
+            "query_callers": {k: round(v / total, 3) for k, v in top}}
 
 
 def main() -> None:
@@ -99,6 +161,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--files", type=int, default=200, help="files per client")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--spy", action="store_true",
+                    help="py-spy the first node during the creates on 3 nodes: where its loop "
+                    "waits (needs .venv/bin/py-spy and ptrace rights)")
     args = ap.parse_args()
     bindir = find_bindir()
     if bindir is None:
@@ -121,7 +186,9 @@ def main() -> None:
             with running_cluster(Path(base) / "cluster", pg, moto, 3, **SETTINGS) as cluster:
                 (cluster[1].mnt / "bench").mkdir()
                 mounts = [n.mnt for n in cluster.nodes]
-                result["pg_3_nodes"] = _workload(mounts, args.clients, args.files, "p")
+                proc = cluster.nodes[0].proc
+                spy = proc.pid if args.spy and proc is not None else None
+                result["pg_3_nodes"] = _workload(mounts, args.clients, args.files, "p", spy)
                 result["pg_1_node"] = _workload(mounts[:1], args.clients, args.files, "p1")
     finally:
         pg.stop()

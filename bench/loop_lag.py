@@ -160,10 +160,15 @@ class Census:
 
     @staticmethod
     def _caller() -> str:
+        """The innermost tierd function outside tierd/meta that made the call, after the
+        one that called it (``outer > inner``): which body, and where in it."""
+        found: list[str] = []
         for f in reversed(traceback.extract_stack()[:-3]):
             if "/tierd/" in f.filename and "/tierd/meta/" not in f.filename:
-                return f"{f.filename.rsplit('/tierd/', 1)[1]}:{f.name}"
-        return "?"
+                found.append(f"{f.filename.rsplit('/tierd/', 1)[1]}:{f.name}")
+                if len(found) == 2:
+                    break
+        return " > ".join(reversed(found)) or "?"
 
     def install(self) -> None:
         begin, query = PgStore.begin, PgTxn._query
