@@ -57,8 +57,9 @@ memory engine does), and hold no server-side cursor across the caller's writes.
 
 Every call that misses the cache is a network round trip.  The daemon begins and commits its
 transactions off the event loop (:meth:`PgStore.abegin`, :meth:`PgStore.aend`:
-:mod:`tierd.meta.pg_async`); a get that misses the cache inside a body still runs on the loop
-(bench/meta_engines.py and bench/loop_lag.py measure both; figures in docs/metadata.md).
+:mod:`tierd.meta.pg_async`), and makes the reads a body names at its begin there too
+(:mod:`tierd.meta.pg_warm`); any other get that misses the cache inside a body runs on the
+loop (bench/meta_engines.py and bench/loop_lag.py measure them; figures in docs/metadata.md).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ from tierd.meta.pg_sql import (
     prepare,
     results,
 )
-from tierd.meta.pg_warm import READ_MAX, Warm, warm_txn
+from tierd.meta.pg_warm import READ_MAX, Warm, page, warm_txn
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class PgTxn(KVTxn):
         #: (:mod:`tierd.meta.pg_warm`): answers that hold for its whole life even after the
         #: shared cache moved on; None once its writes are too many to track
         self.read: dict[bytes, bytes | None] | None = {}
-        #: scan pages read, and their rows (:meth:`_page`)
+        #: scan pages read, and their rows (:func:`tierd.meta.pg_warm.page`)
         self.pages: dict[tuple[bytes, tuple[Any, ...]], list[Any]] | None = {}
         self.paged = 0
         #: called once when an async transaction ends (:mod:`tierd.meta.pg_async`)
@@ -295,7 +296,7 @@ class PgTxn(KVTxn):
             bound = () if first is None else (first,)
             q = SCANS[reverse, lo is not None, first is not None]
             p = (start if lo is None else lo, *bound, limit)
-            rows = self._page(q, p, first)
+            rows = page(self, q, p, first)
             for k, v in rows:
                 yield bytes(k), bytes(v)
             if len(rows) < limit:
@@ -305,27 +306,6 @@ class PgTxn(KVTxn):
             else:
                 lo = bytes(rows[-1][0])
             limit = min(limit * 2, _SCAN_MAX)
-
-    def _page(self, q: bytes, p: tuple[Any, ...], end: bytes | None) -> list[Any]:
-        """One page of a scan of keys from ``p[0]`` (before ``end``): the server's, or the
-        same page read before in this transaction (a prefetch: :mod:`tierd.meta.pg_warm`)
-        while it has written no key in that range, so the page cannot have changed."""
-        pages = self.pages
-        if pages is None or self.read is None or self._wrote_in(p[0], end):
-            return self._query(q, p, "scanning keys", send_writes=True)
-        rows = pages.get((q, p))
-        if rows is None:
-            rows = pages[q, p] = self._query(q, p, "scanning keys", send_writes=True)
-            self.paged += len(rows)
-            if self.paged > READ_MAX:
-                self.pages = None
-        return rows
-
-    def _wrote_in(self, lo: bytes, hi: bytes | None) -> bool:
-        written = self._written
-        if not self.write or written == {}:
-            return False
-        return written is None or any(lo <= k and (hi is None or k < hi) for k in written)
 
     def commit(self) -> None:
         if self._done:

@@ -27,8 +27,10 @@ transaction's writes and before the shared cache: the answers hold
 for the transaction's whole life, as its snapshot does (a writer's, because it holds the
 cluster's writer lock, so no other node's commit can change them), even when another
 transaction moves the shared cache on meanwhile.  They fill the cache too, under the cache's
-usual rule (only at the transaction's seq).  So nothing changes what a body reads: only where
-the wait for it happens.
+usual rule (only at the transaction's seq).  A scan's pages are kept too (:func:`page`): the
+body's scan of the same range is answered by them while the transaction has written no key in
+that range (a reader never has; a writer's page is read anew once it wrote inside it).  So
+nothing changes what a body reads: only where the wait for it happens.
 
 A writer that joins an open group (``pg_async``) runs no begin: its warm runs in a thread on
 a separate read transaction, whose snapshot -- the group holds the writer lock -- is exactly
@@ -42,7 +44,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tierd.errors import FsError
 from tierd.meta.kv import KVTxn
@@ -142,6 +144,29 @@ def _run(txn: PgTxn, warm: Warm, over: PgTxn | None) -> None:
             log.debug("prefetch pass ended early: %r", e)
         if not prefetch(txn, view.missed, over):
             return
+
+
+def page(txn: PgTxn, q: bytes, p: tuple[Any, ...], end: bytes | None) -> list[Any]:
+    """One page of ``txn``'s scan of keys from ``p[0]`` (before ``end``): the server's, or
+    the same page read before in this transaction (a warm pass's) while it has written no key
+    in that range, so the page cannot have changed."""
+    pages = txn.pages
+    if pages is None or txn.read is None or _wrote_in(txn, p[0], end):
+        return txn._query(q, p, "scanning keys", send_writes=True)
+    rows = pages.get((q, p))
+    if rows is None:
+        rows = pages[q, p] = txn._query(q, p, "scanning keys", send_writes=True)
+        txn.paged += len(rows)
+        if txn.paged > READ_MAX:
+            txn.pages = None
+    return rows
+
+
+def _wrote_in(txn: PgTxn, lo: bytes, hi: bytes | None) -> bool:
+    written = txn._written
+    if not txn.write or written == {}:
+        return False
+    return written is None or any(lo <= k and (hi is None or k < hi) for k in written)
 
 
 def warm_txn(txn: PgTxn, warm: Warm | None) -> None:
