@@ -158,11 +158,13 @@ def test_minio_reads_what_the_mount_wrote_with_a_true_checksum(
 def test_a_change_cut_short_by_a_crash_drops_the_checksum(tmp_path: Path) -> None:
     """An in-place write through the mount that a crash cut short (its bytes on disk, its
     commit not): the next start gives the file a new version, and the checksum boto3 stored
-    for the old bytes must go with them."""
+    for the old bytes must go with them.  ``write.done`` is a step of the WRITE path: write
+    passthrough (the default) is off for it."""
     from durability.test_hot_crash import BUCKET as HOT
     from durability.test_hot_crash import Node, crash_during
 
     node = Node(tmp_path)
+    node.settings["TIERD_FUSE_PASSTHROUGH_WRITES"] = "false"
     try:
         node.start(crashpoint="write.done")
         s3 = node.s3()
