@@ -186,9 +186,15 @@ class LocalTier:
         except FileNotFoundError:
             if not create:
                 raise
-        os.makedirs(os.path.dirname(p), exist_ok=True)
+        # the shard directory nearly always exists: make it only when the create says it
+        # is missing (two system calls for a new file, not five; on the event loop each
+        # is a moment the upload threads may take the GIL for)
         try:
-            fd = os.open(p, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                fd = os.open(p, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(p), exist_ok=True)
+                fd = os.open(p, flags | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             return os.open(p, flags)
         self._new.add(ino)
