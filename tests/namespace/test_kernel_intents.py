@@ -70,3 +70,49 @@ def test_a_start_detaches_only_the_kernel_written_files(tmp_path: Path) -> None:
             meta.close()
 
     asyncio.run(go())
+
+
+def test_a_passthrough_create_makes_its_data_file_off_the_event_loop(tmp_path: Path) -> None:
+    """A new file's hot data file is created for the kernel to write in a worker thread: a
+    create writes the file system's metadata and waits behind any sync in progress there
+    (a millisecond and more measured), which the event loop must not.  Two passthrough
+    opens of one new file share one descriptor (the tier's cache, no leak)."""
+    import threading
+
+    from tierd.tiers.local_tier import LocalTier
+
+    made: list[str] = []
+    real = LocalTier.open_file
+
+    def spy(self: LocalTier, ino: int, *, create: bool) -> int:
+        if create:
+            made.append(threading.current_thread().name)
+        return real(self, ino, create=create)
+
+    async def go() -> None:
+        meta = MetaStore.open_lmdb(tmp_path / "meta")
+        try:
+            ns = await open_namespace(meta, tmp_path)
+            try:
+                b = (await ns.create_bucket(ROOT, "bkt")).ino
+                flags = os.O_WRONLY | os.O_CREAT
+                inode, fh = await ns.create(ROOT, b, b"new", 0o644, flags, kernel_writes=True)
+                _, fh2 = await ns.create(ROOT, b, b"new", 0o644, os.O_WRONLY)
+                assert not os.path.exists(ns.hot.path(inode.ino))  # nothing made yet
+                LocalTier.open_file = spy  # type: ignore[method-assign]
+                try:
+                    fds = await asyncio.gather(ns.passthrough_open(fh),
+                                               ns.passthrough_open(fh2))
+                finally:
+                    LocalTier.open_file = real  # type: ignore[method-assign]
+                assert fds[0] is not None and fds[0] == fds[1]
+                assert os.path.exists(ns.hot.path(inode.ino))
+                assert made and threading.main_thread().name not in made, made
+                for h in (fh, fh2):
+                    await ns.release(h)
+            finally:
+                await close_namespace(ns)
+        finally:
+            meta.close()
+
+    asyncio.run(go())

@@ -18,7 +18,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +97,19 @@ class OpenFile:
         benchmark) then costs no local file at all."""
         if self._fd < 0:
             self._fd, self._unpin = self.opener()
+        return self._fd
+
+    async def open_async(
+        self, pin: Callable[[int], Awaitable[tuple[int, Callable[[], None]]]]
+    ) -> int:
+        """:attr:`fd` through ``pin`` (``HotDir.apin``: a missing data file is created in a
+        worker thread, not on the event loop)."""
+        if self._fd < 0:
+            fd, unpin = await pin(self.ino)
+            if self._fd < 0:
+                self._fd, self._unpin = fd, unpin
+            else:  # another coroutine took it meanwhile
+                unpin()
         return self._fd
 
     @property

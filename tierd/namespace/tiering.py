@@ -88,7 +88,7 @@ class TieringOps(NamespaceBase):
         fresh, of.kernel_intent = of.kernel_intent and of.intent, False
         if await self._pt_refused(of):
             return None
-        st = os.fstat(of.fd)
+        st = os.fstat(await of.open_async(self.hot.apin))
         if st.st_size != of.size:
             return None
         await self.passthrough_room()  # clean data out first, as a WRITE would evict it

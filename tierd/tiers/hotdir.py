@@ -53,6 +53,10 @@ class HotDir:
         placement's reads, fills and uploads.  Loop only; never close it."""
         return self.tier.pin(ino)
 
+    async def apin(self, ino: int) -> tuple[int, Callable[[], None]]:
+        """:meth:`pin`, a missing data file created off the event loop."""
+        return await self.tier.apin(ino)
+
     def open_new(self, ino: int) -> int:
         """A write descriptor on a new inode's data file, emptied (a crash may have left a
         file under a number the metadata never committed)."""

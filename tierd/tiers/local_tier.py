@@ -234,6 +234,25 @@ class LocalTier:
         ent = self._acquire(ino, True)
         return ent.fd, functools.partial(self._release, ent)
 
+    async def apin(self, ino: int) -> tuple[int, Callable[[], None]]:
+        """:meth:`pin` for a file that may not exist yet: a missing one is created in a
+        worker thread.  A create writes the file system's metadata, which waits behind
+        the writes of any sync in progress on it (1-1.4 ms measured while other work
+        synced, 20 us when quiet): not on the event loop.  An existing file opens inline
+        (a lookup)."""
+        if ino not in self._fds:
+            try:
+                fd = self.open_file(ino, create=False)
+            except FileNotFoundError:
+                fd = await asyncio.to_thread(self.open_file, ino, create=True)
+            if ino not in self._fds:  # (else another coroutine opened it meanwhile)
+                ent = self._fds[ino] = _Fd(fd, refs=1)
+                self._trim()  # (in use already: never the one just opened)
+                return ent.fd, functools.partial(self._release, ent)
+            os.close(fd)
+        ent = self._acquire(ino, True)
+        return ent.fd, functools.partial(self._release, ent)
+
     def inventory(self) -> set[int]:
         """Inode numbers that have a file on this tier (one walk of the shard directories;
         blocking: call in a thread).  At start placement checks the metadata's claims
