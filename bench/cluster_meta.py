@@ -116,7 +116,7 @@ def _spying(pid: int) -> Iterator[dict[str, Any]]:
     tierd callers of those queries."""
     where: dict[str, Any] = {}
     spy = REPO / ".venv" / "bin" / "py-spy"
-    with tempfile.NamedTemporaryFile(suffix=".txt") as raw:
+    with tempfile.NamedTemporaryFile(suffix=".txt", delete=False) as raw:
         proc = subprocess.Popen([str(spy), "record", "--format", "raw", "--threads", "--idle",
                                  "--nonblocking", "--rate", "200", "--pid", str(pid),
                                  "-o", raw.name], stdout=subprocess.DEVNULL,
@@ -128,26 +128,27 @@ def _spying(pid: int) -> Iterator[dict[str, Any]]:
             proc.send_signal(signal.SIGINT)
             proc.wait(30)
         where.update(_loop_shares(Path(raw.name).read_text()))
+        where["raw"] = raw.name  # (kept: py-spy's stacks, for a closer look)
 
 
 def _loop_shares(raw: str) -> dict[str, Any]:
-    """See :func:`_spying`: the loop's thread is the one whose stacks run ``_run_once``."""
+    """See :func:`_spying` (the daemon runs its loop on its main thread)."""
     total = idle = query = 0
     callers: dict[str, int] = {}
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
-        if "_run_once" not in stack or not count.isdigit():
+        if ": MainThread;" not in stack or not count.isdigit():  # (the loop's thread)
             continue
         n = int(count)
         total += n
         frames = stack.split(";")
-        if "select (selectors.py" in frames[-1] or "epoll" in frames[-1]:
-            idle += n
-        elif any(f.startswith("_query (") for f in frames):
+        if any(f.startswith("PgTxn._query (") for f in frames):  # (psycopg waits in epoll)
             query += n
             mine = [f for f in frames if "tierd/" in f and "tierd/meta/" not in f]
             key = mine[-1].split(" (")[0] if mine else "?"
             callers[key] = callers.get(key, 0) + n
+        elif "(selectors.py" in frames[-1]:
+            idle += n
     if not total:
         return {"samples": 0}
     top = sorted(callers.items(), key=lambda kv: -kv[1])[:8]
