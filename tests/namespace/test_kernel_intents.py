@@ -116,3 +116,42 @@ def test_a_passthrough_create_makes_its_data_file_off_the_event_loop(tmp_path: P
             meta.close()
 
     asyncio.run(go())
+
+
+def test_a_first_write_makes_the_data_file_off_the_event_loop(tmp_path: Path) -> None:
+    """The WRITE path's first write of a new file makes its hot data file in a worker
+    thread too (the file system's metadata write must not hold the loop)."""
+    import threading
+
+    from tierd.tiers.local_tier import LocalTier
+
+    made: list[str] = []
+    real = LocalTier.open_file
+
+    def spy(self: LocalTier, ino: int, *, create: bool) -> int:
+        if create:
+            made.append(threading.current_thread().name)
+        return real(self, ino, create=create)
+
+    async def go() -> None:
+        meta = MetaStore.open_lmdb(tmp_path / "meta")
+        try:
+            ns = await open_namespace(meta, tmp_path)
+            try:
+                b = (await ns.create_bucket(ROOT, "bkt")).ino
+                inode, fh = await ns.create(ROOT, b, b"f", 0o644, os.O_WRONLY | os.O_CREAT)
+                LocalTier.open_file = spy  # type: ignore[method-assign]
+                try:
+                    assert await ns.write(fh, 0, b"abc") == 3
+                finally:
+                    LocalTier.open_file = real  # type: ignore[method-assign]
+                await ns.release(fh)
+                with open(ns.hot.path(inode.ino), "rb") as f:
+                    assert f.read() == b"abc"
+                assert made and threading.main_thread().name not in made, made
+            finally:
+                await close_namespace(ns)
+        finally:
+            meta.close()
+
+    asyncio.run(go())

@@ -160,6 +160,8 @@ class FileOps(EntryOps):
             # first write since the last commit: backpressure, and the old content local
             await self.placement.admit(n)
             await self._prepare_write(of.ino, of.size)
+        if not of.opened:  # a new file's data file is made off the loop (LocalTier.apin)
+            await of.open_async(self.hot.apin)
         # Each await below lets other coroutines run (over PostgreSQL a transaction's begin
         # and commit leave the loop): an fsync's commit may settle the file meanwhile and
         # drop its in-place intention.  So both conditions are checked again after every
