@@ -40,20 +40,16 @@ def put_reads(bucket: str, segments: list[bytes], ino: int, tx: MetaTxn) -> None
 
 def entry_reads(tx: MetaTxn, parent: int, name: bytes) -> None:
     """Directory ``parent``, its entry ``name`` and the inode it names with that inode's
-    queue mark: a lookup's, an unlink's, each side of a rename's."""
+    queue mark.  (Not an unlink's or a rename's prefetch: their keys are mostly in the
+    cache already -- the node made the file -- and the prefetch's own round trips, taken
+    under the writer lock, measured slower: docs/metadata.md.)"""
     for name_ in FILE_COUNTERS:
         tx.counter(name_)
     tx.get_inode(parent)
     entry = tx.lookup(parent, name)
     if entry is not None:
-        ino = entry.ino
-        tx.get_inode(ino)
-        tx.queued(ino)
-        tx.get_cold(ino)  # (a rename's or unlink's cold deletes)
-        tx.has_intent(ino)  # (what deleting an inode deletes with it)
-        tx.kv.get(tx._scoped(b"O", ino))
-        for _ in tx.list_xattrs(ino):
-            pass
+        tx.get_inode(entry.ino)
+        tx.queued(entry.ino)
 
 
 def create_reads(tx: MetaTxn, parent: int, name: bytes) -> None:

@@ -20,7 +20,7 @@ from tierd.acl.modes import (
 )
 from tierd.errors import FsError
 from tierd.meta import EMPTY_MD5, ROOT_INO, Bucket, Dirent, Inode, MetaTxn
-from tierd.meta.reads import create_reads, entry_reads
+from tierd.meta.reads import create_reads
 from tierd.namespace import versions
 from tierd.namespace.base import (
     MAX_SYMLINK_HOPS,
@@ -337,7 +337,7 @@ class EntryOps(ResizeOps):
         return d, child
 
     async def unlink(self, ident: Identity, parent: int, name: bytes) -> None:
-        async with self.meta.awrite(warm=lambda tx: entry_reads(tx, parent, name)) as tx:
+        async with self.meta.awrite() as tx:
             d, child = self._removable(tx, ident, parent, name)
             if child.is_dir:
                 raise FsError(errno.EISDIR, f"{name.decode(errors='replace')!r} is a directory")
@@ -393,11 +393,7 @@ class EntryOps(ResizeOps):
         ):
             raise FsError(errno.EINVAL, f"invalid rename flags {flags:#x}")
         drops: list[int] = []
-
-        def reads(tx: MetaTxn) -> None:  # off the loop first (tierd.meta.atxn)
-            entry_reads(tx, old_parent, old_name)
-            entry_reads(tx, new_parent, new_name)
-        async with self.meta.awrite(warm=reads) as tx:
+        async with self.meta.awrite() as tx:
             od = self._dir(tx, old_parent)
             nd = self._dir(tx, new_parent)
             for n in (old_name, new_name):
