@@ -185,7 +185,8 @@ class Config:
         metadata=setting(
             parse=parse_bool,
             help="With fuse_passthrough: writable opens of files wholly on the hot tier "
-            "(not in the memory tier, not on a cluster node) are passed through too: the "
+            "(not in the memory tier, a versioned bucket or on a cluster node) are passed "
+            "through too: the "
             "kernel writes the hot file, the daemon commits at flush/fsync/close "
             "(docs/fuse.md).",
             metavar="BOOL",

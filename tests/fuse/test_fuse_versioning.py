@@ -6,6 +6,7 @@ Real programs (cp, mv, rm, cat, ls) on one side, boto3 on the other."""
 from __future__ import annotations
 
 import hashlib
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -204,3 +205,27 @@ def test_in_place_overwrite_of_a_null_version_and_while_suspended(
     null = s3.get_object(Bucket=bucket, Key="n", VersionId="null")
     assert null["Body"].read() == NEW and null["ETag"] == _etag(NEW)
     assert s3.get_object(Bucket=bucket, Key="n")["Body"].read() == b"x"
+
+
+def test_every_fsync_of_one_open_writer_is_a_version_kept(
+        s3: Any, vbucket: tuple[str, Path]) -> None:
+    """One descriptor writes, fsyncs, writes again and fsyncs: in an Enabled bucket each
+    committed state is a version S3 keeps, as on the WRITE path.  (Write passthrough
+    cannot keep them -- the kernel rewrites the bytes a version names without telling the
+    daemon -- so files of versioned buckets are not passed through.)"""
+    bucket, root = vbucket
+    v0 = s3.put_object(Bucket=bucket, Key="w", Body=OLD)["VersionId"]
+    fd = os.open(root / "w", os.O_RDWR)
+    try:
+        os.pwrite(fd, b"A" * 10, 0)
+        os.fsync(fd)
+        v1 = history(s3, bucket, "w")[0][0]
+        os.pwrite(fd, b"B" * 10, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    hist = history(s3, bucket, "w")
+    assert [h[0] for h in hist][1:] == [v1, v0], hist
+    for vid, head in ((v0, b"0123456789"), (v1, b"A" * 10), (hist[0][0], b"B" * 10)):
+        body = s3.get_object(Bucket=bucket, Key="w", VersionId=vid)["Body"].read()
+        assert body[:10] == head and body[10:] == OLD[10:], vid

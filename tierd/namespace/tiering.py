@@ -16,6 +16,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
+from tierd.namespace import versions
 from tierd.namespace.base import NamespaceBase, OpenFile
 
 #: free bytes the hot file system keeps for writes the kernel passes through (at most 1/8
@@ -121,15 +122,19 @@ class TieringOps(NamespaceBase):
     async def _pt_refused(self, of: OpenFile) -> bool:
         """Whether the kernel must not write ``of``'s hot file itself: files not whole on
         hot, a cluster node's files, set-id files, the memory tier's files (the reasons in
-        :meth:`passthrough_open`)."""
+        :meth:`passthrough_open`), and files of a bucket whose versioning was ever set: in
+        an ``Enabled`` bucket every commit's version is kept before the next in-place
+        write changes its bytes (:mod:`tierd.namespace.keepversion`, at the WRITE path's
+        first write after each commit), and the kernel's writes pass no such point (a
+        ``Suspended`` bucket may be enabled while a writer is open)."""
         if self.meta.node or self.meta.engine.remote or of.privs:
             return True
         if not self.placement.hot_complete(of.ino):
             return True
-        if self.placement.mem_policies():
-            async with self.meta.asnapshot() as tx:
-                return self.placement.wants_mem(tx, of.ino)
-        return False
+        async with self.meta.asnapshot() as tx:
+            if versions.configured(tx, of.ino):
+                return True
+            return bool(self.placement.mem_policies()) and self.placement.wants_mem(tx, of.ino)
 
     async def passthrough_readable(self, fh: int) -> bool:
         """For read-only handle ``fh``, with write passthrough on: whether a writer of the

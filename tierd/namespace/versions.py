@@ -225,6 +225,18 @@ def state(tx: MetaTxn, bucket: str) -> str:
     return b.config.get(CONFIG, "") if b is not None else ""
 
 
+def configured(tx: MetaTxn, ino: int) -> bool:
+    """Whether a name of ``ino`` is a key of a bucket whose versioning was ever set
+    (``Enabled`` or ``Suspended``); one point read while no bucket ever was."""
+    if tx.kv.get(_IN_USE) is None:
+        return False
+    for link in tx.links(ino):
+        loc = locate(tx, *link)
+        if loc is not None and state(tx, loc[0]):
+            return True
+    return False
+
+
 def locate(tx: MetaTxn, d_ino: int, name: bytes) -> tuple[str, str] | None:
     """(bucket, key) of entry ``name`` in directory ``d_ino``; None outside a bucket, and
     None at the cost of one point read while no bucket was ever versioned (a create, an
