@@ -253,7 +253,12 @@ def test_fuse_requests_counted(daemon: tuple[Admin, Path | None]) -> None:
     a.d.client().create_bucket(Bucket=bucket)
     before = scrape(a)
     path = mnt / bucket / "file"
-    path.write_bytes(b"x" * 5000)
+    path.write_bytes(b"x" * 5000)  # (write passthrough: the kernel writes the hot file)
+    suid = mnt / bucket / "suid"
+    suid.write_bytes(b"")
+    os.chmod(suid, 0o4755)  # set-id files keep the WRITE path: their writes are requests
+    with open(suid, "ab") as f:
+        f.write(b"y" * 5000)
     missing = mnt / bucket / f"nope-{uuid.uuid4().hex}"
     assert not missing.exists()  # a lookup answered ENOENT (entries are not cached negative)
     after = scrape(a)
@@ -263,13 +268,14 @@ def test_fuse_requests_counted(daemon: tuple[Admin, Path | None]) -> None:
         return (after.get("tierd_requests_total", **labels)
                 - before.get("tierd_requests_total", **labels))
 
-    assert moved("create", "ok") == 1
+    assert moved("create", "ok") == 2
     assert moved("write", "ok") >= 1
+    assert moved("flush", "ok") >= 2
     assert moved("lookup", "ENOENT") >= 1
     assert after.get("tierd_requests_in_flight", door="fuse") == 0
     assert (after.get("tierd_request_duration_seconds_count", door="fuse", operation="create")
             - before.get("tierd_request_duration_seconds_count", door="fuse",
-                         operation="create")) == 1
+                         operation="create")) == 2
 
 
 def test_checkpoint_phases_observed(daemon: tuple[Admin, Path | None]) -> None:
