@@ -186,9 +186,8 @@ class Config:
             parse=parse_bool,
             help="With fuse_passthrough: writable opens of files wholly on the hot tier "
             "(not in the memory tier, a versioned bucket or on a cluster node) are passed "
-            "through too: the "
-            "kernel writes the hot file, the daemon commits at flush/fsync/close "
-            "(docs/fuse.md).",
+            "through too: the kernel writes the hot file, the daemon commits at "
+            "flush/fsync/close (docs/fuse.md).",
             metavar="BOOL",
         ),
     )

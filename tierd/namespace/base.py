@@ -351,8 +351,13 @@ class NamespaceBase:
         """While the kernel writes ``of``'s hot file itself (FUSE write passthrough,
         ``of.external``): its size and mtime become the live ones, and ``wrote``, or a
         size, mtime or ctime changed since the last look, counts as a write (a new content
-        version at the next commit)."""
+        version at the next commit) -- except on a file committed empty and empty still:
+        a write extends it, a store through a mapping cannot reach past its end, a
+        truncate is a setattr the namespace sees, so closing a file created and left empty
+        commits nothing."""
         st = os.fstat(of.fd)
+        if of.committed_size == 0 and st.st_size == 0:
+            wrote = False
         seen = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         changed = seen != of.external_seen
         if wrote or changed:

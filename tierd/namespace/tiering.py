@@ -154,14 +154,8 @@ class TieringOps(NamespaceBase):
         h = self._handles.get(fh)
         if h is None or not h.ofile.external:
             return
-        of = h.ofile
-        if wrote and of.committed_size == 0 and os.fstat(of.fd).st_size == 0:
-            # an empty file still empty was not written (a write extends it, a store
-            # through a mapping cannot reach past its end, a truncate is a setattr the
-            # namespace sees): closing a file created and left empty commits nothing
-            wrote = False
         # (a change seen: getattr overlays the live size of a file being written)
-        self._external_look(of, wrote)
+        self._external_look(h.ofile, wrote)
 
     async def passthrough_room(self) -> int:
         """Headroom on the hot file system for writes the kernel passes through: below
