@@ -130,7 +130,7 @@ class OpsBase(pyfuse3.Operations):
     #: same answer as everything else; the daemon keeps checking what reaches it
     enable_acl = True
     #: how :meth:`readdir` adds an entry to its reply: pyfuse3's, or the kernel backend's
-    #: (``tierd_fuse.kdev.DirToken.add``, set on the instance it serves)
+    #: (``tierd_fuse.kstructs.DirToken.add``, set on the instance it serves)
     readdir_reply: Callable[[Any, bytes, pyfuse3.EntryAttributes, int], bool] = staticmethod(
         pyfuse3.readdir_reply)
     #: listings hand the kernel each entry's attributes (readdirplus): the kernel backend

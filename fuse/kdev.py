@@ -10,9 +10,10 @@ same operation methods as the pyfuse3 backend (:mod:`tierd_fuse.ops`, :mod:`tier
 every rule stays there and in the namespace); the reply is one ``os.writev``.
 
 The operations take pyfuse3's argument types; this module passes duck-typed stand-ins
-(:class:`KContext` for ``RequestContext``, :class:`KSetattrFields` for ``SetattrFields``,
-:class:`DirToken` for ``ReaddirToken``) and reads their pyfuse3 return values
-(``EntryAttributes``, ``FileInfo``, ``StatvfsData``) into the kernel's structs.
+(``KContext`` for ``RequestContext``, ``KSetattrFields`` for ``SetattrFields``,
+``DirToken`` for ``ReaddirToken``) and packs their pyfuse3 return values
+(``EntryAttributes``, ``FileInfo``, ``StatvfsData``) into the kernel's structs; the
+stand-ins and the attribute packing live in :mod:`tierd_fuse.kstructs`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import contextvars
 import errno
 import logging
 import os
-import stat
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -31,6 +31,7 @@ import pyfuse3
 
 from . import kproto as K
 from .kpass import Passthrough
+from .kstructs import DirToken, KContext, KSetattrFields, attr_out, entry_out
 
 if TYPE_CHECKING:
     from .ops import TierdOps
@@ -51,80 +52,6 @@ WANT = (K.ASYNC_READ | K.ATOMIC_O_TRUNC | K.BIG_WRITES | K.DONT_MASK | K.AUTO_IN
         | K.INIT_EXT | K.HANDLE_KILLPRIV_V2)
 
 Buffer = bytes | bytearray | memoryview
-
-
-@dataclass(slots=True)
-class KContext:
-    """Stands in for ``pyfuse3.RequestContext``: who asks (and the umask of creates)."""
-
-    uid: int
-    gid: int
-    pid: int
-    umask: int = 0
-
-
-@dataclass(slots=True)
-class KSetattrFields:
-    """Stands in for ``pyfuse3.SetattrFields``: which attributes a SETATTR changes."""
-
-    update_atime: bool = False
-    update_mtime: bool = False
-    update_ctime: bool = False
-    update_mode: bool = False
-    update_uid: bool = False
-    update_gid: bool = False
-    update_size: bool = False
-
-
-def _split_time(t: float) -> tuple[int, int]:
-    sec = int(t)
-    return sec, int((t - sec) * 1e9)
-
-
-def _attr_fields(a: pyfuse3.EntryAttributes) -> tuple[int, ...]:
-    """The values of a ``fuse_attr`` (times split into seconds and nanoseconds)."""
-    at, mt, ct = a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns
-    return (a.st_ino, a.st_size, a.st_blocks, at // 10**9, mt // 10**9, ct // 10**9,
-            at % 10**9, mt % 10**9, ct % 10**9, a.st_mode, a.st_nlink, a.st_uid, a.st_gid,
-            a.st_rdev & 0xFFFFFFFF, a.st_blksize, 0)
-
-
-def entry_out(a: pyfuse3.EntryAttributes) -> bytes:
-    """``fuse_entry_out`` of a LOOKUP-like reply (node id 0: a negative entry)."""
-    ev, evn = _split_time(a.entry_timeout)
-    av, avn = _split_time(a.attr_timeout)
-    return K.ENTRY_OUT.pack(a.st_ino, a.generation, ev, av, evn, avn, *_attr_fields(a))
-
-
-def attr_out(a: pyfuse3.EntryAttributes) -> bytes:
-    av, avn = _split_time(a.attr_timeout)
-    return K.ATTR_OUT.pack(av, avn, 0, *_attr_fields(a))
-
-
-class DirToken:
-    """Stands in for ``pyfuse3.ReaddirToken``: collects the entries of one READDIR(PLUS)
-    reply up to the kernel's buffer size (:meth:`add` is the ops' ``readdir_reply`` on
-    this backend)."""
-
-    def __init__(self, size: int, plus: bool) -> None:
-        self.size = size
-        self.plus = plus
-        self.buf = bytearray()
-        self.inos: list[int] = []
-
-    def add(self, name: bytes, a: pyfuse3.EntryAttributes, next_id: int) -> bool:
-        dirent = K.DIRENT.size + len(name)
-        need = K.pad8(dirent) + (K.ENTRY_OUT.size if self.plus else 0)
-        if len(self.buf) + need > self.size:
-            return False
-        if self.plus:
-            self.buf += entry_out(a)
-        self.buf += K.DIRENT.pack(a.st_ino, next_id, len(name), stat.S_IFMT(a.st_mode) >> 12)
-        self.buf += name
-        self.buf += bytes(K.pad8(dirent) - dirent)
-        if name not in (b".", b".."):
-            self.inos.append(a.st_ino)
-        return True
 
 
 @dataclass(slots=True)
