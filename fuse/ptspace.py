@@ -15,6 +15,12 @@ below it, and this watch calls it
 * every :data:`POLL` seconds whatever happened (stores through a shared mapping raise no
   event).
 
+A writer's ``inotify`` watch is added at the first look after its open, not at the open:
+a file created, written a little and closed within one poll (a create burst: most of them)
+costs no ``inotify_add_watch`` and ``inotify_rm_watch`` on the loop (about 60 us of
+system calls a file, and the ctypes calls around them), and its writes are seen by the
+poll meanwhile.
+
 A look costs one ``statvfs`` (about 3 microseconds); eviction only happens below the
 headroom.  What the watch cannot do is stop a writer that fills the headroom faster than
 the daemon evicts (measured in docs/fuse.md, "Write passthrough").
@@ -55,6 +61,11 @@ class SpaceWatch:
     def __init__(self, ns: NamespaceAPI) -> None:
         self.ns = ns
         self._wds: dict[int, int] = {}  # ino -> inotify watch of its hot file
+        #: ino -> (hot file descriptor, looks made before its open): writers not watched
+        #: yet; the descriptor is the namespace's, open until the writer's release, whose
+        #: :meth:`remove` comes first
+        self._pending: dict[int, tuple[int, int]] = {}
+        self._looks = 0
         self._ifd = -1
         self._libc: ctypes.CDLL | None = None
         self._wake: asyncio.Future[None] | None = None  # what the watch waits on now
@@ -62,14 +73,17 @@ class SpaceWatch:
         self._armed = False
 
     def add(self, ino: int, fd: int) -> None:
-        """A passthrough writer of ``ino`` (hot file ``fd``) was opened."""
-        if ino not in self._wds:
-            self._wds[ino] = self._watch(fd)
+        """A passthrough writer of ``ino`` (hot file ``fd``) was opened: watched from the
+        next look on (:meth:`_promote`)."""
+        if ino not in self._wds and ino not in self._pending:
+            self._pending[ino] = (fd, self._looks)
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
 
     def remove(self, ino: int) -> None:
         """The last passthrough writer of ``ino`` went."""
+        if self._pending.pop(ino, None) is not None:
+            return  # never watched: no system call
         wd = self._wds.pop(ino, -1)
         if wd >= 0 and self._libc is not None:
             self._libc.inotify_rm_watch(self._ifd, wd)  # (-1 when the file went: harmless)
@@ -82,6 +96,17 @@ class SpaceWatch:
             os.close(self._ifd)
             self._ifd = -1
         self._wds.clear()
+        self._pending.clear()
+
+    def _promote(self) -> None:
+        """At a look: writers opened before the previous look, and open still, get their
+        ``inotify`` watch."""
+        if not self._pending:
+            return
+        due = [(ino, fd) for ino, (fd, seen) in self._pending.items() if seen < self._looks]
+        for ino, fd in due:
+            del self._pending[ino]
+            self._wds[ino] = self._watch(fd)
 
     # -- inotify ---------------------------------------------------------------------------
     def _watch(self, fd: int) -> int:
@@ -127,13 +152,15 @@ class SpaceWatch:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            while self._wds:
+            while self._wds or self._pending:
+                self._promote()
                 self._arm()
                 # (a future and a timer, not wait_for: no task per wake)
                 self._wake = loop.create_future()
                 timer = loop.call_later(POLL, _wake, self._wake)
                 await self._wake
                 timer.cancel()
+                self._looks += 1
                 try:
                     await self.ns.passthrough_room()
                 except OSError as e:
