@@ -32,7 +32,7 @@ from tierd.meta import STATE_CLEAN, STATE_DIRTY, Inode, MetaStore, MetaTxn
 from tierd.placement import bitmap, intents
 from tierd.placement.intents import RecentDeletes
 from tierd.placement.paths import file_keys, files_under, is_version_key, queue_token
-from tierd.tiers import ObjectInfo, ObjectTier
+from tierd.tiers import ListPage, ObjectInfo, ObjectTier
 
 #: what placement says about an inode: open with unflushed writes / wholly local
 Judge = Callable[[Inode], bool]
@@ -177,6 +177,8 @@ class Importer:
     async def stale(self, dir_ino: int) -> bool:
         """Whether the directory's last look at cold is older than the TTL (this node's
         own looks are remembered: no read for them)."""
+        if self.ttl <= 0:
+            return True  # (no stamp is ever fresh: no read needed to learn it)
         now = time.time_ns()
         if now - self._stamped.get(dir_ino, 0) <= self.ttl * 1e9:
             return False
@@ -211,6 +213,9 @@ class Importer:
         with self.recent.listing() as mono:
             while True:
                 page = await self.cold.list(prefix, start_after=after, delimiter="/")
+                if not after and self._idle(page) and await self._nothing_unlisted(
+                        dir_ino, listed):
+                    return 0
                 async with self.meta.awrite() as tx:
                     found: list[tuple[str, ObjectInfo | None]] = []
                     for info in page.objects:
@@ -231,8 +236,26 @@ class Importer:
                     return n
                 after = page.next_start_after
 
-    def _judge_unlisted(self, tx: MetaTxn, dir_ino: int, prefix: str, listed: set[bytes],
-                        started: int) -> None:
+    def _idle(self, page: ListPage) -> bool:
+        """With an ``import_ttl`` of 0 (every look-up of a missing name lists cold), whether
+        this listing -- the directory's whole one, and empty -- has nothing to import, so
+        that the refresh needs no write transaction: it would only have stamped the
+        directory (a stamp is never fresh at TTL 0) and judged unlisted files, which
+        :meth:`_nothing_unlisted` rules out first.  A write transaction for each such
+        look-up took the cluster's writer lock and a commit for every new name made
+        through FUSE."""
+        return (self.ttl <= 0 and not page.truncated and not page.objects
+                and not page.common_prefixes)
+
+    async def _nothing_unlisted(self, dir_ino: int, listed: set[bytes]) -> bool:
+        """Whether no file of the directory would be judged lost by this listing
+        (:meth:`_unlisted`), read in a snapshot: then nothing is, and nothing is written."""
+        async with self.meta.asnapshot() as tx:
+            return not self._unlisted(tx, dir_ino, listed)
+
+    @staticmethod
+    def _unlisted(tx: MetaTxn, dir_ino: int, listed: set[bytes]) -> list[tuple[bytes, int]]:
+        """The directory's files the listing lacks that :func:`lost` may judge."""
         gone = []
         for name, _, ent in tx.list_dirents(dir_ino):
             # a queued file (new or changed, not yet persisted: most of a directory being
@@ -241,7 +264,11 @@ class Importer:
             if (stat.S_ISREG(ent.kind) and name not in listed
                     and tx.queued(ent.ino) is None):
                 gone.append((name, ent.ino))
-        for name, ino in gone:
+        return gone
+
+    def _judge_unlisted(self, tx: MetaTxn, dir_ino: int, prefix: str, listed: set[bytes],
+                        started: int) -> None:
+        for name, ino in self._unlisted(tx, dir_ino, listed):
             key = prefix + name.decode("utf-8", "surrogateescape")
             self._judge(tx, ino, key, f"the cold store's listing of {prefix!r} begun at "
                         f"{_stamp(started)} lacks {key!r}", started)
