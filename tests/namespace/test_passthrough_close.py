@@ -10,6 +10,7 @@ version, the flush and the new size; an orphan is still reaped at its last close
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Iterator
@@ -116,5 +117,48 @@ def test_an_orphan_is_reaped_at_its_last_close(tmp_path: Path) -> None:
         await _close(ns, fh)
         with ns.meta.snapshot() as tx:
             assert tx.get_inode(ino) is None and ino not in tx.list_orphans()
+
+    in_namespace(tmp_path, body)
+
+
+@contextlib.contextmanager
+def snapshots(meta: MetaStore) -> Iterator[list[int]]:
+    """Counts the async snapshots the current task begins on ``meta`` while the block runs
+    (real ones; the persister's own, in its task, are not counted)."""
+    seen: list[int] = []
+    real = meta.asnapshot
+    me = asyncio.current_task()
+
+    def counting(*a: Any, **kw: Any) -> Any:
+        if asyncio.current_task() is me:
+            seen.append(1)
+        return real(*a, **kw)
+
+    meta.asnapshot = counting  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        del meta.asnapshot
+
+
+def test_a_passthrough_open_takes_no_snapshot_while_no_bucket_was_ever_versioned(
+        tmp_path: Path) -> None:
+    """The versioning check of a passthrough open (``_pt_refused``) reads nothing while no
+    bucket's versioning was ever set and none was set since it last looked; once a
+    bucket's is, the next open looks again and refuses that bucket's files."""
+    async def body(ns: Namespace) -> None:
+        await _created(ns, b"first")  # looks once: no bucket versioned
+        b = (await ns.lookup(ROOT, ROOT_INO, b"bkt")).ino
+        _, fh = await ns.create(ROOT, b, b"second", 0o644, os.O_WRONLY | os.O_CREAT,
+                                kernel_writes=True)
+        with snapshots(ns.meta) as seen:
+            assert await ns.passthrough_open(fh) is not None
+        assert seen == [], "a snapshot per passthrough open"
+        await _close(ns, fh)
+        await ns.set_versioning("bkt", "Suspended")
+        _, fh = await ns.create(ROOT, b, b"third", 0o644, os.O_WRONLY | os.O_CREAT,
+                                    kernel_writes=True)
+        assert await ns.passthrough_open(fh) is None  # the bucket's files keep the daemon
+        await ns.release(fh)
 
     in_namespace(tmp_path, body)

@@ -36,6 +36,10 @@ def _ignore_result(fut: asyncio.Future[None]) -> None:
 
 
 class TieringOps(NamespaceBase):
+    #: :func:`versions.marks` when a passthrough open last saw no bucket ever versioned
+    #: (-1: not seen yet); :meth:`_pt_refused` skips its snapshot while it is current
+    _unversioned_at = -1
+
     # -- open files ------------------------------------------------------------------------
     def advise_read(self, fh: int, offset: int, length: int) -> None:
         """Ask the hot data file of open file ``fh`` to read ``[offset, offset+length)``
@@ -131,10 +135,19 @@ class TieringOps(NamespaceBase):
             return True
         if not self.placement.hot_complete(of.ino):
             return True
+        mem = self.placement.mem_policies()
+        marks = versions.marks()
+        if not mem and self._unversioned_at == marks:
+            # no bucket was versioned when last looked, and no mark committed since (one
+            # node: every mark is this process's, counted after its commit): no snapshot
+            # on every passthrough open of a store that never used versioning
+            return False
         async with self.meta.asnapshot() as tx:
             if versions.configured(tx, of.ino):
                 return True
-            return bool(self.placement.mem_policies()) and self.placement.wants_mem(tx, of.ino)
+            if not versions.in_use(tx):
+                self._unversioned_at = marks
+            return mem and self.placement.wants_mem(tx, of.ino)
 
     async def passthrough_readable(self, fh: int) -> bool:
         """For read-only handle ``fh``, with write passthrough on: whether a writer of the

@@ -214,9 +214,31 @@ def resolve_cold(tx: MetaTxn, bucket: str, rest: str) -> int | None:
 _IN_USE = PREFIX + b"\0"  # some bucket has had versioning enabled (bucket names are never empty)
 
 
+#: how many commits that marked versioning in use this process has seen end: a reader that
+#: found no mark at a given count knows none came while the count stays (it is bumped after
+#: the commit lands, so a read that began before it and missed the mark is followed by a
+#: bump).  Only this process's writes are counted: a cluster's nodes never rely on it.
+_marks = [0]
+
+
 def mark_in_use(tx: MetaTxn) -> None:
     """Versioning is being enabled on a bucket: from now on writes look up their bucket."""
     tx.kv.put(_IN_USE, b"")
+    tx.after_commit(_bump_marks)
+
+
+def _bump_marks() -> None:
+    _marks[0] += 1
+
+
+def marks() -> int:
+    """The count of :data:`_marks` now (read it before the snapshot that looks)."""
+    return _marks[0]
+
+
+def in_use(tx: MetaTxn) -> bool:
+    """Whether any bucket's versioning was ever set (one point read)."""
+    return tx.kv.get(_IN_USE) is not None
 
 
 def state(tx: MetaTxn, bucket: str) -> str:
