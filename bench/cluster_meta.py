@@ -8,10 +8,15 @@ serve`` on lmdb (tests/durability/coldlib.py) over the same cold store.  Each cl
 thread making ``--files`` files in a directory of its own through its node's mount, then
 stats, renames and unlinks them: create (open O_CREAT|O_EXCL + close), stat, rename, unlink,
 each phase timed from the first client's start to the last one's end.  Write-back is held
-back (the files are empty anyway).  ``--spy`` samples the first node with py-spy during the
-creates on 3 nodes and reports where its event loop's thread was (idle, waiting in a query
-of a transaction body, running).  Prints one JSON document; ``--out FILE`` writes it there
-too.
+back (the files are empty anyway).  The daemons run with tierd's default ``import_ttl``
+(5 s); ``--import-ttl 0``, the test harness's setting, makes every look-up of a new name
+list the cold store (a request to moto per create and per rename: most of the CPU the
+runs before 2026-11-26 measured).  ``--cpu`` adds each phase's CPU per operation of every
+process, ``--statements`` the database's statements per operation, ``--profile`` py-spy
+of every node's running threads during the creates; ``--spy`` samples every node during
+the creates on 3 nodes and reports where its event loop's thread was (idle, waiting in a
+query of a transaction body, running, and in what).  Prints one JSON document; ``--out
+FILE`` writes it there too.
 
     .venv/bin/python bench/cluster_meta.py --clients 8 --files 200 \\
         --out bench/results/cluster_meta.json
@@ -87,10 +92,87 @@ def _unlink(d: Path, i: int) -> None:
     os.unlink(d / f"g{i}")
 
 
+def _ticks(pid: int) -> int:
+    """utime + stime of a process (all its threads), in clock ticks; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # (fields 14 and 15 of proc(5))
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            out += [int(p) for p in (task / "children").read_text().split()]
+    return out
+
+
+class CpuMeter:
+    """CPU time of the processes of a run, per phase: each daemon, PostgreSQL (the
+    postmaster and its backends, found again at each reading: a backend that exited
+    meanwhile is not counted), moto and this bench (its client threads)."""
+
+    def __init__(self, groups: dict[str, Callable[[], list[int]]]) -> None:
+        self.groups = groups
+        self.hz = os.sysconf("SC_CLK_TCK")
+
+    def read(self) -> dict[str, dict[int, int]]:
+        return {name: {p: _ticks(p) for p in pids()} for name, pids in self.groups.items()}
+
+    def spent(self, before: dict[str, dict[int, int]], ops: int) -> dict[str, float]:
+        """Milliseconds of CPU per operation since ``before``, per group."""
+        now = self.read()
+        out = {}
+        for name, ticks in now.items():
+            old = before.get(name, {})
+            t = sum(v - old.get(p, 0) for p, v in ticks.items())
+            out[name] = round(t / self.hz * 1000 / ops, 2)
+        out["total"] = round(sum(out.values()), 2)
+        return out
+
+
+def _fixed(pid: int) -> Callable[[], list[int]]:
+    return lambda: [pid]
+
+
+def _pids(proc: subprocess.Popen[bytes] | None) -> Callable[[], list[int]]:
+    """A process's pid as a :class:`CpuMeter` group (none when it is not running)."""
+    return lambda: [proc.pid] if proc is not None else []
+
+
+class Statements:
+    """The statements the server ran per operation of a phase (``pg_stat_statements``,
+    loaded at the server's start by ``--statements``): calls per operation of each, the
+    top 12, and all statements together."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+
+    def reset(self) -> None:
+        self.conn.execute("SELECT pg_stat_statements_reset()")
+
+    def per_op(self, ops: int) -> dict[str, Any]:
+        rows = self.conn.execute(
+            "SELECT calls, total_exec_time, query FROM pg_stat_statements "
+            "WHERE query NOT LIKE '%pg_stat_statements%' ORDER BY calls DESC").fetchall()
+        return {"all": round(sum(r[0] for r in rows) / ops, 2),
+                "exec_ms": round(sum(r[1] for r in rows) / ops, 3),
+                "top": [[round(c / ops, 2), " ".join(q.split())[:100]]
+                        for c, _t, q in rows[:12]]}
+
+
 def _workload(mounts: list[Path], clients: int, files: int, tag: str,
-              spy: int | None = None) -> dict[str, Any]:
+              spy: list[int] | None = None, cpu: CpuMeter | None = None,
+              profile: bool = False, stmts: Statements | None = None) -> dict[str, Any]:
     """The four phases with ``clients`` clients, client k on ``mounts[k % len(mounts)]``;
-    with ``spy`` (a daemon's pid) py-spy samples that daemon during the creates."""
+    with ``spy`` (daemons' pids) py-spy samples those daemons during the creates (only
+    their running threads with ``profile``); with
+    ``cpu`` each phase's CPU per operation of each process group (ms)."""
     dirs = []
     for k in range(clients):
         d = mounts[k % len(mounts)] / "bench" / f"{tag}-c{k}"
@@ -99,26 +181,40 @@ def _workload(mounts: list[Path], clients: int, files: int, tag: str,
     ops = (_create, _stat, _rename, _unlink)
     out: dict[str, Any] = {}
     for name, op in zip(PHASES, ops, strict=True):
-        if spy is not None and name == "create":
-            with _spying(spy) as where:
+        if stmts is not None:
+            stmts.reset()
+        before = cpu.read() if cpu is not None else {}
+        began = time.time()
+        if spy and name == "create":
+            with contextlib.ExitStack() as stack:
+                wheres = [stack.enter_context(_spying(pid, not profile)) for pid in spy]
+                before = cpu.read() if cpu is not None else {}
                 out[name] = round(_phase(dirs, files, op), 1)
-            out["create_loop"] = where
-            continue
-        out[name] = round(_phase(dirs, files, op), 1)
+            out["create_loop"] = wheres
+        else:
+            out[name] = round(_phase(dirs, files, op), 1)
+        out[f"{name}_wall"] = [round(began, 2), round(time.time(), 2)]  # (to match logs)
+        if cpu is not None:
+            out[f"{name}_cpu_ms"] = cpu.spent(before, clients * files)
+        if stmts is not None:
+            out[f"{name}_statements"] = stmts.per_op(clients * files)
     return out
 
 
 @contextlib.contextmanager
-def _spying(pid: int) -> Iterator[dict[str, Any]]:
+def _spying(pid: int, idle: bool = True) -> Iterator[dict[str, Any]]:
     """py-spy on ``pid`` meanwhile; then where its event loop's thread was, in shares of its
     samples: idle (waiting for events), in a transaction body's query (``PgTxn._query``:
     a get or scan the cache did not answer, on the loop), running anything else; and the
-    tierd callers of those queries."""
+    tierd callers of those queries.  With ``idle`` False (``--profile``): only samples of
+    threads running (or waiting in a system call), every thread, by function
+    (:func:`_cpu_shares`)."""
     where: dict[str, Any] = {}
     spy = REPO / ".venv" / "bin" / "py-spy"
     with tempfile.NamedTemporaryFile(suffix=".txt", delete=False) as raw:
-        proc = subprocess.Popen([str(spy), "record", "--format", "raw", "--threads", "--idle",
-                                 "--nonblocking", "--rate", "200", "--pid", str(pid),
+        proc = subprocess.Popen([str(spy), "record", "--format", "raw", "--threads",
+                                 *(["--idle"] if idle else []), "--nonblocking",
+                                 "--rate", "200" if idle else "50", "--pid", str(pid),
                                  "-o", raw.name], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # (py-spy attaches)
@@ -127,14 +223,22 @@ def _spying(pid: int) -> Iterator[dict[str, Any]]:
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(30)
-        where.update(_loop_shares(Path(raw.name).read_text()))
+        text = Path(raw.name).read_text()
+        where.update(_loop_shares(text) if idle else _cpu_shares(text))
         where["raw"] = raw.name  # (kept: py-spy's stacks, for a closer look)
+
+
+def _names(frames: list[str]) -> set[str]:
+    """py-spy's frames ("func (path/file.py:line)") as "func file.py", each once."""
+    return {f.split(" (")[0] + " " + f.split(" (")[-1].split(":")[0].split("/")[-1]
+            for f in frames}
 
 
 def _loop_shares(raw: str) -> dict[str, Any]:
     """See :func:`_spying` (the daemon runs its loop on its main thread)."""
     total = idle = query = 0
     callers: dict[str, int] = {}
+    running: dict[str, int] = {}  # function -> samples of the loop running inside it
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
         if ": MainThread;" not in stack or not count.isdigit():  # (the loop's thread)
@@ -149,12 +253,43 @@ def _loop_shares(raw: str) -> dict[str, Any]:
             callers[key] = callers.get(key, 0) + n
         elif "(selectors.py" in frames[-1]:
             idle += n
+        else:
+            for f in _names(frames[1:]):
+                running[f] = running.get(f, 0) + n
     if not total:
         return {"samples": 0}
     top = sorted(callers.items(), key=lambda kv: -kv[1])[:8]
     return {"samples": total, "idle": round(idle / total, 3),
             "body_query": round(query / total, 3),
-            "query_callers": {k: round(v / total, 3) for k, v in top}}
+            "query_callers": {k: round(v / total, 3) for k, v in top},
+            "running_in": {k: round(v / total, 3) for k, v in
+                           sorted(running.items(), key=lambda kv: -kv[1])[:40]}}
+
+
+def _cpu_shares(raw: str) -> dict[str, Any]:
+    """Of the samples of running threads: the share of each thread (by its name, numbers
+    dropped), and of each function anywhere on the stack (inclusive), the top 50."""
+    total = 0
+    threads: dict[str, int] = {}
+    funcs: dict[str, int] = {}
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        name = frames[0].split(": ")[-1].rstrip("0123456789_")
+        threads[name] = threads.get(name, 0) + n
+        for f in _names(frames[1:]):
+            funcs[f] = funcs.get(f, 0) + n
+    if not total:
+        return {"samples": 0}
+    return {"samples": total,
+            "threads": {k: round(v / total, 3) for k, v in
+                        sorted(threads.items(), key=lambda kv: -kv[1])},
+            "functions": {k: round(v / total, 3) for k, v in
+                          sorted(funcs.items(), key=lambda kv: -kv[1])[:50]}}
 
 
 def main() -> None:
@@ -163,13 +298,30 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=200, help="files per client")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--spy", action="store_true",
-                    help="py-spy the first node during the creates on 3 nodes: where its loop "
-                    "waits (needs .venv/bin/py-spy and ptrace rights)")
+                    help="py-spy every node during the creates on 3 nodes: where its loop "
+                    "waits and what it runs (needs .venv/bin/py-spy and ptrace rights)")
+    ap.add_argument("--profile", action="store_true",
+                    help="py-spy every node during the creates on 3 nodes, running threads "
+                    "only (50 Hz): which threads and functions the daemon's CPU goes to")
+    ap.add_argument("--cpu", action="store_true",
+                    help="CPU per operation of each daemon, PostgreSQL, moto and the "
+                    "clients, per phase (ms, from /proc/PID/stat)")
+    ap.add_argument("--import-ttl", default="5",
+                    help="the daemons' import_ttl (seconds; default tierd's own; 0, the "
+                    "test harness's and this bench's before 2026-11-26, lists cold at "
+                    "every look-up of a name a directory lacks)")
+    ap.add_argument("--statements", action="store_true",
+                    help="the database statements per operation (pg_stat_statements)")
+    ap.add_argument("--skip-lmdb", action="store_true", help="only the PostgreSQL runs")
     args = ap.parse_args()
+    SETTINGS["TIERD_IMPORT_TTL"] = args.import_ttl
     bindir = find_bindir()
     if bindir is None:
         raise SystemExit("PostgreSQL is not installed (./dev.sh setup installs it)")
     pg = PgServer(bindir, fsync=True)
+    if args.statements:
+        pg._opts += " -c shared_preload_libraries=pg_stat_statements"
+        pg.restart()
     result: dict[str, Any] = {
         "bench": "cluster_meta", "clients": args.clients, "files_per_client": args.files,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -180,17 +332,33 @@ def main() -> None:
             moto.client().create_bucket(Bucket="tierd-cold")
             cold = Cold("s3", Path(base), server=moto)
             single = Tierd(Path(base) / "single", cold, mount=True, **SETTINGS)
-            with running(single):
-                assert single.mnt is not None
-                (single.mnt / "bench").mkdir()
-                result["lmdb_1_node"] = _workload([single.mnt], args.clients, args.files, "l")
+            mine = os.getpid()
+            if not args.skip_lmdb:
+                with running(single):
+                    assert single.mnt is not None and single.proc is not None
+                    (single.mnt / "bench").mkdir()
+                    cpu = CpuMeter({"daemon": _pids(single.proc), "moto": _pids(moto._proc),
+                                    "clients": lambda: [mine]}) if args.cpu else None
+                    result["lmdb_1_node"] = _workload([single.mnt], args.clients, args.files,
+                                                      "l", cpu=cpu)
             with running_cluster(Path(base) / "cluster", pg, moto, 3, **SETTINGS) as cluster:
                 (cluster[1].mnt / "bench").mkdir()
                 mounts = [n.mnt for n in cluster.nodes]
-                proc = cluster.nodes[0].proc
-                spy = proc.pid if args.spy and proc is not None else None
-                result["pg_3_nodes"] = _workload(mounts, args.clients, args.files, "p", spy)
-                result["pg_1_node"] = _workload(mounts[:1], args.clients, args.files, "p1")
+                daemons = [n.proc.pid for n in cluster.nodes if n.proc is not None]
+                cpu = None
+                if args.cpu:
+                    postmaster = int((pg.data / "postmaster.pid").read_text().split()[0])
+                    groups: dict[str, Callable[[], list[int]]] = {
+                        f"n{i + 1}": _fixed(p) for i, p in enumerate(daemons)}
+                    groups.update(postgres=lambda: [postmaster, *_children(postmaster)],
+                                  moto=_pids(moto._proc), clients=lambda: [mine])
+                    cpu = CpuMeter(groups)
+                spy = daemons if args.spy or args.profile else None
+                stmts = Statements(cluster.meta_url) if args.statements else None
+                result["pg_3_nodes"] = _workload(mounts, args.clients, args.files, "p", spy,
+                                                 cpu, args.profile, stmts)
+                result["pg_1_node"] = _workload(mounts[:1], args.clients, args.files, "p1",
+                                                cpu=cpu, stmts=stmts)
     finally:
         pg.stop()
     result["machine"]["load_avg_1m_end"] = os.getloadavg()[0]
