@@ -82,40 +82,38 @@ def fs_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, 
     tierd's rules explain are logged (:data:`EXPLAINED`, :class:`RefusalLog`)."""
     op = fn.__name__
 
-    async def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
-            raise
-        except OSError as e:
-            if isinstance(e, FsError) and e.errno in EXPLAINED:
-                refusals(op, e, args)
-            if e.errno == errno.ENOENT and op in STALE_OPS:
-                raise pyfuse3.FUSEError(errno.ESTALE) from None
-            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
-        except Exception:
-            log.exception("FUSE %s failed", op)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-
+    # One coroutine per request (the handler's own aside): the translation and the
+    # metrics in the same frame, not a second coroutine awaited from the first.
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         metrics: Metrics | None = getattr(args[0], "metrics", None) if args else None
-        if metrics is None:
-            return await call(*args, **kwargs)
-        gauge = metrics.in_flight_of["fuse"]
-        gauge.inc()
+        gauge = metrics.in_flight_of["fuse"] if metrics is not None else None
+        if gauge is not None:
+            gauge.inc()
         start = time.monotonic()
         err = errno.EINTR  # cancelled: the kernel interrupted the request
         try:
-            result = await call(*args, **kwargs)
+            result = await fn(*args, **kwargs)
             err = 0
             return result
         except pyfuse3.FUSEError as e:
             err = e.errno
             raise
+        except OSError as e:
+            if isinstance(e, FsError) and e.errno in EXPLAINED:
+                refusals(op, e, args)
+            err = (errno.ESTALE if e.errno == errno.ENOENT and op in STALE_OPS
+                   else e.errno or errno.EIO)
+            raise pyfuse3.FUSEError(err) from None
+        except Exception:
+            log.exception("FUSE %s failed", op)
+            err = errno.EIO
+            raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
-            gauge.dec()
-            metrics.observe_request("fuse", op, errno_status(err), time.monotonic() - start)
+            if gauge is not None and metrics is not None:
+                gauge.dec()
+                metrics.observe_request("fuse", op, errno_status(err),
+                                        time.monotonic() - start)
 
     return wrapper
 
