@@ -95,6 +95,8 @@ class ImportOps(ObjectOps):
                 return added
             ent = tx.lookup(d.ino, name)
             if ent is not None:
+                if i == len(segments) - 1:
+                    return added  # there already (a refresh re-lists every known key)
                 d = tx.get_inode(ent.ino)
                 continue
             if i == len(segments) - 1 and info is not None:
