@@ -93,6 +93,9 @@ class Passthrough:
         self._cached_fh: dict[int, int] = {}  # fh -> ino of a cached open
         self._pt_fh: dict[int, int] = {}  # fh -> ino of a passthrough open
         self._broken = False
+        #: write leases were granted on the hot tier once (a property of its file system,
+        #: not of a file: :meth:`prepare` probes until then, two ``fcntl`` calls a create)
+        self._leases_ok = False
 
     # -- open ----------------------------------------------------------------------------------
     async def may_open(self, ino: int, flags: int) -> None:
@@ -123,7 +126,9 @@ class Passthrough:
             return
         if not self.cached[ino] and not self._broken:
             fd = await self.ops.ns.passthrough_open(fh)
-            if fd is not None and not _leases_work(fd):
+            if fd is not None and not self._leases_ok:
+                self._leases_ok = _leases_work(fd)
+            if fd is not None and not self._leases_ok:
                 # the last release could not tell a mapping that outlived its descriptor
                 # (fuse/files.py written_elsewhere): such a file system keeps the WRITE path
                 self.ops.ns.passthrough_close(fh)
