@@ -169,3 +169,19 @@ def engine(engines: EngineFactory) -> KVStore:
 @pytest.fixture
 def store(engine: KVStore) -> MetaStore:
     return MetaStore(engine)
+
+
+@pytest.fixture
+def pg_nodes(pg_server: PgServer, tmp_path: Path) -> Iterator[Callable[[str], MetaStore]]:
+    """Open a :class:`MetaStore` of node ``name`` on one fresh PostgreSQL namespace (each
+    call another node of the same cluster, with its own cache); all closed at the end."""
+    url = pg_server.url(str(tmp_path))
+    opened: list[MetaStore] = []
+
+    def open_node(node: str) -> MetaStore:
+        m = MetaStore(PgStore(url, node=node), node)
+        opened.append(m)
+        return m
+    yield open_node
+    for m in opened:
+        m.close()

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tierd.meta import MetaStore, MetaTxn, pg_group
-from tierd.meta.pg_engine import PgStore, PgTxn
+from tierd.meta.pg_engine import PgTxn
 
 from .pg_server import PgServer
 
@@ -31,16 +31,8 @@ def url(pg_server: PgServer, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def metas(url: str) -> Iterator[Callable[[str], MetaStore]]:
-    opened: list[MetaStore] = []
-
-    def open_node(node: str) -> MetaStore:
-        m = MetaStore(PgStore(url, node=node), node)
-        opened.append(m)
-        return m
-    yield open_node
-    for m in opened:
-        m.close()
+def metas(pg_nodes: Callable[[str], MetaStore]) -> Callable[[str], MetaStore]:
+    return pg_nodes
 
 
 @pytest.fixture

@@ -41,6 +41,12 @@ class KVTxn(ABC):
         used after the transaction ends.
         """
 
+    def prefetch(self, keys: list[bytes]) -> None:
+        """A hint that :meth:`get` will be asked for ``keys``: an engine that waits on the
+        network for a get reads them all now in one round trip (PostgreSQL); an embedded
+        one has nothing to gain and ignores it.  What the gets answer does not change."""
+        return None
+
     @abstractmethod
     def commit(self) -> None:
         """Make the writes visible atomically.  Durable against a process crash at once and

@@ -90,8 +90,9 @@ from tierd.meta.pg_sql import (
     migrate,
     prepare,
     results,
+    write_statements,
 )
-from tierd.meta.pg_warm import READ_MAX, Warm, page, warm_txn
+from tierd.meta.pg_warm import READ_MAX, Warm, page, prefetch, warm_txn
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,11 @@ class PgTxn(KVTxn):
             if self.before_send is not None:
                 hook, self.before_send = self.before_send, None
                 hook()
+            small = self._unsent_bytes() <= _INLINE_MAX
             items, self._unsent = self._unsent, {}
+            if small:  # one message (a statement per key cost ~8 an unlink)
+                self._conn.execute(b"; ".join(write_statements(items)))
+                return
             puts = [(k, v) for k, v in items.items() if v is not None]
             dels = [(k,) for k, v in items.items() if v is None]
             with self._conn.cursor() as cur:
@@ -247,6 +252,11 @@ class PgTxn(KVTxn):
         value = bytes(rows[0][0]) if rows else None
         self.learn(key, value)
         return value
+
+    def prefetch(self, keys: list[bytes]) -> None:
+        """One query for the ``keys`` nothing here answers (kept up to ``READ_MAX``)."""
+        self._check()
+        prefetch(self, keys)
 
     def _record(self, key: bytes, value: bytes | None) -> None:
         if self.undo is not None and key not in self.undo:

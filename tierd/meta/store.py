@@ -153,6 +153,12 @@ class MetaTxn(UploadRecords):
         raw = self.kv.get(b"I" + _u64(ino))
         return None if raw is None else nodes.local_view(Inode.decode(raw), self.node)
 
+    def prefetch_inodes(self, inos: list[int], cold: bool = False) -> None:
+        """The inodes ``inos`` (with ``cold``, their cold records) will be read next: over
+        PostgreSQL one query for all the node's cache lacks, instead of a round trip each
+        (``KVTxn.prefetch``)."""
+        self.kv.prefetch([(b"R" if cold else b"I") + _u64(ino) for ino in inos])
+
     def get_stored_inode(self, ino: int) -> Inode | None:
         """The inode as stored, with every node's residency (one node: :meth:`get_inode`)."""
         raw = self.kv.get(b"I" + _u64(ino))
