@@ -92,14 +92,7 @@ def commit_query(unsent: dict[bytes, bytes | None], written: Iterable[bytes], ne
     about twice as much for a few statements).  Keys and values travel as hex literals
     (``decode('..', 'hex')``: nothing in them can end a literal, whatever the server's string
     settings); ``node`` matches :data:`NODE` (checked at open)."""
-    parts: list[bytes] = []
-    puts = [b"(%s, %s)" % (_hex(k), _hex(v)) for k, v in unsent.items() if v is not None]
-    dels = [_hex(k) for k, v in unsent.items() if v is None]
-    if puts:
-        parts.append(b"INSERT INTO kv (k, v) VALUES " + b", ".join(puts)
-                     + b" ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v")
-    if dels:
-        parts.append(b"DELETE FROM kv WHERE k IN (" + b", ".join(dels) + b")")
+    parts = write_statements(unsent)
     keys = b", ".join(_hex(k) for k in written)
     parts += [b"UPDATE meta_schema SET seq = %d" % new,
               b"INSERT INTO kv_log (seq, node, keys) VALUES (%d, '%s', ARRAY[%s]::bytea[])"
@@ -109,6 +102,21 @@ def commit_query(unsent: dict[bytes, bytes | None], written: Iterable[bytes], ne
         parts.append(b"DELETE FROM kv_log WHERE seq <= %d" % trim_below)
     parts.append(b"COMMIT")
     return b"; ".join(parts)
+
+
+def write_statements(unsent: dict[bytes, bytes | None]) -> list[bytes]:
+    """Buffered writes (None: delete) as at most two statements, an upsert of every put and
+    one delete of the rest, with hex literals (see :func:`commit_query`); each key once,
+    so their order does not matter."""
+    parts: list[bytes] = []
+    puts = [b"(%s, %s)" % (_hex(k), _hex(v)) for k, v in unsent.items() if v is not None]
+    dels = [_hex(k) for k, v in unsent.items() if v is None]
+    if puts:
+        parts.append(b"INSERT INTO kv (k, v) VALUES " + b", ".join(puts)
+                     + b" ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v")
+    if dels:
+        parts.append(b"DELETE FROM kv WHERE k IN (" + b", ".join(dels) + b")")
+    return parts
 
 
 def _hex(b: bytes) -> bytes:

@@ -151,15 +151,23 @@ def page(txn: PgTxn, q: bytes, p: tuple[Any, ...], end: bytes | None) -> list[An
     the same page read before in this transaction (a warm pass's) while it has written no key
     in that range, so the page cannot have changed."""
     pages = txn.pages
+    send = _unsent_in(txn, p[0], end)
     if pages is None or txn.read is None or _wrote_in(txn, p[0], end):
-        return txn._query(q, p, "scanning keys", send_writes=True)
+        return txn._query(q, p, "scanning keys", send_writes=send)
     rows = pages.get((q, p))
     if rows is None:
-        rows = pages[q, p] = txn._query(q, p, "scanning keys", send_writes=True)
+        rows = pages[q, p] = txn._query(q, p, "scanning keys", send_writes=send)
         txn.paged += len(rows)
         if txn.paged > READ_MAX:
             txn.pages = None
     return rows
+
+
+def _unsent_in(txn: PgTxn, lo: bytes, hi: bytes | None) -> bool:
+    """Whether a buffered write falls in the scanned range: only then must the writes go
+    to the server before the page is read (the rest wait for the commit's one message; an
+    unlink's xattr scan after its entry writes sent them as a statement per key)."""
+    return any(lo <= k and (hi is None or k < hi) for k in txn._unsent)
 
 
 def _wrote_in(txn: PgTxn, lo: bytes, hi: bytes | None) -> bool:
