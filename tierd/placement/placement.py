@@ -208,7 +208,7 @@ class Placement(Uploading):
                 if self.deletes_hint:
                     self.kick_deletes()
             queue = await self._past_delay(queue, now)
-            if self.node:  # a node of a cluster persists the versions it holds
+            if self.node and queue:  # a node of a cluster persists the versions it holds
                 async with self.meta.asnapshot() as tx:
                     queue = [ino for ino in queue if self.mine(tx, ino)]
             for ino in queue:
