@@ -58,13 +58,12 @@ from tierd.tiers.object_tier import (
     TierError,
     TierUnavailable,
     TransferOptions,
-    TreeEntry,
-    TreeLister,
     check_key,
     check_list_args,
     check_range,
     split_ranges,
 )
+from tierd.tiers.tree_list import TreeEntry, TreeLister
 
 TMP_DIR = ".tierd-tmp"
 ETAG_XATTR = "user.tierd.etag"

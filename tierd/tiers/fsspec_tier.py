@@ -9,7 +9,7 @@ The generic engine: correct on every fsspec file system, tuned for none.  ``file
 * ``if_match`` is checked with a metadata call before reading: best effort, since fsspec has
   no conditional read.  Writes are as atomic as the file system's ``open("wb")`` (object
   stores commit at close; the memory file system too).
-* Listing walks directories with the shared :class:`~tierd.tiers.object_tier.TreeLister`.
+* Listing walks directories with the shared :class:`~tierd.tiers.tree_list.TreeLister`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ from tierd.tiers.object_tier import (
     TierError,
     TierUnavailable,
     TransferOptions,
-    TreeEntry,
-    TreeLister,
     check_key,
     check_list_args,
     check_range,
@@ -45,6 +43,7 @@ from tierd.tiers.object_tier import (
     split_ranges,
     write_dest,
 )
+from tierd.tiers.tree_list import TreeEntry, TreeLister
 
 _WRITE_CHUNK = 8 << 20
 
