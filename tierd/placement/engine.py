@@ -79,6 +79,10 @@ class PlacementCore:
         self.meta, self.cold, self.hot, self.warm = meta, cold, hot, warm
         self.settings = s = settings or PlacementSettings()
         self.hints: set[int] = set()
+        # ino -> when it was first queued (wall ns, its queue token's first 8 bytes): kept
+        # from the enqueue that wrote the token (and read from the queue for files queued
+        # elsewhere), so a burst of creates costs the persister no read per file
+        self._queued_at: dict[int, int] = {}
         # keys this node deleted while listings ran (import must not bring them back)
         self.recent = RecentDeletes()
         self.importer = Importer(meta, cold, s.import_ttl,
@@ -347,8 +351,7 @@ class PlacementCore:
         changed it (a residency bitmap dropped): a create paid a second ``put_inode``."""
         if not inode.is_reg:
             return
-        tx.enqueue(inode.ino, queue_token(tx.queued(inode.ino)))
-        self.hints.add(inode.ino)  # the persister rescans the whole queue only now and then
+        self._queue(tx, inode.ino)
         if not content:
             self._intend_deletes(tx, inode.ino)
             self.names_moved(inode.ino)
@@ -371,6 +374,17 @@ class PlacementCore:
                 self.hotc.add(inode.ino, b)
             self._set_dirty(inode.ino, inode.size)
         self.wake()
+
+    def _queue(self, tx: MetaTxn, ino: int) -> None:
+        """Queue ``ino`` with a fresh token and hint the persister, keeping the token's
+        stamp in :attr:`_queued_at`: the persister's delay check then needs no snapshot per
+        queued file (it woke for every create and read each new file's token).  A stamp of
+        a transaction that aborts is harmless: the persister finds no token when its delay
+        is over, and forgets the stamp (``reconcile``: not queued, nothing to do)."""
+        token = queue_token(tx.queued(ino))
+        tx.enqueue(ino, token)
+        self._queued_at[ino] = int.from_bytes(token[:8], "big")
+        self.hints.add(ino)  # the persister rescans the whole queue only now and then
 
     @staticmethod
     def _after_soon(fn: Callable[[int], None], ino: int) -> None:
@@ -437,10 +451,27 @@ class PlacementCore:
         the persister."""
         self._intend_deletes(tx, ino)
         self.gone(ino)
-        if tx.get_cold(ino) is not None or tx.queued(ino) is not None:
-            tx.enqueue(ino, queue_token(tx.queued(ino)))
-            self.hints.add(ino)
+        if tx.get_cold(ino) is not None:
+            self._queue(tx, ino)  # its record (and objects) go
+        elif tx.queued(ino) is not None:
+            if self.never_sent(ino):
+                # no record, no put of it in flight: cold holds nothing of it that the
+                # persister would look at (a put-intention left by a crash is a pending
+                # delete of its own), so its reconcile would only dequeue it
+                tx.dequeue(ino)
+                tx.after_commit(functools.partial(self._dropped_unsent, ino))
+                return
+            self._queue(tx, ino)
         self.wake()
+
+    def never_sent(self, ino: int) -> bool:
+        """Whether nothing of queued file ``ino`` can be on its way to cold from here (the
+        persister answers; without one, False: the reconcile decides)."""
+        return False
+
+    def _dropped_unsent(self, ino: int) -> None:
+        """After the commit that deleted a file never sent to cold and dequeued it."""
+        self._set_dirty(ino, 0)
 
     async def admit(self, nbytes: int) -> None:
         """Backpressure for the FUSE path: wait while dirty bytes exceed the bound."""

@@ -110,9 +110,8 @@ class Placement(Uploading):
         self._waiting_store: set[int] = set()  # failed because the store was down
         self._deferred: set[int] = set()  # still queued after a round (open for writing)
         self._later = Deadlines()  # ino -> when its persist delay is over
-        # ino -> when it was first queued (wall ns, its queue token's first 8 bytes): the
-        # stamp stays while the file is queued, so it is read once, not on every pass
-        self._queued_at: dict[int, int] = {}
+        # (_queued_at, the engine's: ino -> when it was first queued, wall ns, its queue
+        # token's first 8 bytes; kept while the file is queued, read once if not known)
         self._hurry = 0  # waiters for persistence (drain, write-through): no delay meanwhile
         # transfers (uploads, copies, fetches for them) at once; reconciles at once (they
         # mostly wait for a metadata flush, which concurrent ones share)
@@ -388,6 +387,27 @@ class Placement(Uploading):
             self._active.pop(ino, None)
             self._signal()
             self.wake()
+
+    def never_sent(self, ino: int) -> bool:
+        """A single node's queued file that no reconcile is working on and no put of which
+        is in flight: deleting it before it was sent, its unlink dequeues it (a create
+        burst's temporary files cost the persister nothing).  Not on a cluster: another
+        node may be persisting it (its put marks are the rule there), its reconcile
+        decides."""
+        if self.node or self._task is None or ino in self._active:
+            return False
+        return ino not in self.putting.values()
+
+    def _dropped_unsent(self, ino: int) -> None:
+        super()._dropped_unsent(ino)
+        self._queued_at.pop(ino, None)
+        self._later.pop(ino)
+        self._not_before.pop(ino)
+        self._deferred.discard(ino)
+        self._waiting_store.discard(ino)
+        self.failures.clear(ino)
+        self.rescue_done(ino)
+        self._signal()  # a drain or write-through waiter looks again
 
     def _file_failed(self, ino: int, e: BaseException, *, permanent: bool) -> bool:
         """Back off one file; True when the failure was logged."""

@@ -1,0 +1,132 @@
+"""The persister's work per new file and per file deleted before it was sent.
+
+* A create queues the file with a token whose stamp the engine keeps from that enqueue, so
+  the persister's wake for it (one per create in a burst) reads nothing: its delay is
+  known without a snapshot.
+* On a single node, a file unlinked while it waits out its persist delay, with no
+  reconcile of it running and no put of it in flight, leaves the queue in the unlink's own
+  transaction: no reconcile, no transaction of the persister's for it later.  A file cold
+  holds is still queued at its unlink (its record and objects must go).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from tierd.acl import Identity
+from tierd.placement import Placement
+
+from .conftest import Env, until, write_file
+
+ROOT = Identity.ROOT
+
+
+def _queued(p: Placement, ino: int) -> bool:
+    with p.meta.snapshot() as tx:
+        return tx.queued(ino) is not None
+
+
+@contextlib.contextmanager
+def _persister_reads(p: Placement) -> Iterator[list[str]]:
+    """The snapshots (sync and async) begun in the persister's own task while in use."""
+    seen: list[str] = []
+    meta: Any = p.meta
+    snap, asnap = meta.snapshot, meta.asnapshot
+
+    def mine(kind: str) -> None:
+        with contextlib.suppress(RuntimeError):
+            if asyncio.current_task() is p._task:
+                seen.append(kind)
+
+    def snapshot(*a: Any, **kw: Any) -> Any:
+        mine("snapshot")
+        return snap(*a, **kw)
+
+    def asnapshot(*a: Any, **kw: Any) -> Any:
+        mine("asnapshot")
+        return asnap(*a, **kw)
+
+    meta.snapshot, meta.asnapshot = snapshot, asnapshot
+    try:
+        yield seen
+    finally:
+        meta.snapshot, meta.asnapshot = snap, asnap
+
+
+async def test_a_create_burst_costs_the_persister_no_read_per_file(file_env: Env) -> None:
+    ns, p = await file_env.open(persist_delay=3600)
+    try:
+        b = await ns.create_bucket(ROOT, "burst")
+        await write_file(ns, b.ino, b"first", b"x")
+        await asyncio.sleep(0.2)  # the loop's first full scan of the queue is behind it
+        with _persister_reads(p) as reads:
+            inos = []
+            for i in range(40):
+                inos.append(await write_file(ns, b.ino, b"f%d" % i, b"y" * i))
+                await asyncio.sleep(0)  # the persister wakes for each
+            await asyncio.sleep(0.2)
+        # every file waits out its delay, its stamp known from its enqueue
+        assert all(p._later.get(ino) > 0 for ino in inos)
+        # one full scan of the queue may fall inside (every 5 s); before: a read per wake
+        assert len(reads) <= 1, reads
+        assert await p.drain(timeout=30)  # the delay is lifted and they all persist
+        for i in range(40):
+            assert file_env.raw_get(f"burst/f{i}") == b"y" * i
+    finally:
+        await file_env.close()
+
+
+async def test_an_unlink_before_the_upload_dequeues_in_its_transaction(
+    file_env: Env,
+) -> None:
+    ns, p = await file_env.open(persist_delay=3600)
+    try:
+        b = await ns.create_bucket(ROOT, "tmp")
+        data = os.urandom(3000)
+        kept = await write_file(ns, b.ino, b"kept", data)
+        await until(lambda: p._later.get(kept) > 0)
+        assert await p.drain(timeout=30)  # "kept" is in cold now
+        ino = await write_file(ns, b.ino, b"scratch", os.urandom(5000))
+        await until(lambda: p._later.get(ino) > 0)
+        assert _queued(p, ino) and p.dirty.get(ino) == 5000
+        transactions = p.txns.transactions
+        await ns.unlink(ROOT, b.ino, b"scratch")
+        # gone from the queue with the unlink (before: queued until its delay, an hour)
+        assert not _queued(p, ino)
+        assert ino not in p.dirty and p.dirty_bytes == 0
+        assert p._later.get(ino) == 0 and ino not in p._queued_at
+        await ns.unlink(ROOT, b.ino, b"kept")  # in cold: queued, its object deleted
+        assert _queued(p, kept)
+        assert await p.drain(timeout=30)
+        assert not file_env.raw_exists("tmp/kept")
+        assert not file_env.raw_exists("tmp/scratch")
+        # the record's removal for "kept" only: nothing for the file never sent
+        assert p.txns.transactions == transactions + 1
+        assert p.stats.uploaded_bytes == len(data)
+    finally:
+        await file_env.close()
+
+
+async def test_an_unlink_during_its_reconcile_leaves_the_file_queued(
+    file_env: Env,
+) -> None:
+    """A file whose reconcile is running (its put may be in flight) stays queued at its
+    unlink: the reconcile's record transaction and the next round decide what cold keeps.
+    The reconcile is held at its key's gate, where a put waits for a delete of the key."""
+    ns, p = await file_env.open(persist_delay=0)
+    try:
+        b = await ns.create_bucket(ROOT, "busy")
+        async with p.gates.hold("busy/f"):
+            ino = await write_file(ns, b.ino, b"f", os.urandom(4000))
+            await until(lambda: ino in p._active, timeout=10)
+            await ns.unlink(ROOT, b.ino, b"f")
+            assert _queued(p, ino)  # left to the reconcile in flight
+        assert await p.drain(timeout=30)
+        assert not _queued(p, ino) and ino not in p.dirty
+        assert not file_env.raw_exists("busy/f")
+    finally:
+        await file_env.close()
