@@ -14,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
+
 from tierd.acl import Identity
-from tierd.placement import Placement
+from tierd.placement import Placement, upload
 
 from .conftest import Env, until, write_file
 
@@ -28,6 +31,11 @@ ROOT = Identity.ROOT
 def _queued(p: Placement, ino: int) -> bool:
     with p.meta.snapshot() as tx:
         return tx.queued(ino) is not None
+
+
+def _waiting_at(p: Placement, key: str) -> bool:
+    """Whether a round waits at ``key``'s gate (the test holds it: two users)."""
+    return p.gates._locks.get(key, (None, 0))[1] == 2
 
 
 @contextlib.contextmanager
@@ -122,11 +130,59 @@ async def test_an_unlink_during_its_reconcile_leaves_the_file_queued(
         b = await ns.create_bucket(ROOT, "busy")
         async with p.gates.hold("busy/f"):
             ino = await write_file(ns, b.ino, b"f", os.urandom(4000))
-            await until(lambda: ino in p._active, timeout=10)
+            await until(lambda: _waiting_at(p, "busy/f"), timeout=10)
             await ns.unlink(ROOT, b.ino, b"f")
             assert _queued(p, ino)  # left to the reconcile in flight
         assert await p.drain(timeout=30)
         assert not _queued(p, ino) and ino not in p.dirty
         assert not file_env.raw_exists("busy/f")
+    finally:
+        await file_env.close()
+
+
+async def test_a_persisted_file_walks_its_path_once(
+    file_env: Env, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new file's round finds its keys once (its first snapshot); the put's two checks
+    and the record take them from the round while its queue token is unchanged (before:
+    the key resolved twice and the names walked again for the record)."""
+    walks: Counter[str] = Counter()
+
+    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*a: Any, **kw: Any) -> Any:
+            walks[name] += 1
+            return fn(*a, **kw)
+        return call
+
+    monkeypatch.setattr(upload, "resolve", counted("resolve", upload.resolve))
+    monkeypatch.setattr(upload, "file_keys", counted("file_keys", upload.file_keys))
+    ns, p = await file_env.open(persist_delay=3600)
+    try:
+        b = await ns.create_bucket(ROOT, "walk")
+        d = await ns.mkdir(ROOT, b.ino, b"sub", 0o755)
+        for i in range(20):
+            await write_file(ns, d.ino, b"f%d" % i, b"z" * i)
+        assert await p.drain(timeout=30)
+        assert walks == {"file_keys": 20}, walks
+        assert all(file_env.raw_get(f"walk/sub/f{i}") == b"z" * i for i in range(20))
+    finally:
+        await file_env.close()
+
+
+async def test_a_rename_during_the_round_is_seen(file_env: Env) -> None:
+    """A file renamed after its round read its keys (the round waits at the key's gate)
+    changed its queue token: the put looks the key up, finds it no longer names the
+    file, and the next round puts it under its new name only."""
+    ns, p = await file_env.open(persist_delay=0)
+    try:
+        b = await ns.create_bucket(ROOT, "mvd")
+        async with p.gates.hold("mvd/a"):
+            await write_file(ns, b.ino, b"a", b"content")
+            await until(lambda: _waiting_at(p, "mvd/a"), timeout=10)
+            await ns.rename(ROOT, b.ino, b"a", b.ino, b"b")
+        assert await p.drain(timeout=30)
+        assert file_env.raw_get("mvd/b") == b"content"
+        assert not file_env.raw_exists("mvd/a")
+        assert p.stats.uploaded_bytes == len(b"content")  # no upload under the old name
     finally:
         await file_env.close()
