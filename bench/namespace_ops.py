@@ -8,7 +8,14 @@ pair-wise ratios printed and written as JSON:
 * ``write``: sequential 1 MiB writes of a SIZE file ending in fsync, then a warm read.
   Baseline: os.pwrite/os.pread on a file in the same file system.
 
+* ``--persister``: the persister's work per file, alone (no baseline): the event loop's
+  CPU (the main thread's) per create while files wait out their persist delay, per file
+  persisted and the files persisted per second (``drain``), per unlink of a persisted file
+  until its object is gone, and per temporary file (created and unlinked within the delay).
+  Run it once per tree to compare (``PYTHONPATH=TREE``), alternating.
+
 Usage: python bench/namespace_ops.py [--files 10000] [--size-mib 1024] [--pairs 3]
+       python bench/namespace_ops.py --persister [--files 3000] [--pairs 1]
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from tierd import __version__
 from tierd.acl import Identity
@@ -57,10 +65,11 @@ async def raw_meta(base: Path, n: int) -> None:
         os.unlink(d / f"g{i}")
 
 
-async def open_ns(base: Path) -> Namespace:
+async def open_ns(base: Path, persist_delay: float | None = None) -> Namespace:
     """The namespace as the daemon builds it over ``base`` with default settings (placement
     over hot and the embedded ``file://`` cold store); everything it writes here is dirty."""
-    cfg = Config(data_dir=base)
+    cfg = Config(data_dir=base) if persist_delay is None else Config(
+        data_dir=base, persist_delay=persist_delay)
     for d in (cfg.hot_dir, cfg.cold_dir):
         d.mkdir(parents=True, exist_ok=True)
     meta = MetaStore.open_lmdb(cfg.meta_dir)
@@ -87,6 +96,51 @@ async def ns_meta(base: Path, n: int) -> None:
     for i in range(n):
         await ns.unlink(ROOT, b.ino, f"g{i}".encode())
     await close_ns(ns)
+
+
+async def persister_costs(base: Path, n: int) -> dict[str, float]:
+    """The loop's CPU (us) per operation of each phase, and files persisted per second
+    (see the module docstring); the persist delay is an hour, lifted by ``drain``."""
+    ns = await open_ns(base, persist_delay=3600)
+    p: Any = ns.placement
+    b = await ns.create_bucket(ROOT, "bench")
+    out: dict[str, float] = {}
+
+    async def creates(prefix: str) -> None:
+        for i in range(n):
+            _, fh = await ns.create(ROOT, b.ino, f"{prefix}{i}".encode(), 0o644, os.O_WRONLY)
+            await ns.release(fh)
+        await asyncio.sleep(0.2)  # the persister's last wakes
+
+    async def unlinks(prefix: str) -> None:
+        for i in range(n):
+            await ns.unlink(ROOT, b.ino, f"{prefix}{i}".encode())
+
+    async def drained() -> None:
+        assert await p.drain(timeout=600)
+
+    for name, phase in (("create", lambda: creates("f")), ("persist", drained),
+                        ("unlink", lambda: unlinks("f")), ("unlink_persist", drained),
+                        ("temp_create", lambda: creates("t")),
+                        ("temp_unlink", lambda: unlinks("t")), ("temp_drain", drained)):
+        c0, t0 = time.thread_time(), time.perf_counter()
+        await phase()
+        out[name + "_loop_cpu_us"] = (time.thread_time() - c0) / n * 1e6
+        out[name + "_per_s"] = n / (time.perf_counter() - t0)
+    await close_ns(ns)
+    return out
+
+
+async def persister_rounds(n: int, pairs: int, workdir: Path) -> list[dict[str, float]]:
+    rounds = []
+    for _ in range(pairs):
+        base = Path(tempfile.mkdtemp(dir=workdir))
+        try:
+            rounds.append(await persister_costs(base, n))
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        print(json.dumps({k: round(v, 1) for k, v in rounds[-1].items()}), flush=True)
+    return rounds
 
 
 async def raw_write(base: Path, size: int) -> None:
@@ -150,7 +204,12 @@ async def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
     ap.add_argument("--out", type=Path, default=Path("bench/results/namespace_ops.json"))
+    ap.add_argument("--persister", action="store_true",
+                    help="only the persister's costs (printed per round, no JSON file)")
     args = ap.parse_args()
+    if args.persister:
+        await persister_rounds(args.files, args.pairs, args.workdir)
+        return
     n, size = args.files, args.size_mib << 20
     result = {
         "inputs": vars(args) | {"workdir": str(args.workdir), "out": str(args.out)},
