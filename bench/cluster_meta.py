@@ -310,11 +310,15 @@ def main() -> None:
                     help="the daemons' import_ttl (seconds; default tierd's own; 0, the "
                     "test harness's and this bench's before 2026-11-26, lists cold at "
                     "every look-up of a name a directory lacks)")
+    ap.add_argument("--persist-delay", default="600",
+                    help="the daemons' persist_delay (seconds; default: write-back held back "
+                    "past the run; tierd's own is 5, which uploads every file meanwhile)")
     ap.add_argument("--statements", action="store_true",
                     help="the database statements per operation (pg_stat_statements)")
     ap.add_argument("--skip-lmdb", action="store_true", help="only the PostgreSQL runs")
     args = ap.parse_args()
     SETTINGS["TIERD_IMPORT_TTL"] = args.import_ttl
+    SETTINGS["TIERD_PERSIST_DELAY"] = args.persist_delay
     bindir = find_bindir()
     if bindir is None:
         raise SystemExit("PostgreSQL is not installed (./dev.sh setup installs it)")

@@ -157,6 +157,7 @@ class Deleting(Reading):
         while True:
             async with self.meta.asnapshot() as tx:
                 batch = intents.scan(tx, after, BATCH)
+                looked = [it for it in batch if self._worth_a_look(tx, it)]
             if not batch:
                 return
             after = batch[-1].key
@@ -165,7 +166,7 @@ class Deleting(Reading):
                 async with sem:
                     await self._delete_one(it.key)
 
-            todo = [it for it in batch if it.key not in self.putting]
+            todo = [it for it in looked if it.key not in self.putting]
             # the changes that made these objects unwanted must be durable before any of
             # them goes (rolled back by a crash, they would name objects already gone):
             # they committed before this batch was read, so one flush covers them all
@@ -177,6 +178,18 @@ class Deleting(Reading):
                     raise r
                 if isinstance(r, BaseException) and not isinstance(r, Exception):
                     raise r
+
+    def _worth_a_look(self, tx: MetaTxn, it: Intent) -> bool:
+        """Whether the pass's snapshot leaves :meth:`_delete_one` anything to do with
+        ``it``: not for a tombstone still within its TTL, nor on a cluster for another
+        node's delete -- each cost a read transaction of its own per pass, and a cluster
+        keeps a tombstone for every delete of the last two minutes (bench/cluster_meta.py
+        with write-back running: ~10 such transactions per create on every node).  What
+        changes after the snapshot is seen by a later pass: a new intention hints one,
+        and every full scan of the queue runs one."""
+        if it.ino == intents.TOMB:
+            return time.time_ns() - it.done_ns > intents.TOMB_TTL * 1e9
+        return self.theirs_to_delete(tx, it)
 
     async def _delete_one(self, key: str) -> None:
         async with self.gates.hold(key):
