@@ -15,7 +15,7 @@ pair-wise ratios printed and written as JSON:
   Run it once per tree to compare (``PYTHONPATH=TREE``), alternating.
 
 Usage: python bench/namespace_ops.py [--files 10000] [--size-mib 1024] [--pairs 3]
-       python bench/namespace_ops.py --persister [--files 3000] [--pairs 1]
+       python bench/namespace_ops.py --persister [--files 3000] [--pairs 1] [--pace 0.001]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -98,11 +99,14 @@ async def ns_meta(base: Path, n: int) -> None:
     await close_ns(ns)
 
 
-async def persister_costs(base: Path, n: int) -> dict[str, float]:
+async def persister_costs(base: Path, n: int, pace: float = 0.0) -> dict[str, float]:
     """The loop's CPU (us) per operation of each phase, and files persisted per second
-    (see the module docstring); the persist delay is an hour, lifted by ``drain``."""
+    (see the module docstring); the persist delay is an hour, lifted by ``drain``.  With
+    ``pace`` the loop idles that long after each create and unlink, as between the
+    requests of a FUSE client (the persister wakes for each file, as in the daemon)."""
     ns = await open_ns(base, persist_delay=3600)
     p: Any = ns.placement
+    txns = _count_txns(ns.meta)
     b = await ns.create_bucket(ROOT, "bench")
     out: dict[str, float] = {}
 
@@ -110,11 +114,15 @@ async def persister_costs(base: Path, n: int) -> dict[str, float]:
         for i in range(n):
             _, fh = await ns.create(ROOT, b.ino, f"{prefix}{i}".encode(), 0o644, os.O_WRONLY)
             await ns.release(fh)
+            if pace:
+                await asyncio.sleep(pace)
         await asyncio.sleep(0.2)  # the persister's last wakes
 
     async def unlinks(prefix: str) -> None:
         for i in range(n):
             await ns.unlink(ROOT, b.ino, f"{prefix}{i}".encode())
+            if pace:
+                await asyncio.sleep(pace)
 
     async def drained() -> None:
         assert await p.drain(timeout=600)
@@ -124,19 +132,41 @@ async def persister_costs(base: Path, n: int) -> dict[str, float]:
                         ("temp_create", lambda: creates("t")),
                         ("temp_unlink", lambda: unlinks("t")), ("temp_drain", drained)):
         c0, t0 = time.thread_time(), time.perf_counter()
+        txns.clear()
         await phase()
         out[name + "_loop_cpu_us"] = (time.thread_time() - c0) / n * 1e6
+        for kind in ("read", "write"):  # the metadata transactions begun, per file
+            out[f"{name}_{kind}_txns"] = txns[kind] / n
         out[name + "_per_s"] = n / (time.perf_counter() - t0)
     await close_ns(ns)
     return out
 
 
-async def persister_rounds(n: int, pairs: int, workdir: Path) -> list[dict[str, float]]:
+def _count_txns(meta: MetaStore) -> Counter[str]:
+    """Count the read (snapshot) and write transactions begun on ``meta`` from now on:
+    the figures the machine's load does not blur."""
+    seen: Counter[str] = Counter()
+    m: Any = meta
+
+    def counting(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
+        def counted(*a: Any, **kw: Any) -> Any:
+            seen[kind] += 1
+            return fn(*a, **kw)
+        return counted
+
+    for attr, kind in (("snapshot", "read"), ("asnapshot", "read"), ("write", "write"),
+                       ("awrite", "write")):
+        setattr(m, attr, counting(getattr(m, attr), kind))
+    return seen
+
+
+async def persister_rounds(n: int, pairs: int, workdir: Path,
+                           pace: float) -> list[dict[str, float]]:
     rounds = []
     for _ in range(pairs):
         base = Path(tempfile.mkdtemp(dir=workdir))
         try:
-            rounds.append(await persister_costs(base, n))
+            rounds.append(await persister_costs(base, n, pace))
         finally:
             shutil.rmtree(base, ignore_errors=True)
         print(json.dumps({k: round(v, 1) for k, v in rounds[-1].items()}), flush=True)
@@ -206,9 +236,11 @@ async def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results/namespace_ops.json"))
     ap.add_argument("--persister", action="store_true",
                     help="only the persister's costs (printed per round, no JSON file)")
+    ap.add_argument("--pace", type=float, default=0.0,
+                    help="--persister: seconds the loop idles after each create/unlink")
     args = ap.parse_args()
     if args.persister:
-        await persister_rounds(args.files, args.pairs, args.workdir)
+        await persister_rounds(args.files, args.pairs, args.workdir, args.pace)
         return
     n, size = args.files, args.size_mib << 20
     result = {
