@@ -28,7 +28,7 @@ import pyfuse3
 
 from tierd.acl import X_OK, Identity
 from tierd.acl.modes import drop_privs, has_privs
-from tierd.namespace.api import Inode
+from tierd.namespace.api import Inode, crashpoint
 
 from .base import OpsBase, fs_errors
 from .handles import FileState
@@ -69,6 +69,7 @@ def written_elsewhere(fd: int) -> bool:
                         "of a passthrough writer that outlives its descriptor is not "
                         "waited for", os.strerror(e.errno or 0))
         return False
+    crashpoint("pt.lease")  # a kill now leaves the lease to the dead mount (tests)
     fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
     return False
 

@@ -205,6 +205,8 @@ class Daemon:
             lock.acquire()
             stack.callback(lock.release)
             log.info("data directory locked", extra=kv(data_dir=cfg.data_dir))
+            if cfg.mount is not None:
+                await self._clear_stale_mount(cfg.mount)
             self._make_dirs([cfg.meta_dir, cfg.hot_dir, cfg.warm_dir, cfg.cold_dir])
 
             # lmdb open/close touch the disk, PostgreSQL's the network: keep them off the loop.
@@ -379,6 +381,23 @@ class Daemon:
 
         try:
             await self.attach_mount(mountpoint)
+        except MountError as e:
+            raise StartupError(f"{e} (setting mount)") from None
+
+    async def _clear_stale_mount(self, mountpoint: Path) -> None:
+        """Before the namespace loads, clear a mount a killed daemon left at ``mountpoint``
+        (and refuse a busy one), not only when mounting.  The dead mount's kernel connection
+        keeps the hot files the daemon passed through (backing files) until the mount goes,
+        and with them a write lease the daemon held at its death (``fuse/files.py``
+        ``written_elsewhere`` takes one and gives it back at a passthrough writer's
+        release); the start's recovery opens those files (``HotDir.detach``), and an open of
+        a file under a lease nobody gives back waits the kernel's lease-break-time (45 s):
+        the start stalled that long when the kill fell between the two calls."""
+        from tierd_fuse import MountError
+        from tierd_fuse.mount import prepare_mountpoint
+
+        try:
+            await prepare_mountpoint(mountpoint)
         except MountError as e:
             raise StartupError(f"{e} (setting mount)") from None
 

@@ -91,15 +91,18 @@ class Daemon:
         return doc
 
 
-def start_daemon(data_dir: Path, mnt: Path, log_path: Path, *extra: str) -> Daemon:
-    """Start ``tierd serve`` with a mount and wait until the mount answers."""
+def start_daemon(data_dir: Path, mnt: Path, log_path: Path, *extra: str,
+                 crashpoint: str = "") -> Daemon:
+    """Start ``tierd serve`` with a mount and wait until the mount answers (``crashpoint``:
+    ``TIERD_CRASHPOINT`` for it, tierd/namespace/crashpoint.py)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log_f = open(log_path, "ab")  # noqa: SIM115 - the child writes to it until it exits
     proc = subprocess.Popen(
         tierd_cmd("serve", "--data-dir", str(data_dir), "--mount", str(mnt),
                   "--s3-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", *extra),
         stdin=subprocess.DEVNULL, stdout=log_f, stderr=log_f,
-        env=clean_env(TIERD_ROOT_ACCESS_KEY=ACCESS_KEY, TIERD_ROOT_SECRET_KEY=SECRET_KEY),
+        env=clean_env(TIERD_ROOT_ACCESS_KEY=ACCESS_KEY, TIERD_ROOT_SECRET_KEY=SECRET_KEY,
+                      **({"TIERD_CRASHPOINT": crashpoint} if crashpoint else {})),
     )
     log_f.close()
     d = Daemon(proc, data_dir, mnt, log_path)

@@ -93,6 +93,31 @@ def test_stale_mount_after_kill_is_cleared_at_next_start(place: Path) -> None:
         assert stop_daemon(d) == 0
 
 
+def test_kill_in_a_lease_then_quick_start(place: Path) -> None:
+    """A passthrough writer's release takes a write lease on the hot file and gives it back
+    (fuse/files.py ``written_elsewhere``); killed in between, the daemon leaves the lease
+    on a backing file the dead mount keeps.  The next start's recovery opens that file (the
+    ``V`` intention of a kernel writer: ``HotDir.detach``): with the dead mount still there,
+    the open waited the kernel's lease-break-time (45 s) and the start failed its 30 s.  The
+    stale mount is cleared before the namespace loads."""
+    if os.environ.get("TIERD_FUSE_PASSTHROUGH_WRITES", "true") == "false":
+        pytest.skip("write passthrough is off")
+    d = start_daemon(place / "data", place / "mnt", place / "log", crashpoint="pt.lease")
+    (d.mnt / "bkt").mkdir()
+    (d.mnt / "bkt" / "f").write_bytes(b"written through the kernel")
+    assert d.proc.wait(20) == -signal.SIGKILL, d.log  # at the release's lease
+    t0 = time.monotonic()
+    d = start_daemon(place / "data", place / "mnt", place / "log")
+    try:
+        took = time.monotonic() - t0
+        log = d.log
+        assert log.index("clearing stale mount") < log.index("not closed cleanly"), log
+        assert took < 25, f"the start took {took:.1f} s"
+        assert (d.mnt / "bkt" / "f").read_bytes() == b"written through the kernel"
+    finally:
+        assert stop_daemon(d) == 0
+
+
 def test_second_mount_on_busy_mount_point_fails_clearly(place: Path) -> None:
     first = start_daemon(place / "data", place / "mnt", place / "log")
     try:

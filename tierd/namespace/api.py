@@ -28,6 +28,7 @@ from tierd.errors import FsError
 from tierd.meta import ROOT_INO, Bucket, Inode, MultipartUpload, UploadPart
 from tierd.namespace.base import Change, StatFs
 from tierd.namespace.bucketconf import BucketConfig
+from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
 from tierd.namespace.lifecycle import CONFIG_NAME as LIFECYCLE_CONFIG
 from tierd.namespace.lifecycle import Filter as LifecycleFilter
@@ -79,6 +80,7 @@ __all__ = [
     "VersionListing",
     "check_bucket_name",
     "close_source",
+    "crashpoint",
     "current_vid",
     "decode_lifecycle",
     "decode_tags",

@@ -20,6 +20,7 @@ still have one owner.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import uuid
 from collections.abc import Callable, Sequence
@@ -27,6 +28,8 @@ from collections.abc import Callable, Sequence
 from tierd.tiers.fileio import copy_range, fsync_parent
 from tierd.tiers.groupsync import GroupWriter, syncfs
 from tierd.tiers.local_tier import LocalTier
+
+log = logging.getLogger("tierd.tiers")
 
 
 class HotDir:
@@ -114,10 +117,18 @@ class HotDir:
         one -- the kernel's backing file of a FUSE write passthrough outlives the daemon
         that opened it (fuse/kpass.py) -- writes where no version looks.  Blocking; False
         when there is no data file."""
+        path = self.path(ino)
         try:
-            src = os.open(self.path(ino), os.O_RDONLY | os.O_CLOEXEC)
+            src = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             return False
+        except BlockingIOError:
+            # a write lease on it that nobody gives back: the dead daemon's, kept with its
+            # backing file by a process still holding a file of the last mount open
+            log.warning("the data file of inode %d is under a write lease of the last "
+                        "daemon (its passthrough file is still open): the start waits for "
+                        "the kernel to break it (/proc/sys/fs/lease-break-time)", ino)
+            src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             tmp, dst = self.new_temp()
             try:
