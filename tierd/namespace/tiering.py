@@ -143,10 +143,10 @@ class TieringOps(NamespaceBase):
             # on every passthrough open of a store that never used versioning
             return False
         async with self.meta.asnapshot() as tx:
-            if versions.configured(tx, of.ino):
-                return True
             if not versions.in_use(tx):
                 self._unversioned_at = marks
+            elif versions.configured(tx, of.ino):
+                return True
             return mem and self.placement.wants_mem(tx, of.ino)
 
     async def passthrough_readable(self, fh: int) -> bool:

@@ -250,7 +250,7 @@ def state(tx: MetaTxn, bucket: str) -> str:
 def configured(tx: MetaTxn, ino: int) -> bool:
     """Whether a name of ``ino`` is a key of a bucket whose versioning was ever set
     (``Enabled`` or ``Suspended``); one point read while no bucket ever was."""
-    if tx.kv.get(_IN_USE) is None:
+    if not in_use(tx):
         return False
     for link in tx.links(ino):
         loc = locate(tx, *link)
@@ -263,7 +263,7 @@ def locate(tx: MetaTxn, d_ino: int, name: bytes) -> tuple[str, str] | None:
     """(bucket, key) of entry ``name`` in directory ``d_ino``; None outside a bucket, and
     None at the cost of one point read while no bucket was ever versioned (a create, an
     unlink or an overwrite then needs no walk up to its bucket)."""
-    if tx.kv.get(_IN_USE) is None:
+    if not in_use(tx):
         return None
     p = dir_path(tx, d_ino)
     if p is None:
