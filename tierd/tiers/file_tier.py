@@ -37,7 +37,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -436,14 +436,45 @@ class FileObjectTier(ObjectTier):
         check_key(key)
         await self._meta(self._delete_sync, key)
 
+    async def delete_many(self, keys: Sequence[str]) -> dict[str, TierError | None]:
+        """One thread call for the batch, and each directory left synced once (a ``rm -r``
+        of one directory's files: one ``fsync`` of it, not one per file)."""
+        def run() -> dict[str, TierError | None]:
+            out: dict[str, TierError | None] = {}
+            dirs: set[str] = set()
+            for key in keys:
+                try:
+                    check_key(key)
+                    d = self._unlink(key)
+                except TierError as e:
+                    out[key] = e
+                    continue
+                out[key] = None
+                if d is not None:
+                    dirs.add(d)
+            for d in dirs:
+                with contextlib.suppress(OSError):
+                    fsync_dir(d)
+            return out
+
+        return await self._meta(run)
+
     def _delete_sync(self, key: str) -> None:
+        d = self._unlink(key)
+        if d is not None:
+            with contextlib.suppress(OSError):
+                fsync_dir(d)
+
+    def _unlink(self, key: str) -> str | None:
+        """Remove ``key``'s file and the directories it leaves empty; the directory whose
+        entries changed last (to sync), or None when there was nothing to remove."""
         p = self.path(key)
         try:
             if stat.S_ISDIR(os.lstat(p).st_mode):
-                return  # a prefix, not an object: nothing to delete
+                return None  # a prefix, not an object: nothing to delete
             os.unlink(p)
         except (FileNotFoundError, NotADirectoryError):
-            return
+            return None
         except OSError as e:
             raise self._unavailable(e, "delete", key) from None
         bucket_dir = os.path.join(self.root, key.split("/", 1)[0])
@@ -454,8 +485,7 @@ class FileObjectTier(ObjectTier):
             except OSError:
                 break
             d = os.path.dirname(d)
-        with contextlib.suppress(OSError):
-            fsync_dir(d)
+        return d
 
     async def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
         check_key(src_key)

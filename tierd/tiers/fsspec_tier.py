@@ -19,6 +19,7 @@ import datetime as dt
 import functools
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import fsspec
@@ -198,16 +199,32 @@ class FsspecObjectTier(ObjectTier):
 
     async def delete(self, key: str) -> None:
         check_key(key)
+        await self._meta(self._rm, key)
 
-        def rm() -> None:
-            try:
-                self.fs.rm_file(self.path(key))
-            except FileNotFoundError:
-                pass
-            except Exception as e:
-                raise self._err(e, key, "delete") from None
+    async def delete_many(self, keys: Sequence[str]) -> dict[str, TierError | None]:
+        """One thread call for the batch; fsspec's bulk ``rm`` would not tell which key
+        failed, so it is a loop of :meth:`_rm` there."""
+        def run() -> dict[str, TierError | None]:
+            out: dict[str, TierError | None] = {}
+            for key in keys:
+                try:
+                    check_key(key)
+                    self._rm(key)
+                except TierError as e:
+                    out[key] = e
+                else:
+                    out[key] = None
+            return out
 
-        await self._meta(rm)
+        return await self._meta(run)
+
+    def _rm(self, key: str) -> None:
+        try:
+            self.fs.rm_file(self.path(key))
+        except FileNotFoundError:
+            pass
+        except Exception as e:
+            raise self._err(e, key, "delete") from None
 
     async def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
         check_key(src_key)

@@ -384,6 +384,26 @@ class ObjectTier(abc.ABC):
     async def delete(self, key: str) -> None:
         """Remove the object; removing a missing object succeeds (as in S3)."""
 
+    async def delete_many(self, keys: Sequence[str]) -> dict[str, TierError | None]:
+        """Remove several objects: each key's outcome, ``None`` when it is gone (removed,
+        or there was nothing), else the :class:`TierError` :meth:`delete` would have raised
+        for it -- a :class:`TierUnavailable` among them when the store failed that key.
+        Raises :class:`TierUnavailable` when the store cannot be used at all (then nothing
+        is known of any key).  Engines with a bulk call override this (S3's
+        ``DeleteObjects``: one request for up to 1000 keys, where the pending deletes of a
+        ``rm -r`` would cost one each); this default runs :meth:`delete` per key."""
+        out: dict[str, TierError | None] = {}
+        for key in keys:
+            try:
+                await self.delete(key)
+            except TierUnavailable:
+                raise
+            except TierError as e:
+                out[key] = e
+            else:
+                out[key] = None
+        return out
+
     @abc.abstractmethod
     async def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
         """Copy an object inside the store (server-side where the store can), e.g. to make

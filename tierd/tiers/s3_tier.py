@@ -31,7 +31,7 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import boto3
@@ -42,7 +42,6 @@ from tierd.tiers.object_tier import (
     MAX_CHAR,
     MAX_LIST,
     InvalidKey,
-    KeyRejected,
     ListPage,
     ObjectChanged,
     ObjectInfo,
@@ -62,15 +61,8 @@ from tierd.tiers.object_tier import (
     split_ranges,
     write_dest,
 )
+from tierd.tiers.s3_errors import XML_UNSAFE, code_error, delete_errors
 
-_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
-_UNAVAILABLE = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
-    "ServiceUnavailable", "InternalError", "RequestTimeout", "RequestTimeTooSkewed",
-    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-    "InvalidToken", "AllAccessDisabled", "AccountProblem", "403",
-}
-_KEY_REJECTED = {"KeyTooLongError", "InvalidObjectName"}
 _PIECE = 1 << 20
 _MAX_SINGLE_COPY = 5 << 30
 
@@ -181,21 +173,7 @@ class S3ObjectTier(ObjectTier):
             code = str(err.get("Code", ""))
             status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
             msg = f"{what} {key or ''} in {self._where}: {code} {err.get('Message', '')}"
-            if code in _NOT_FOUND:
-                return ObjectNotFound(f"no object {key!r} in {self._where}", key=key)
-            if code == "NoSuchBucket":
-                if not self.bucket:
-                    return ObjectNotFound(f"no object {key!r} (no such bucket)", key=key)
-                return TierUnavailable(
-                    f"cold bucket {self.bucket!r} does not exist at {self._where}", key=key
-                )
-            if code in _KEY_REJECTED:
-                return KeyRejected(f"cold store refused the key: {msg}", key=key)
-            if code in ("PreconditionFailed", "412") or status == 412:
-                return ObjectChanged(f"{key!r} changed in {self._where}", key=key)
-            if status >= 500 or status in (401, 403) or code in _UNAVAILABLE:
-                return TierUnavailable(f"cold store failed: {msg}", key=key)
-            return TierError(f"cold store refused: {msg}", key=key)
+            return code_error(code, status, key, msg, self._where, self.bucket)
         if isinstance(e, TierError):
             return e
         # BotoCoreError (connection refused, timeouts, broken streams, no credentials) and
@@ -441,6 +419,45 @@ class S3ObjectTier(ObjectTier):
         b, k = self._loc(key)
         with contextlib.suppress(ObjectNotFound):  # per-bucket layout, no bucket: nothing there
             await self._meta(functools.partial(self._call, "delete_object", key, Bucket=b, Key=k))
+
+    async def delete_many(self, keys: Sequence[str]) -> dict[str, TierError | None]:
+        """``DeleteObjects`` (Quiet: only failures are listed) per bucket, 1000 keys a
+        request; a key XML 1.0 cannot carry (a control character) goes alone as a
+        ``DeleteObject``.  Per-key errors are mapped as :meth:`delete` maps them."""
+        out: dict[str, TierError | None] = {}
+        groups: dict[str, dict[str, str]] = {}
+        for key in keys:
+            try:
+                check_key(key)
+            except InvalidKey as e:
+                out[key] = e
+                continue
+            if XML_UNSAFE.search(key):
+                out.update(await super().delete_many([key]))
+                continue
+            b, k = self._loc(key)
+            groups.setdefault(b, {})[k] = key
+        for b, names in groups.items():
+            items = list(names.items())
+            for i in range(0, len(items), MAX_LIST):
+                chunk = dict(items[i : i + MAX_LIST])
+                try:
+                    out.update(await self._meta(functools.partial(
+                        self._delete_objects, b, chunk)))
+                except TierUnavailable:
+                    raise
+                except TierError as e:  # the request's, not the store's: every key's
+                    out.update(dict.fromkeys(chunk.values(), e))
+        return out
+
+    def _delete_objects(self, b: str, names: dict[str, str]) -> dict[str, TierError | None]:
+        """One ``DeleteObjects`` of ``names`` (S3 name -> tierd key) in bucket ``b``."""
+        request = {"Objects": [{"Key": k} for k in names], "Quiet": True}
+        try:
+            r = self._call("delete_objects", None, Bucket=b, Delete=request)
+        except ObjectNotFound:  # per-bucket layout, no bucket: nothing there
+            r = {}
+        return delete_errors(r.get("Errors", []), names, self._where, self.bucket)
 
     async def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
         check_key(src_key)
