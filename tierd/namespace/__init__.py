@@ -20,7 +20,8 @@ from tierd.namespace.base import ROOT_MODE, Change, StatFs, now_ns
 from tierd.namespace.contentmeta import forget_content_meta
 from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
 from tierd.namespace.imports import ImportOps
-from tierd.namespace.objects import Listing, ObjectReader
+from tierd.namespace.keylisting import Listing
+from tierd.namespace.objects import ObjectReader
 from tierd.namespace.tags import TagOps
 from tierd.namespace.tiering import TieringOps
 from tierd.namespace.versionops import VersionOps

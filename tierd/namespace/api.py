@@ -30,6 +30,7 @@ from tierd.namespace.base import Change, StatFs
 from tierd.namespace.bucketconf import BucketConfig
 from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
+from tierd.namespace.keylisting import Listing
 from tierd.namespace.lifecycle import CONFIG_NAME as LIFECYCLE_CONFIG
 from tierd.namespace.lifecycle import Filter as LifecycleFilter
 from tierd.namespace.lifecycle import Rule as LifecycleRule
@@ -37,7 +38,7 @@ from tierd.namespace.lifecycle import decode as decode_lifecycle
 from tierd.namespace.lifecycle import encode as encode_lifecycle
 from tierd.namespace.mpu_parts import Hasher, Payload
 from tierd.namespace.names import check_bucket_name, split_key
-from tierd.namespace.objects import Listing, ObjectReader
+from tierd.namespace.objects import ObjectReader
 from tierd.namespace.staging import close_source
 from tierd.namespace.tags import TAGS_META, Tags, decode_tags, encode_tags, tags_of
 from tierd.namespace.versionops import Deleted, DeleteMarkerHit, VersionInfo, VersionListing
