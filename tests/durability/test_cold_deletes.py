@@ -238,7 +238,7 @@ def test_removed_bucket_is_not_recreated_from_cold(moto: object, tmp_path: Path)
                 s3.put_object(Bucket="gone-bucket", Key=k, Body=k.encode())
             assert t.persist_wait("gone-bucket/")["persisted"]
             assert t.persist_wait(BUCKET + "/")["persisted"]
-            proxy.slowdown, proxy.only = 1.0, {"DELETE"}
+            proxy.slowdown, proxy.only = 1.0, {"DELETE", "POST"}  # POST: DeleteObjects
             for k in ("a", "b/c"):
                 s3.delete_object(Bucket="gone-bucket", Key=k)
             s3.delete_bucket(Bucket="gone-bucket")

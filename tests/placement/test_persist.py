@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from tierd.errors import FsError, Reason
 from tierd.meta import STATE_CLEAN
 from tierd.placement import HOT, bitmap
-from tierd.tiers import BLOCK_SIZE
+from tierd.tiers import BLOCK_SIZE, TierError
 
 from .conftest import ROOT, Env, MiB, body, read_file, write_file
 
@@ -233,13 +234,13 @@ async def test_restart_resumes_queue(file_env: Env) -> None:
 async def test_deleted_key_is_not_reimported_before_cold_delete(file_env: Env) -> None:
     ns, p = await file_env.open()
     gate = asyncio.Event()
-    real_delete = p.cold.delete
+    real_delete = p.cold.delete_many
 
-    async def slow_delete(key: str) -> None:
+    async def slow_delete(keys: Sequence[str]) -> dict[str, TierError | None]:
         await gate.wait()
-        await real_delete(key)
+        return await real_delete(keys)
 
-    p.cold.delete = slow_delete  # type: ignore[method-assign]
+    p.cold.delete_many = slow_delete  # type: ignore[method-assign]
     try:
         await ns.create_bucket(ROOT, "dlx")
         await ns.put_object(ROOT, "dlx", "d/k", body(b"v"))
