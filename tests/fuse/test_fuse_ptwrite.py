@@ -416,3 +416,41 @@ def test_s3_reads_while_a_passthrough_writer_is_open(daemon: Daemon, work: Path,
     assert writes(daemon) == before
     want = b"A" * 4096 + b"B" * 4096 + b"C" * 4096 + data[3 * 4096:]
     assert get(s3, k) == (want, hashlib.md5(want).hexdigest())
+
+
+def test_a_writer_kept_open_is_persisted_at_each_fsync(daemon: Daemon, work: Path,
+                                                       s3: Any) -> None:
+    """A log or checkpoint kept open across fsyncs reaches the cold store after each fsync,
+    as on the WRITE path, not only at its last close (the persister treats a kernel
+    writer whose hot file did not change since its last durability point as settled:
+    namespace/base.py ``_open_unsettled``).  Bytes written after the fsync are not
+    uploaded until the next durability point, and eviction still leaves the file alone."""
+    f = work / "kept-open.log"
+    k = key(f, daemon)
+    prefix = f"{BUCKET}/{k}"
+    cold = daemon.data_dir / "cold" / BUCKET / k
+    first, second, third = os.urandom(300_000), os.urandom(70_000), os.urandom(5_000)
+    before = writes(daemon)
+    with open(f, "wb", buffering=0) as w:
+        w.write(first)
+        os.fsync(w.fileno())
+        done = admin(daemon, "POST", "/v1/placement/persist", {"prefix": prefix, "timeout": 8})
+        assert done["persisted"], f"an fsynced file kept open was not persisted: {done}"
+        assert cold.read_bytes() == first
+        assert get(s3, k) == (first, hashlib.md5(first).hexdigest())
+        w.write(second)
+        os.fsync(w.fileno())
+        done = admin(daemon, "POST", "/v1/placement/persist", {"prefix": prefix, "timeout": 8})
+        assert done["persisted"], done
+        assert cold.read_bytes() == first + second
+        w.write(third)  # not yet a durability point: cold keeps what the fsync made
+        time.sleep(0.3)
+        assert cold.read_bytes() == first + second
+        held = admin(daemon, "POST", "/v1/placement/evict", {"prefix": prefix})
+        assert held["tiers"]["hot"] == 0, held  # the kernel may still write it
+    assert writes(daemon) == before, "the writes reached the daemon"
+    whole = first + second + third
+    done = admin(daemon, "POST", "/v1/placement/persist", {"prefix": prefix, "timeout": 30})
+    assert done["persisted"], done
+    assert cold.read_bytes() == whole
+    assert get(s3, k) == (whole, hashlib.md5(whole).hexdigest())

@@ -181,6 +181,7 @@ class NamespaceBase:
         # (docs/placement.md)
         self.placement = placement
         placement.busy = self._open_dirty
+        placement.unsettled = self._open_unsettled
         self._open: dict[int, OpenFile] = {}
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -374,6 +375,28 @@ class NamespaceBase:
         of = self._open.get(ino)
         return of is not None and (of.dirty or of.synced_gen != of.gen
                                    or of.intending is not None or of.external > 0)
+
+    def _open_unsettled(self, ino: int) -> bool:
+        """What the persister asks before and after an upload: :meth:`_open_dirty`, except
+        that a file the kernel writes (``of.external``) counts as settled while its hot
+        file's (size, mtime, ctime) is the one its last durability point saw.  Busy until
+        its last close, such a file -- a log or a checkpoint kept open across fsyncs --
+        reached the cold store only at its last close; the WRITE path's writer is uploaded
+        after each fsync.  A write the kernel makes during the upload moves the stamp, so
+        the round does not leave the queue clean and its ETag is not learned; the next
+        flush, fsync or release counts a write whatever it sees, and queues it again.
+        Eviction, imports and peers still ask :meth:`_open_dirty`: the kernel may write on."""
+        of = self._open.get(ino)
+        if of is None:
+            return False
+        if of.dirty or of.synced_gen != of.gen or of.intending is not None:
+            return True
+        if of.external <= 0:
+            return False
+        if not of.opened:
+            return True
+        st = os.fstat(of.fd)
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != of.external_seen
 
     def _queue(self, tx: MetaTxn, inode: Inode, content: bool = True) -> None:
         """Inside the txn that changed ``inode``'s content (or names): persist it."""

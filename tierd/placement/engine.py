@@ -101,6 +101,8 @@ class PlacementCore:
         self._refreshing: dict[int, asyncio.Task[int]] = {}
         self.policies: dict[str, PlacementPolicy] = {}
         self.busy: Callable[[int], bool] = lambda ino: False  # set by the namespace
+        # busy, less a kernel writer that wrote nothing since its last sync (upload.py)
+        self.unsettled: Callable[[int], bool] = lambda ino: self.busy(ino)
         self._progress = asyncio.Event()
         self.stats = PlacementStats()
         self._prefix_imports = PrefixImports(s.import_ttl)

@@ -199,7 +199,7 @@ class Placement(Uploading):
                 self._later.clear()
                 self.kick_deletes()
             else:  # queued since, waited out a back-off or its delay, no longer written
-                idle = {i for i in self._deferred if not self.busy(i)}
+                idle = {i for i in self._deferred if not self.unsettled(i)}
                 self._deferred -= idle
                 due = self._later.take_all() if self._hurrying() else self._later.take_due(now)
                 queue = sorted(self.hints | idle | due | self._not_before.take_due(now))

@@ -230,7 +230,7 @@ class Uploading(Deleting):
         async with contextlib.AsyncExitStack() as gates:
             try:
                 if inode is not None and targets:
-                    if self.busy(ino):  # unflushed writes: the commit re-queues it
+                    if self.unsettled(ino):  # unflushed writes: the commit re-queues it
                         return False
                     if self.unpublished(targets):  # renamed into place soon: upload it then
                         return False
@@ -274,7 +274,7 @@ class Uploading(Deleting):
         cur = tx.get_inode(r.ino)  # read once: the record, the ETag and the state
         self._record(tx, r, old, version, size, cur)
         changed = self._learned(r, cur)
-        left = complete and tx.queued(r.ino) == token and not self.busy(r.ino)
+        left = complete and tx.queued(r.ino) == token and not self.unsettled(r.ino)
         if left:
             tx.dequeue(r.ino)
             changed |= _cleaned(cur, version, bool(r.new))
@@ -329,7 +329,7 @@ class Uploading(Deleting):
         """The MD5 an upload computed becomes the inode's ETag (``cur`` changed: True) if
         that version is current, its ETag still unknown and no write is pending on it."""
         if (not r.md5 or cur is None or cur.version != r.md5_version or cur.etag != ""
-                or self.busy(r.ino)):
+                or self.unsettled(r.ino)):
             return False
         cur.etag = r.md5
         return True
