@@ -42,7 +42,7 @@ class TierdOps(FileOps):
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         try:
-            inode = await self.ns.lookup(self.ident(ctx), parent_inode, name)
+            inode = await self.ns.lookup(self.ident(ctx), parent_inode, name, bounded=True)
         except FsError as e:
             if e.errno == errno.ENOENT and self.negative_timeout > 0:
                 return negative_entry(self.negative_timeout)
@@ -63,7 +63,9 @@ class TierdOps(FileOps):
         if self.pt_writers:
             self.pt_refresh(inode)
             await self.pt_killpriv(inode)
-        attrs = await self.ns.getattr(self.ident(ctx), inode)
+        # (bounded: the kernel caches what this gives until the change feed drops it; an
+        # open checks the content version itself, files.FileOps.open)
+        attrs = await self.ns.getattr(self.ident(ctx), inode, bounded=True)
         self.kcache.gave_attrs(inode, attrs.version)
         return entry_attributes(attrs, self.entry_timeout, self.attr_timeout)
 

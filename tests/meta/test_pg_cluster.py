@@ -160,7 +160,8 @@ def test_every_write_commit_is_logged_and_notified(url: str,
     assert [(n, [bytes(k) for k in keys]) for _, n, keys in rows][-2:] == [
         ("n1", [b"p", b"q"]), ("n1", [b"p"])]
     assert rows[-1][0] == seq and rows[-2][0] == seq - 1
-    assert notes == [str(seq - 1), str(seq)]
+    # each names its seq, node and keys (hex): a feed at seq - 1 reads no log (pg_changes)
+    assert notes == [f"{seq - 1}/n1/{b'p'.hex()},{b'q'.hex()}", f"{seq}/n1/{b'p'.hex()}"]
 
 
 def _feed(store: PgStore) -> tuple[list[tuple[int, list[bytes] | None]], Callable[[], None]]:

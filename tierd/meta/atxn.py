@@ -51,12 +51,15 @@ async def off_loop(meta: MetaStore, fn: Callable[..., T], *args: Any) -> T:
 class AsyncTxn:
     """One transaction of ``store``: ``write``, or a read that ``snapshot`` always aborts."""
 
-    __slots__ = ("_fresh", "_keys", "_snapshot", "_store", "_tx", "_warm", "_write")
+    __slots__ = ("_bounded", "_fresh", "_keys", "_snapshot", "_store", "_tx", "_warm",
+                 "_write")
 
     def __init__(self, store: MetaStore, write: bool, snapshot: bool = False,
                  fresh: bool = False, keys: Iterable[bytes] = (),
-                 warm: Callable[[MetaTxn], object] | None = None) -> None:
+                 warm: Callable[[MetaTxn], object] | None = None,
+                 bounded: bool = False) -> None:
         self._store = store
+        self._bounded = bounded
         self._write = write
         self._snapshot = snapshot
         self._fresh = fresh
@@ -83,7 +86,7 @@ class AsyncTxn:
         engine: Any = self._store.engine
         if engine.remote:
             kv = await engine.abegin(self._write, fresh=self._fresh,
-                                     warm=self._prefetch())
+                                     warm=self._prefetch(), bounded=self._bounded)
         else:
             kv = engine.begin(write=self._write)
         self._tx = MetaTxn(kv, self._store.node)

@@ -227,7 +227,11 @@ class AsyncGate:
             self._commits.submit(txn.abort)
 
     async def begin(self, write: bool, fresh: bool = False,
-                    warm: Warm | None = None) -> PgTxn:
+                    warm: Warm | None = None, bounded: bool = False) -> PgTxn:
+        if bounded and not write and not fresh:  # the cache may answer: no thread, no trip
+            from tierd.meta.pg_quiet import begin_cached
+            if (cached := begin_cached(self.store, warm)) is not None:
+                return cached
         loop = asyncio.get_running_loop()
         gate = self._gate(loop)
         if not write:

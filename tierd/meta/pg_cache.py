@@ -135,9 +135,11 @@ class ReadCache:
     def committed(self, before: int, after: int,
                   writes: Mapping[bytes, bytes | None] | None) -> None:
         """The writer that began at ``before`` committed seq ``after`` with ``writes`` (None:
-        too many to keep: forget everything)."""
+        too many to keep: forget everything).  The change feed may have applied the commit
+        first (its notification can arrive before the commit's reply): with the cache at
+        ``after`` the writes are still exactly what the keys hold there."""
         with self._lock:
-            if self.seq != before:
+            if self.seq != before and (self.seq != after or writes is None):
                 return  # someone already moved the cache on (dropping these keys)
             if writes is None:
                 self._clear()

@@ -77,7 +77,7 @@ from tierd.errors import FsError
 from tierd.meta.kv import KVStore, KVTxn
 from tierd.meta.pg_async import AsyncGate, WriterLock
 from tierd.meta.pg_cache import ReadCache
-from tierd.meta.pg_changes import ChangeFeed, FeedCallback
+from tierd.meta.pg_changes import ChangeFeed, FeedCallback, start_feed
 from tierd.meta.pg_group import Undo, finish_pending
 from tierd.meta.pg_park import Parking
 from tierd.meta.pg_sql import (
@@ -136,7 +136,6 @@ _TRIM = b"DELETE FROM kv_log WHERE seq <= %d"
 _GET = b"SELECT v FROM kv WHERE k = %b"
 _PUT = b"INSERT INTO kv (k, v) VALUES (%b, %b) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
 _DELETE = b"DELETE FROM kv WHERE k = %b"
-
 
 
 def _io_error(e: psycopg.Error, doing: str) -> FsError:
@@ -439,6 +438,7 @@ class PgStore(KVStore):
         #: seq of this process's last write commit (atxn.behind)
         self.committing: Future[None] | None = None
         self.local_seq = 0
+        self.cache_only_reads = self.cache_only_misses = 0  # (pg_quiet: bounded reads)
 
     def begin(self, write: bool = False) -> KVTxn:
         """A transaction begun here, in the caller's thread.  A writer takes over a write
@@ -490,10 +490,11 @@ class PgStore(KVStore):
         return self._writers.claim(txn)
 
     async def abegin(self, write: bool = False, *, fresh: bool = False,
-                     warm: Warm | None = None) -> PgTxn:
+                     warm: Warm | None = None, bounded: bool = False) -> PgTxn:
         """:meth:`begin` off the event loop (:mod:`tierd.meta.pg_async`), with the body's
-        reads ``warm`` prefetched (:mod:`tierd.meta.pg_warm`)."""
-        return await self._async.begin(write, fresh, warm)
+        reads ``warm`` prefetched (:mod:`tierd.meta.pg_warm`); ``bounded``: a read the
+        cache may answer while the change feed is current (:mod:`tierd.meta.pg_quiet`)."""
+        return await self._async.begin(write, fresh, warm, bounded)
 
     async def aend(self, txn: KVTxn, commit: bool) -> None:
         """End a transaction of :meth:`abegin`: commit it, or abort it."""
@@ -558,15 +559,8 @@ class PgStore(KVStore):
         keys)`` in a thread of its own for every later commit of another node (``keys``
         None: everything may have changed).  It also keeps this store's cache current.
         Returns the function that stops it (close() stops it too)."""
-        feed = ChangeFeed(self.url, self.node, self.cache, callback, poll=poll)
-        self._feeds.append(feed)
-        feed.start()
-
-        def stop() -> None:
-            feed.close()
-            if feed in self._feeds:
-                self._feeds.remove(feed)
-        return stop
+        return start_feed(ChangeFeed(self.url, self.node, self.cache, callback, poll=poll),
+                          self._feeds)
 
     def sync(self) -> None:
         return None  # every commit is durable when it returns
@@ -585,7 +579,8 @@ class PgStore(KVStore):
 
     def stat(self) -> dict[str, int]:
         cache = {"cache_entries": len(self.cache), "cache_hits": self.cache.hits,
-                 "cache_misses": self.cache.misses, **self._async.stat()}
+                 "cache_misses": self.cache.misses, "cache_only_reads": self.cache_only_reads,
+                 **self._async.stat()}
         try:
             with self._pool.connection() as conn:
                 row = conn.execute("SELECT (SELECT count(*) FROM kv), "

@@ -16,8 +16,10 @@ import psycopg
 
 #: the layout this code reads; :func:`migrate` brings an older database up to it
 PG_SCHEMA_VERSION = 2
-#: the channel every write commit notifies (payload: its seq)
+#: the channel every write commit notifies (payload: its seq, node and keys, :func:`payload`)
 CHANNEL = "tierd_changes"
+#: a notification's payload at most (the server's limit is 8000 bytes)
+PAYLOAD_MAX = 7800
 #: what a node may be called (it is written into the commit query as a literal)
 NODE = re.compile(r"[A-Za-z0-9_.-]{0,64}")
 
@@ -93,15 +95,25 @@ def commit_query(unsent: dict[bytes, bytes | None], written: Iterable[bytes], ne
     (``decode('..', 'hex')``: nothing in them can end a literal, whatever the server's string
     settings); ``node`` matches :data:`NODE` (checked at open)."""
     parts = write_statements(unsent)
-    keys = b", ".join(_hex(k) for k in written)
+    hexes = [k.hex().encode() for k in written]
+    keys = b", ".join(b"decode('%s', 'hex')" % h for h in hexes)
     parts += [b"UPDATE meta_schema SET seq = %d" % new,
               b"INSERT INTO kv_log (seq, node, keys) VALUES (%d, '%s', ARRAY[%s]::bytea[])"
               % (new, node.encode(), keys),
-              b"NOTIFY %s, '%d'" % (CHANNEL.encode(), new)]
+              b"NOTIFY %s, '%s'" % (CHANNEL.encode(), payload(new, node, hexes))]
     if trim_below is not None:
         parts.append(b"DELETE FROM kv_log WHERE seq <= %d" % trim_below)
     parts.append(b"COMMIT")
     return b"; ".join(parts)
+
+
+def payload(seq: int, node: str, hexes: list[bytes]) -> bytes:
+    """A commit's notification: ``seq/node/keys`` (hex, comma separated), which a change
+    feed that is at ``seq - 1`` delivers without reading the log
+    (:meth:`tierd.meta.pg_changes.ChangeFeed._notified`); the seq alone when there are no
+    keys to name (``kv_log``'s "everything") or too many for a notification."""
+    body = b"%d/%s/%s" % (seq, node.encode(), b",".join(hexes))
+    return body if hexes and len(body) <= PAYLOAD_MAX else b"%d" % seq
 
 
 def write_statements(unsent: dict[bytes, bytes | None]) -> list[bytes]:

@@ -566,11 +566,12 @@ class MetaStore:
         return AsyncTxn(self, True, keys=keys, warm=warm)
 
     def asnapshot(self, fresh: bool = False, keys: Iterable[bytes] = (),
-                  warm: Callable[[MetaTxn], object] | None = None) -> AsyncTxn:
+                  warm: Callable[[MetaTxn], object] | None = None,
+                  bounded: bool = False) -> AsyncTxn:
         """``async with meta.asnapshot() as tx``: :meth:`snapshot` for coroutines; ``fresh``:
-        after a write commit of this process in flight (:mod:`tierd.meta.pg_async`);
-        ``keys``, ``warm``: as for :meth:`awrite`."""
-        return AsyncTxn(self, False, snapshot=True, fresh=fresh, keys=keys, warm=warm)
+        after a write commit of this process in flight (:mod:`tierd.meta.pg_async`); ``keys``,
+        ``warm``: as for :meth:`awrite`; ``bounded``: see :mod:`tierd.meta.pg_quiet`."""
+        return AsyncTxn(self, False, True, fresh, keys, warm, bounded)
 
     def sync(self) -> None:
         """Make every committed transaction survive a machine crash (blocking)."""

@@ -110,12 +110,16 @@ class NamespaceAPI(Protocol):
         ...
 
     # -- entries (POSIX tree) --------------------------------------------------------------
-    async def lookup(self, ident: Identity, parent: int, name: bytes) -> Inode:
-        """The inode named ``name`` in directory ``parent`` (ENOENT when there is none)."""
+    async def lookup(self, ident: Identity, parent: int, name: bytes,
+                     bounded: bool = False) -> Inode:
+        """The inode named ``name`` in directory ``parent`` (ENOENT when there is none);
+        ``bounded``: an answer as new as the change feed's suffices (a FUSE lookup, whose
+        kernel caches entries anyway: :mod:`tierd.meta.pg_quiet`)."""
         ...
 
-    async def getattr(self, ident: Identity, ino: int) -> Inode:
-        """The inode with the live size and times of unflushed writes."""
+    async def getattr(self, ident: Identity, ino: int, bounded: bool = False) -> Inode:
+        """The inode with the live size and times of unflushed writes (``bounded``: as
+        for :meth:`lookup`)."""
         ...
 
     async def access(self, ident: Identity, ino: int, mask: int) -> None:

@@ -37,20 +37,22 @@ UTIME_NOW = -1  # setattr(atime_ns=UTIME_NOW): the current time, as utimensat's 
 
 class EntryOps(ResizeOps):
     # -- reading ---------------------------------------------------------------------------
-    async def lookup(self, ident: Identity, parent: int, name: bytes) -> Inode:
+    async def lookup(self, ident: Identity, parent: int, name: bytes,
+                     bounded: bool = False) -> Inode:
         def find(tx: MetaTxn) -> Inode | None:  # (also run off the loop: tierd.meta.atxn)
             return self._child(tx, ident, self._dir(tx, parent), name)
-        async with self.meta.asnapshot(warm=find) as tx:
+        async with self.meta.asnapshot(warm=find, bounded=bounded) as tx:
             child = find(tx)
         if child is None and parent != ROOT_INO and await self.placement.refresh(parent):
-            async with self.meta.asnapshot(warm=find) as tx:  # put straight into cold?
+            async with self.meta.asnapshot(warm=find, bounded=bounded) as tx:  # into cold?
                 child = find(tx)
         if child is None:
             raise FsError(errno.ENOENT, f"{name.decode(errors='replace')!r} not found")
         return self._live(child)
 
-    async def getattr(self, ident: Identity, ino: int) -> Inode:
-        async with self.meta.asnapshot(warm=lambda tx: tx.get_inode(ino)) as tx:
+    async def getattr(self, ident: Identity, ino: int, bounded: bool = False) -> Inode:
+        async with self.meta.asnapshot(warm=lambda tx: tx.get_inode(ino),
+                                       bounded=bounded) as tx:
             return self._live(self._get(tx, ino))
 
     async def access(self, ident: Identity, ino: int, mask: int) -> None:

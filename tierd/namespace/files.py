@@ -239,7 +239,10 @@ class FileOps(EntryOps):
         lock; on lmdb the write transaction's begin and end cost about three times a
         read's, once per close of a create burst)."""
         if self.meta.engine.remote:
-            async with self.meta.asnapshot() as tx:
+            # (bounded: over PostgreSQL the node's cache answers while the change feed is
+            # current, as it is for a file no node unlinked: no read at all, pg_quiet)
+            async with self.meta.asnapshot(warm=lambda tx: tx.get_inode(ino),
+                                           bounded=True) as tx:
                 inode = tx.get_inode(ino)
         else:
             with self.meta.snapshot() as tx:  # a point read: no thread, no wait

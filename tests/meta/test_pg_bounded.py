@@ -1,0 +1,224 @@
+"""What a FUSE create costs over PostgreSQL beyond its own write, against a real server
+(bench/cluster_meta.py --statements; docs/cluster.md, "Measured"):
+
+* the change feed delivers a commit from its notification's payload (seq, node, keys), not
+  with a read of ``kv_log`` per commit (~1.2 statements per create over three nodes);
+* the parent's GETATTR and the RELEASE's look for an orphan are answered from the node's
+  read cache while the feed is current (:mod:`tierd.meta.pg_quiet`): no transaction at all
+  (each was a read transaction, 2 of the ~3.6 per create); and the cache still gives way to
+  the server as soon as another node's change is announced, the feed stops, or this node's
+  own unlink made the file an orphan (the release still reaps it).
+
+Begins are counted by wrapping ``PgStore._begin`` (every read and write transaction's round
+trip), log reads by wrapping psycopg's ``Connection.execute``, as tests/meta/test_pg_costs.py
+counts queries."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from nsplacement import close_namespace, open_namespace
+
+from tierd.acl import Identity
+from tierd.meta import MetaStore, pg_changes
+from tierd.meta.pg_engine import PgStore
+from tierd.meta.pg_quiet import quiet_seq
+from tierd.namespace import Namespace
+from tierd.namespace.remote import follow
+
+from .pg_server import PgServer
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Identity.ROOT
+
+
+@pytest.fixture
+def log_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per read of ``kv_log`` by a change feed (any thread)."""
+    seen: list[int] = []
+    execute = psycopg.Connection.execute
+
+    def counted(conn: Any, query: Any, *a: Any, **kw: Any) -> Any:
+        if query == pg_changes._ROWS:
+            seen.append(1)
+        return execute(conn, query, *a, **kw)
+    monkeypatch.setattr(psycopg.Connection, "execute", counted)
+    return seen
+
+
+@pytest.fixture
+def begins(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The node of every read transaction begun, by any store (writes are the
+    operations' own, and the garbage reclaimer's in the background)."""
+    seen: list[str] = []
+    begin = PgStore._begin
+
+    def counted(store: PgStore, write: bool) -> Any:
+        if not write:
+            seen.append(store.node)
+        return begin(store, write)
+    monkeypatch.setattr(PgStore, "_begin", counted)
+    return seen
+
+
+def _wait(cond: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_the_feed_delivers_commits_from_their_notifications(
+        pg_nodes: Callable[[str], MetaStore], log_reads: list[int]) -> None:
+    n1, n2 = pg_nodes("n1"), pg_nodes("n2")
+    e1 = n1.engine
+    assert isinstance(e1, PgStore)
+    got: list[tuple[int, list[bytes] | None]] = []
+    stop = e1.watch(lambda seq, keys: got.append((seq, keys)))
+    try:
+        feed = e1._feeds[0]
+        _wait(feed.ready.is_set, "the feed never listened")
+        with n1.engine.begin(write=False) as tx:  # n1 caches the keys n2 will change
+            assert tx.get(b"k0") is None
+        log_reads.clear()
+        for i in range(30):
+            with n2.engine.begin(write=True) as tx:
+                tx.put(b"k%d" % (i % 3), b"v%d" % i)
+            time.sleep(0.005)
+        _wait(lambda: len(got) == 30, f"delivered {len(got)} of 30")
+        assert [keys for _, keys in got] == [[b"k%d" % (i % 3)] for i in range(30)]
+        seqs = [s for s, _ in got]
+        assert seqs == list(range(seqs[0], seqs[0] + 30))
+        # the polls' reads only (one a second), not one per commit as before
+        assert len(log_reads) <= 4, len(log_reads)
+        assert feed.from_payload >= 26
+        assert feed.current() and e1.cache.seq >= seqs[-1]
+        with n1.engine.begin(write=False) as tx:  # the cache dropped n2's keys
+            assert tx.get(b"k0") == b"v27"
+    finally:
+        stop()
+    assert not feed.current()
+
+
+@pytest.fixture
+def two_nodes(pg_server: PgServer, tmp_path: Path
+              ) -> Iterator[tuple[list[MetaStore], list[Namespace], asyncio.AbstractEventLoop]]:
+    """Two namespaces on one database, as two nodes on one loop; n1 follows the feed."""
+    url = pg_server.url(str(tmp_path))
+    metas = [MetaStore.open_pg(url, node=n) for n in ("n1", "n2")]
+    loop = asyncio.new_event_loop()
+    nss: list[Namespace] = []
+    stop: Callable[[], None] | None = None
+    try:
+        for i, meta in enumerate(metas):
+            nss.append(loop.run_until_complete(open_namespace(meta, tmp_path / f"n{i + 1}")))
+        stop = follow(nss[0], metas[0].engine, loop)
+        feed = metas[0].engine._feeds[0]  # type: ignore[attr-defined]
+        _wait(feed.ready.is_set, "the feed never listened")
+        yield metas, nss, loop
+    finally:
+        if stop is not None:
+            stop()
+        for ns in nss:
+            loop.run_until_complete(close_namespace(ns))
+        loop.close()
+        for meta in metas:
+            meta.close()
+
+
+def test_a_creates_parent_getattr_and_release_begin_no_transaction(
+        two_nodes: tuple[list[MetaStore], list[Namespace], asyncio.AbstractEventLoop],
+        begins: list[str]) -> None:
+    metas, (ns1, ns2), loop = two_nodes
+    run = loop.run_until_complete
+    e1 = metas[0].engine
+    assert isinstance(e1, PgStore)
+    feed = e1._feeds[0]
+    bkt = run(ns1.create_bucket(ROOT, "bkt"))
+    d = run(ns1.mkdir(ROOT, bkt.ino, b"d", 0o777))
+    for i in range(10):  # create + close, then the kernel's GETATTR of the parent
+        f, fh = run(ns1.create(ROOT, d.ino, b"f%d" % i, stat.S_IFREG | 0o644,
+                               os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+        _wait(lambda: quiet_seq(e1) is not None, "the feed never caught up")
+        begins.clear()
+        run(ns1.release(fh))
+        assert run(ns1.getattr(ROOT, d.ino, bounded=True)).mtime_ns >= f.mtime_ns
+        assert begins == [], (i, begins)  # (before: a read for each)
+    assert run(ns1.lookup(ROOT, d.ino, b"f3", bounded=True)).ino > 0
+    assert begins == []
+    assert e1.cache_only_reads >= 21
+    # exact reads (an open's, S3's) still begin a transaction
+    run(ns1.getattr(ROOT, d.ino))
+    assert begins == ["n1"]
+
+    # another node's change: seen by the next bounded read once the feed announced it,
+    # never an answer older than the feed's (n1's kernel would be told at the same time)
+    run(ns2.setattr(ROOT, d.ino, mode=0o700))
+    _wait(lambda: run(ns1.getattr(ROOT, d.ino, bounded=True)).mode & 0o777 == 0o700,
+          "n2's chmod never reached n1")
+    _wait(lambda: quiet_seq(e1) is not None, "the feed never caught up")
+    begins.clear()
+    assert run(ns1.getattr(ROOT, d.ino, bounded=True)).mode & 0o777 == 0o700
+    assert begins == []
+
+    # an unlink while open on n1: the cache says nlink 0, so the release reaps it
+    f, fh = run(ns1.create(ROOT, d.ino, b"gone", stat.S_IFREG | 0o644,
+                           os.O_WRONLY | os.O_CREAT))
+    run(ns1.write(fh, 0, b"data"))
+    run(ns1.unlink(ROOT, d.ino, b"gone"))
+    run(ns1.release(fh))
+    with metas[1].snapshot() as tx:
+        assert tx.get_inode(f.ino) is None
+
+    # the feed stopped: nothing vouches for the cache, every read goes to the server
+    feed.close()
+    _wait(lambda: not feed.current(), "a closed feed still current", timeout=5)
+    begins.clear()
+    run(ns1.getattr(ROOT, d.ino, bounded=True))
+    assert begins == ["n1"]
+
+
+def test_a_read_waits_for_announced_commits(
+        pg_nodes: Callable[[str], MetaStore]) -> None:
+    """Announced but not yet applied (the feed's cursor behind what it heard): the cache
+    answers nothing, whatever it holds."""
+    n1, n2 = pg_nodes("n1"), pg_nodes("n2")
+    e1 = n1.engine
+    assert isinstance(e1, PgStore)
+    stop = e1.watch(lambda seq, keys: None)
+    try:
+        feed = e1._feeds[0]
+        _wait(feed.ready.is_set, "the feed never listened")
+        with n2.engine.begin(write=True) as tx:
+            tx.put(b"a", b"1")
+        _wait(lambda: quiet_seq(e1) is not None, "the feed never caught up")
+        feed.heard += 1  # (as between a notification's arrival and its delivery)
+        assert quiet_seq(e1) is None
+    finally:
+        stop()
+
+
+def test_a_writers_commit_fills_the_cache_after_the_feed_applied_it() -> None:
+    """The feed may deliver this node's own commit (from its notification) before the
+    commit's reply reaches the writer: the written keys are still put in the cache, so the
+    create's parent and new inode are there for the GETATTR and RELEASE that follow."""
+    from tierd.meta.pg_cache import ReadCache
+
+    cache = ReadCache()
+    cache.advance(None, 7, [])
+    cache.fill(7, b"old", b"x")
+    cache.apply(8, [b"I1", b"D1f"])  # the feed, first
+    cache.committed(7, 8, {b"I1": b"inode", b"D1f": b"dirent"})
+    assert cache.lookup(8, b"I1") == (True, b"inode")
+    assert cache.lookup(8, b"D1f") == (True, b"dirent")
+    cache.committed(6, 7, {b"I1": b"older"})  # a writer far behind: nothing
+    assert cache.lookup(8, b"I1") == (True, b"inode")

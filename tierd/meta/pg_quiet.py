@@ -1,0 +1,147 @@
+"""Reads answered by the node's read cache without a transaction, while the change feed is
+current: a FUSE lookup or getattr over PostgreSQL with no round trip.
+
+Every read transaction over PostgreSQL begins with a round trip (:mod:`tierd.meta.pg_engine`:
+the snapshot's seq and the log after the cache's) and a thread hop on each side of it
+(:mod:`tierd.meta.pg_async`).  A FUSE create cost two or three of them besides its own write:
+the parent directory's GETATTR that the kernel sends after the create changed the
+directory, and the RELEASE's look at whether the file lost its last name while open; its
+LOOKUP of an existing name another.  Their answers are in the node's cache: the node wrote
+those keys itself, or read them a moment ago.
+
+Those answers are bounded by the change feed already: the kernel caches entries and
+attributes for up to 300 s and drops them when the feed reports another node's change
+(docs/cluster.md, "Consistency"), so a lookup or a stat that does not open sees another
+node's rename, unlink or chmod only once the feed delivered it.  The feed applies each
+commit to the read cache *before* it invalidates the kernel, so the cache at the feed's
+cursor is at least as new as anything the kernel may still hold.  A read that accepts that
+bound (``bounded``: ``meta.asnapshot(bounded=True)``) is answered from the cache when
+
+* a change feed of the store is current (:meth:`~tierd.meta.pg_changes.ChangeFeed.current`:
+  connected, every commit announced to it delivered, its last read of the log at most
+  ``poll`` + 1 s old) and the cache stands at or past the last seq it heard of;
+* the cache is at or past this process's own last commit, and no commit is in flight;
+* the body's reads, named at the begin as ``keys`` or a ``warm`` pass
+  (:mod:`tierd.meta.pg_warm`), are all in the cache at that seq.
+
+Otherwise the read begins as before.  What stays exact: an open (it reads the file's content
+version in a transaction of its own, ``fuse/files.py``; close-to-open does not rest on the
+feed), every write (it reads under the cluster's writer lock), S3 and the admin API (they
+never ask for ``bounded``).
+
+The transaction this gives (:class:`CachedTxn`) holds no connection.  Its body's reads are
+answered from the answers the begin's pass collected; a read the pass did not foresee
+begins a real read transaction then, on the event loop, and reads there (its snapshot is
+newer: such a body sees each key as of a seq the feed had reached, as the kernel would).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, cast
+
+from tierd.meta.pg_engine import PgTxn
+from tierd.meta.pg_warm import Warm, _Stop, _View
+
+if TYPE_CHECKING:
+    from tierd.meta.pg_engine import PgStore
+
+
+class _Miss(Exception):
+    """The begin's pass reached a read the cache cannot answer (a scan)."""
+
+
+class CachedTxn(PgTxn):
+    """A read transaction at the cache's seq with no connection (see the module doc)."""
+
+    def __init__(self, store: PgStore, seq: int) -> None:
+        super().__init__(store, False, cast(Any, None), seq, True)
+        self._real: PgTxn | None = None
+        self.probing = True  # the begin's pass: a scan is a miss
+
+    def _server(self) -> PgTxn:
+        """The real read transaction, begun at the first read the cache cannot answer."""
+        self._check()
+        if self._real is None:
+            self._real = self._store._begin(False)
+            self._store.cache_only_misses += 1
+        return self._real
+
+    def get(self, key: bytes) -> bytes | None:
+        self._check()
+        hit, value = self.local(bytes(key))
+        return value if hit else self._server().get(key)
+
+    def prefetch(self, keys: list[bytes]) -> None:
+        missed = [k for k in keys if not self.local(bytes(k))[0]]
+        if missed:
+            self._server().prefetch(missed)
+
+    def scan(
+        self, start: bytes, end: bytes | None = None, *, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        if self.probing:
+            raise _Miss
+        return self._server().scan(start, end, reverse=reverse)
+
+    def _query(self, query: bytes, params: tuple[Any, ...], doing: str,
+               *, send_writes: bool = False) -> list[Any]:
+        return self._server()._query(query, params, doing)
+
+    def commit(self) -> None:
+        self.abort()
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        real, self._real = self._real, None
+        if real is not None:
+            real.abort()
+
+    def _fail(self) -> None:
+        self.abort()
+
+
+def quiet_seq(store: PgStore) -> int | None:
+    """The seq at which the cache answers a bounded read now, or None (see the module doc)."""
+    committing = store.committing
+    if committing is not None and not committing.done():
+        return None
+    seq = store.cache.seq
+    if seq < store.local_seq:
+        return None
+    for feed in list(store._feeds):
+        if feed.cache is store.cache and feed.current() and seq >= feed.heard:
+            return seq
+    return None
+
+
+def begin_cached(store: PgStore, warm: Warm | None) -> CachedTxn | None:
+    """A :class:`CachedTxn` whose body's reads (``warm``) the cache answers, or None."""
+    if warm is None:
+        return None
+    seq = quiet_seq(store)
+    if seq is None:
+        return None
+    txn = CachedTxn(store, seq)
+    if all(txn.local(k, keep=True)[0] for k in warm.keys) and _passes(txn, warm):
+        txn.probing = False
+        store.cache_only_reads += 1
+        return txn
+    txn.abort()
+    return None
+
+
+def _passes(txn: CachedTxn, warm: Warm) -> bool:
+    """Run ``warm``'s pass once over the cache: True when it missed nothing."""
+    if warm.fn is None:
+        return True
+    view = _View(txn)
+    try:
+        warm.fn(view)
+    except _Stop:
+        pass
+    except Exception:  # (a scan, or an error the body will meet: the server decides)
+        return False
+    return not view.missed
