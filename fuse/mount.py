@@ -139,18 +139,14 @@ async def prepare_mountpoint(path: Path) -> Path:
     target = Path(os.path.abspath(path))
     info = find_mount(target)
     if info is not None:
-        try:
-            err = await asyncio.wait_for(asyncio.to_thread(_stat_state, str(target)),
-                                         STAT_TIMEOUT)
-        except TimeoutError:
+        err = await _answer(target)
+        if err is None:
             raise MountError(
                 f"mount point {target} is already mounted ({info.fstype} from {info.source}) "
                 f"and does not answer: unmount it first (tierd umount --lazy {target})"
             ) from None
         if err == errno.ENOTCONN:
-            log.warning("clearing stale mount at %s (%s from %s): its server is gone",
-                        target, info.fstype, info.source)
-            await asyncio.to_thread(unmount, target, True)
+            await _clear(target, info)
         else:
             raise MountError(
                 f"mount point {target} is busy: {info.fstype} from {info.source} is mounted "
@@ -163,6 +159,37 @@ async def prepare_mountpoint(path: Path) -> Path:
     if not target.is_dir():
         raise MountError(f"mount point {target} is not a directory")
     return target
+
+
+async def clear_if_stale(path: Path) -> bool:
+    """Unmount a FUSE mount at ``path`` whose server is gone (``ENOTCONN``), and nothing
+    else: a live mount, one that does not answer, or none at all stays as it is.  True when
+    one was cleared.  For a mount point the daemon no longer owns (the one a killed daemon
+    of this data directory had attached at run time), so never an error."""
+    target = Path(os.path.abspath(path))
+    info = find_mount(target)
+    if info is None or not info.fstype.startswith("fuse"):
+        return False
+    if await _answer(target) != errno.ENOTCONN:
+        return False
+    await _clear(target, info)
+    return True
+
+
+async def _answer(target: Path) -> int | None:
+    """The errno a ``statvfs`` of the mount point gets (0: it answered), None when it
+    does not answer within :data:`STAT_TIMEOUT`."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(_stat_state, str(target)),
+                                      STAT_TIMEOUT)
+    except TimeoutError:
+        return None
+
+
+async def _clear(target: Path, info: MountInfo) -> None:
+    log.warning("clearing stale mount at %s (%s from %s): its server is gone",
+                target, info.fstype, info.source)
+    await asyncio.to_thread(unmount, target, True)
 
 
 def set_read_ahead(mountpoint: Path, kib: int = READ_AHEAD_KIB) -> bool:

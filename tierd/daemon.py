@@ -207,6 +207,7 @@ class Daemon:
             log.info("data directory locked", extra=kv(data_dir=cfg.data_dir))
             if cfg.mount is not None:
                 await self._clear_stale_mount(cfg.mount)
+            await self._clear_last_mount()
             self._make_dirs([cfg.meta_dir, cfg.hot_dir, cfg.warm_dir, cfg.cold_dir])
 
             # lmdb open/close touch the disk, PostgreSQL's the network: keep them off the loop.
@@ -400,6 +401,25 @@ class Daemon:
             await prepare_mountpoint(mountpoint)
         except MountError as e:
             raise StartupError(f"{e} (setting mount)") from None
+
+    async def _clear_last_mount(self) -> None:
+        """The mount a killed daemon of this data directory had attached at run time
+        (``POST /v1/mounts``): the ``endpoints.json`` it left names it.  Cleared like the
+        ``mount`` setting's when its server is gone, for the same reason; left alone when
+        something else serves there now."""
+        try:
+            doc = json.loads(self.config.endpoints_file.read_text())
+            last = doc.get("mount") if doc.get("pid") != os.getpid() else None
+        except (OSError, ValueError, AttributeError):
+            return
+        mine = self.config.mount
+        if not isinstance(last, str) or (mine is not None and last == os.path.abspath(mine)):
+            return
+        try:
+            from tierd_fuse.mount import clear_if_stale
+        except ImportError:  # no FUSE door installed: nothing of ours can be mounted
+            return
+        await clear_if_stale(Path(last))
 
     async def attach_mount(self, mountpoint: Path) -> None:
         """Mount the namespace now (at start, or ``POST /v1/mounts`` on a running daemon:

@@ -5,6 +5,7 @@ through them, real S3 clients writing."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -123,6 +124,48 @@ def test_a_mount_attached_at_run_time_is_unmounted_at_shutdown(tmp_path: Path) -
         a.d.stop()
     assert a.d.proc.returncode == 0, a.log()[-3000:]
     assert not mounted_at(mnt), "the daemon left its mount behind"
+
+
+def test_a_mount_attached_at_run_time_is_cleared_at_the_next_start_after_a_kill(
+        tmp_path: Path) -> None:
+    """A daemon killed with a mount attached through the API leaves a dead mount (every
+    access: ENOTCONN).  The next start on the same data clears it, as it clears the
+    ``mount`` setting's (the endpoints.json the dead daemon left names it); a mount point
+    something else serves by then is left alone."""
+    a = start_admin(tmp_path / "data")
+    mnt, other = tmp_path / "mnt", tmp_path / "other"
+    mnt.mkdir()
+    other.mkdir()
+    try:
+        status, doc = a.call("POST", "/v1/mounts", {"mountpoint": str(mnt)})
+        assert status == 201, doc
+    finally:
+        a.d.proc.kill()
+        a.d.proc.wait(10)
+    assert mounted_at(mnt), "the kernel keeps a dead mount"
+    with pytest.raises(OSError) as exc:
+        os.statvfs(mnt)
+    assert exc.value.errno == errno.ENOTCONN
+    b = start_admin(tmp_path / "data")
+    try:
+        assert not mounted_at(mnt), "the dead mount was left behind"
+        assert "clearing stale mount" in b.log()
+        status, doc = b.call("POST", "/v1/mounts", {"mountpoint": str(other)})
+        assert status == 201, doc
+    finally:
+        b.d.proc.kill()
+        b.d.proc.wait(10)
+    c = start_admin(tmp_path / "data2")  # another data directory: not its mount to clear
+    try:
+        assert mounted_at(other)
+    finally:
+        c.d.stop()
+    d = start_admin(tmp_path / "data")
+    try:
+        assert not mounted_at(other)
+    finally:
+        d.d.stop()
+    assert d.d.proc.returncode == 0, d.log()[-3000:]
 
 
 def test_a_second_tierd_with_mount_is_refused_and_points_at_tierctl(live: Admin,
