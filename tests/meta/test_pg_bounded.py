@@ -16,6 +16,7 @@ counts queries."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import stat
 import time
@@ -28,6 +29,7 @@ import pytest
 from nsplacement import close_namespace, open_namespace
 
 from tierd.acl import Identity
+from tierd.errors import FsError
 from tierd.meta import MetaStore, pg_changes
 from tierd.meta.pg_engine import PgStore
 from tierd.meta.pg_quiet import quiet_seq
@@ -68,6 +70,13 @@ def begins(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return begin(store, write)
     monkeypatch.setattr(PgStore, "_begin", counted)
     return seen
+
+
+def e2_seq(meta: MetaStore) -> int:
+    """The seq of ``meta``'s node's last commit."""
+    engine = meta.engine
+    assert isinstance(engine, PgStore)
+    return engine.local_seq
 
 
 def _wait(cond: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
@@ -155,6 +164,23 @@ def test_a_creates_parent_getattr_and_release_begin_no_transaction(
         assert begins == [], (i, begins)  # (before: a read for each)
     assert run(ns1.lookup(ROOT, d.ino, b"f3", bounded=True)).ino > 0
     assert begins == []
+    # a name the cache does not know (a create's LOOKUP of its new name, another node's
+    # file): a statement per link of the chain it lacks (dirent, inode), no transaction
+    fetches = e1.bounded_fetches
+    with pytest.raises(FsError) as e:
+        run(ns1.lookup(ROOT, d.ino, b"new", bounded=True))
+    assert e.value.errno == errno.ENOENT
+    assert e1.bounded_fetches > fetches  # (the placement's refresh reads on its own)
+    theirs, fh2 = run(ns2.create(ROOT, d.ino, b"theirs", stat.S_IFREG | 0o600,
+                                 os.O_WRONLY | os.O_CREAT))
+    run(ns2.release(fh2))
+    _wait(lambda: quiet_seq(e1) is not None and e1.cache.seq >= e2_seq(metas[1]),
+          "the feed never caught up")
+    begins.clear()
+    fetches = e1.bounded_fetches
+    got = run(ns1.lookup(ROOT, d.ino, b"theirs", bounded=True))
+    assert (got.ino, got.mode & 0o777) == (theirs.ino, 0o600)
+    assert begins == [] and e1.bounded_fetches == fetches + 1, begins
     assert e1.cache_only_reads >= 21
     # exact reads (an open's, S3's) still begin a transaction
     run(ns1.getattr(ROOT, d.ino))

@@ -59,7 +59,7 @@ from tierd.meta.pg_group import (
     rollback_member,
     start_member,
 )
-from tierd.meta.pg_warm import Warm, absorb, warm_member
+from tierd.meta.pg_warm import ROUNDS, Warm, absorb, warm_member
 
 if TYPE_CHECKING:
     from tierd.meta.pg_engine import PgStore, PgTxn
@@ -228,12 +228,12 @@ class AsyncGate:
 
     async def begin(self, write: bool, fresh: bool = False,
                     warm: Warm | None = None, bounded: bool = False) -> PgTxn:
-        if bounded and not write and not fresh:  # the cache may answer: no thread, no trip
-            from tierd.meta.pg_quiet import begin_cached
-            if (cached := begin_cached(self.store, warm)) is not None:
-                return cached
         loop = asyncio.get_running_loop()
         gate = self._gate(loop)
+        if bounded and not write and not fresh:  # the cache may answer: no transaction
+            cached = await self._bounded(loop, gate, warm)
+            if cached is not None:
+                return cached
         if not write:
             commit = gate.commit
             if fresh and commit is not None and not commit.done():
@@ -275,6 +275,30 @@ class AsyncGate:
         gate.group = Group(txn, loop)
         start_member(txn, prior=False)
         return txn
+
+    async def _bounded(self, loop: asyncio.AbstractEventLoop, gate: _LoopGate,
+                       warm: Warm | None) -> PgTxn | None:
+        """A bounded read (:mod:`tierd.meta.pg_quiet`): answered by the cache, with what
+        it lacks read in one statement per link of the pass's chain; None: begin one."""
+        from tierd.meta.pg_quiet import begin_cached, fetch, settle
+        got = begin_cached(self.store, warm)
+        if got is None:
+            return None
+        txn, missed = got
+        for _ in range(ROUNDS):
+            if not missed:
+                return txn
+            assert warm is not None
+            async with gate.readers:  # (a pooled connection, as an async reader's)
+                found = await loop.run_in_executor(self._begins, fetch, self.store, missed)
+            if found is None:
+                break
+            got_missed = settle(txn, warm, missed, found)
+            if got_missed is None:
+                return None
+            missed = got_missed
+        txn.abort()
+        return None
 
     async def _warm_member(self, loop: asyncio.AbstractEventLoop, gate: _LoopGate,
                            group: Group, warm: Warm) -> None:

@@ -438,7 +438,7 @@ class PgStore(KVStore):
         #: seq of this process's last write commit (atxn.behind)
         self.committing: Future[None] | None = None
         self.local_seq = 0
-        self.cache_only_reads = self.cache_only_misses = 0  # (pg_quiet: bounded reads)
+        self.cache_only_reads = self.cache_only_misses = self.bounded_fetches = 0  # pg_quiet
 
     def begin(self, write: bool = False) -> KVTxn:
         """A transaction begun here, in the caller's thread.  A writer takes over a write

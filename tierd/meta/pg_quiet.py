@@ -24,7 +24,11 @@ bound (``bounded``: ``meta.asnapshot(bounded=True)``) is answered from the cache
 * the body's reads, named at the begin as ``keys`` or a ``warm`` pass
   (:mod:`tierd.meta.pg_warm`), are all in the cache at that seq.
 
-Otherwise the read begins as before.  What stays exact: an open (it reads the file's content
+When the pass misses keys the cache lacks (the LOOKUP of a name not created yet, a name
+another node made), they are read in one statement outside any transaction (:func:`fetch`,
+one per link of a chain: a dirent, then its inode) and the pass runs again; the answers
+taken from the cache must still be the cache's afterwards (:func:`settle`).  Otherwise the
+read begins as before.  What stays exact: an open (it reads the file's content
 version in a transaction of its own, ``fuse/files.py``; close-to-open does not rest on the
 feed), every write (it reads under the cluster's writer lock), S3 and the admin API (they
 never ask for ``bounded``).
@@ -40,7 +44,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
+import psycopg
+
 from tierd.meta.pg_engine import PgTxn
+from tierd.meta.pg_sql import GET_MANY
 from tierd.meta.pg_warm import Warm, _Stop, _View
 
 if TYPE_CHECKING:
@@ -58,6 +65,7 @@ class CachedTxn(PgTxn):
         super().__init__(store, False, cast(Any, None), seq, True)
         self._real: PgTxn | None = None
         self.probing = True  # the begin's pass: a scan is a miss
+        self.fetched: set[bytes] = set()  # keys read by fetch(), not from the cache
 
     def _server(self) -> PgTxn:
         """The real read transaction, begun at the first read the cache cannot answer."""
@@ -117,31 +125,86 @@ def quiet_seq(store: PgStore) -> int | None:
     return None
 
 
-def begin_cached(store: PgStore, warm: Warm | None) -> CachedTxn | None:
-    """A :class:`CachedTxn` whose body's reads (``warm``) the cache answers, or None."""
+def begin_cached(store: PgStore, warm: Warm | None) -> tuple[CachedTxn, list[bytes]] | None:
+    """A :class:`CachedTxn` for a body whose reads ``warm`` names, and the keys its pass
+    missed ([]: the cache answered every one; fetch the rest with :func:`fetch` and
+    :func:`settle`); None when the cache may not answer (not quiet, a scan, an error)."""
     if warm is None:
         return None
     seq = quiet_seq(store)
     if seq is None:
         return None
     txn = CachedTxn(store, seq)
-    if all(txn.local(k, keep=True)[0] for k in warm.keys) and _passes(txn, warm):
+    missed = _missed(txn, warm)
+    if missed is None:
+        txn.abort()
+        return None
+    if not missed:
         txn.probing = False
         store.cache_only_reads += 1
-        return txn
-    txn.abort()
-    return None
+    return txn, missed
 
 
-def _passes(txn: CachedTxn, warm: Warm) -> bool:
-    """Run ``warm``'s pass once over the cache: True when it missed nothing."""
+def fetch(store: PgStore, keys: list[bytes]) -> dict[bytes, bytes] | None:
+    """The values of ``keys`` now (absent ones left out), in one statement outside any
+    transaction: for a bounded read whose pass the cache could not answer whole (the
+    LOOKUP of a name not created yet), instead of a read transaction's four (``BEGIN``, the
+    seq and log, the keys, ``COMMIT``).  Run in a begin thread; None on a database error
+    (the read then begins a transaction, which reports it)."""
+    try:
+        with store._pool.connection() as conn:
+            rows = conn.execute(GET_MANY, (keys,), binary=True).fetchall()
+    except psycopg.Error:
+        return None
+    return {bytes(k): bytes(v) for k, v in rows}
+
+
+def settle(txn: CachedTxn, warm: Warm, keys: list[bytes],
+           found: dict[bytes, bytes]) -> list[bytes] | None:
+    """Take the fetched answers for ``keys`` into ``txn`` and run the pass again: the keys
+    it still misses (a chain: a dirent, then its inode), [] when it is answered -- and then
+    ``txn`` is ready, if every answer it took from the cache is still the cache's.  The
+    fetched answers are newer than the cache's seq: a body sees each key as of a seq the
+    feed reached or passed, as the kernel's caches do; but a cached answer the feed has
+    dropped while the fetch ran (its invalidation may be on its way to the kernel already)
+    sends the read to a transaction (None)."""
+    read = txn.read
+    assert read is not None
+    for key in keys:
+        read[key] = found.get(key)
+        txn.fetched.add(key)
+    missed = _missed(txn, warm)
+    if missed is None or (not missed and not _still_cached(txn)):
+        txn.abort()
+        return None
+    if not missed:
+        txn.probing = False
+        txn._store.bounded_fetches += 1
+    return missed
+
+
+def _still_cached(txn: CachedTxn) -> bool:
+    cache = txn._store.cache
+    for key, value in (txn.read or {}).items():
+        if key not in txn.fetched and cache.lookup(cache.seq, key) != (True, value):
+            return False
+    return True
+
+
+def _missed(txn: CachedTxn, warm: Warm) -> list[bytes] | None:
+    """One run of ``warm`` (its keys, its pass) over ``txn``: the keys neither the cache nor
+    the fetched answers hold; None when the pass scanned or failed (the server decides)."""
+    missed = [k for k in warm.keys if not txn.local(k, keep=True)[0]]
     if warm.fn is None:
-        return True
+        return missed
     view = _View(txn)
     try:
         warm.fn(view)
     except _Stop:
         pass
-    except Exception:  # (a scan, or an error the body will meet: the server decides)
-        return False
-    return not view.missed
+    except _Miss:
+        return None
+    except Exception:  # a read it missed (answered None) ended it: fetch, pass again
+        if not view.missed:
+            return None  # (an error the body will meet: the server decides)
+    return list(dict.fromkeys(missed + view.missed))
