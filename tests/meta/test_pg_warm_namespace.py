@@ -1,9 +1,9 @@
 """The namespace's hot transactions over PostgreSQL make their reads off the event loop
 (``warm=`` of tierd/meta/reads.py and the bodies' own read code: tierd/meta/pg_warm.py): a
-lookup of a new name, a create, a mkdir, an S3 PUT, HEAD and listing make no query on the
-loop's thread (an unlink and a rename prefetch nothing: docs/metadata.md says why), though
-every key they read is new to the node's cache (another node made the objects, or the names
-do not exist yet).
+lookup of a new name, a create, a mkdir, an S3 PUT, HEAD and listing (with the import of
+what cold holds under its prefix) make no query on the loop's thread (an unlink and a
+rename prefetch nothing: docs/metadata.md says why), though every key they read is new to
+the node's cache (another node made the objects, or the names do not exist yet).
 
 Queries on the loop's thread are counted by wrapping ``PgTxn._query`` and kept only when the
 operation under test is on the stack (the namespace's own background work -- the persister,
@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
-import traceback
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from nsplacement import close_namespace, open_namespace
+from nsplacement import open_namespace
 
 from tierd.acl import Identity
 from tierd.errors import FsError
@@ -29,6 +26,7 @@ from tierd.meta import MetaStore
 from tierd.meta.pg_engine import PgTxn
 from tierd.namespace import ROOT_INO
 
+from .loop_queries import LoopQueries, close_nodes
 from .pg_server import PgServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -44,20 +42,7 @@ async def _body(data: bytes) -> AsyncIterator[bytes]:
 def test_hot_namespace_transactions_read_off_the_loop(
         pg_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = pg_server.url(str(tmp_path))
-    seen: dict[str, int] = {}
-    wheres: dict[str, list[str]] = {}  # (shown when the test fails)
-    query = PgTxn._query
-    me = threading.get_ident()
-
-    def counted(txn: PgTxn, *a: Any, **kw: Any) -> list[Any]:
-        if threading.get_ident() == me:
-            stack = traceback.extract_stack()
-            ops = {f.name for f in stack if "/tierd/namespace/" in f.filename} & set(OPS)
-            for op in ops:
-                where = [f"{f.name}:{f.lineno}" for f in stack if "/tierd/" in f.filename]
-                seen[op] = seen.get(op, 0) + 1
-                wheres.setdefault(op, []).append(" > ".join(where[-6:]))
-        return query(txn, *a, **kw)
+    spy = LoopQueries(OPS, "/tierd/namespace/")
 
     async def run() -> None:
         other = await open_namespace(MetaStore.open_pg(url, node="n2"), tmp_path / "n2")
@@ -67,7 +52,7 @@ def test_hot_namespace_transactions_read_off_the_loop(
             for i in range(3):
                 await other.put_object(ROOT, "bkt", f"dir/o{i}", _body(b"x"))
             bucket = (await other.lookup(ROOT, ROOT_INO, b"bkt")).ino
-            monkeypatch.setattr(PgTxn, "_query", counted)
+            monkeypatch.setattr(PgTxn, "_query", spy.counted)
             with pytest.raises(FsError):
                 await ns.lookup(ROOT, bucket, b"absent")
             _, fh = await ns.create(ROOT, bucket, b"new", 0o644, os.O_CREAT | os.O_WRONLY)
@@ -81,12 +66,8 @@ def test_hot_namespace_transactions_read_off_the_loop(
             assert [c[0] for c in listing.contents] == ["dir/o0", "dir/o1", "dir/o2", "dir/p"]
         finally:
             monkeypatch.undo()
-            await close_namespace(ns)
-            await close_namespace(other)
-            ns.meta.close()
-            other.meta.close()
+            await close_nodes(ns, other)
     asyncio.run(run())
-    # listing: the import's look at cold (tierd/placement, not these bodies) still reads
-    # on the loop; the listing's own walk does not
-    seen.pop("list_objects", None)
-    assert seen == {}, wheres
+    # a listing's import of what cold holds (tierd/placement/importer.py) reads off the
+    # loop too: test_pg_warm_placement.py
+    assert spy.seen == {}, spy.wheres

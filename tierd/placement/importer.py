@@ -114,6 +114,20 @@ def lost(tx: MetaTxn, tree: Tree, ino: int, key: str, *, busy: bool, local: Judg
     return "dropped", why
 
 
+def _lookups(tx: MetaTxn, key: str) -> None:
+    """The lookups an import of ``bucket/key`` makes down to the first name missing (where
+    it starts writing): a ``warm`` for the import's transaction."""
+    bucket, _, rest = key.partition("/")
+    b = tx.get_bucket(bucket)
+    ino = b.ino if b is not None else 0
+    for name in rest.split("/") if ino else ():
+        ent = tx.lookup(ino, name.encode("utf-8", "surrogateescape")) if name else None
+        if ent is None:
+            return
+        ino = ent.ino
+        tx.get_inode(ino)
+
+
 class Importer:
     """Imports what cold has and judges what it lost (see the module docstring).
 
@@ -282,20 +296,47 @@ class Importer:
         with self.recent.listing() as mono:
             while True:
                 page = await self.cold.list(prefix, start_after=after)
-                async with self.meta.awrite() as tx:
+
+                def reads(tx: MetaTxn, page: ListPage = page) -> None:
+                    for o in page.objects:  # the body's reads, off the loop (pg_warm)
+                        if self._wanted(tx, o.key, mono):
+                            _lookups(tx, o.key)
+                async with self.meta.awrite(warm=reads) as tx:
                     listed.update(o.key for o in page.objects)
                     n += self.tree.import_objects(tx, [(o.key, o) for o in page.objects
                                                        if self._wanted(tx, o.key, mono)])
-                    if not page.truncated and "/" in prefix:  # a bucket's subtree, walked only
-                        for f in list(files_under(tx, prefix)):
-                            keys = file_keys(tx, f.ino)
-                            if len(keys) == 1 and keys[0] not in listed:
-                                self._judge(tx, f.ino, keys[0], "the cold store's listing of "
-                                            f"{prefix!r} begun at {_stamp(started)} lacks "
-                                            f"{keys[0]!r}", started)
                 if not page.truncated:
+                    if "/" in prefix:  # a bucket's subtree, walked only
+                        await self._judge_missing(prefix, listed, started)
                     return n
                 after = page.next_start_after
+
+    async def _judge_missing(self, prefix: str, listed: set[str], started: int) -> None:
+        """Judge the files under ``prefix`` whose one key the whole listing lacked.  The
+        walk is a snapshot of its own, after the import committed (a file imported is
+        listed), its reads made off the loop over PostgreSQL (``warm``; inside the
+        import's write transaction they were a query each on the loop, with the cluster's
+        writer lock held); only the files it finds -- usually none -- are judged, in a
+        write transaction that looks at their keys again."""
+        def walk(tx: MetaTxn) -> list[tuple[int, str]]:
+            out = []
+            for f in list(files_under(tx, prefix)):
+                if tx.queued(f.ino) is not None:
+                    continue  # never judged lost (:func:`lost`): most files being written
+                keys = file_keys(tx, f.ino)
+                if len(keys) == 1 and keys[0] not in listed:
+                    out.append((f.ino, keys[0]))
+            return out
+        async with self.meta.asnapshot(fresh=True, warm=walk) as tx:
+            missing = walk(tx)
+        if not missing:
+            return
+        async with self.meta.awrite(warm=lambda tx: [file_keys(tx, i) for i, _ in missing]) \
+                as tx:
+            for ino, key in missing:
+                if file_keys(tx, ino) == [key]:
+                    self._judge(tx, ino, key, f"the cold store's listing of {prefix!r} "
+                                f"begun at {_stamp(started)} lacks {key!r}", started)
 
     def _others(self, inode: Inode) -> bool:
         """On a cluster, whether another node persists this file: only that node changes

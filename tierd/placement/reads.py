@@ -280,8 +280,9 @@ class Reading(Evicting):
             return self._view_in(tx, ino)
 
     async def _aview(self, ino: int) -> View | None:
-        """:meth:`_view` for coroutines (over PostgreSQL its begin leaves the loop)."""
-        async with self.meta.asnapshot() as tx:
+        """:meth:`_view` for coroutines (over PostgreSQL its begin, and its reads, leave
+        the loop)."""
+        async with self.meta.asnapshot(warm=lambda tx: self._view_in(tx, ino)) as tx:
             return self._view_in(tx, ino)
 
     def _view_in(self, tx: MetaTxn, ino: int) -> View | None:

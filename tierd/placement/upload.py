@@ -82,6 +82,10 @@ class Round:
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+#: what a reconcile's first look found: queue token, inode, cold record, cold keys, the
+#: record's keys, and those of them no pending delete names
+_Look = tuple[bytes, Inode | None, ColdRecord | None, list[str], dict[str, str],
+              dict[str, str]]
 #: a batched transaction waits for more bodies in steps of GATHER seconds while they keep
 #: coming, at most GATHER_MAX
 GATHER = 0.005
@@ -96,6 +100,7 @@ class _Body(Generic[T]):
     fut: asyncio.Future[T]
     after: Callable[[], None] | None  # once the transaction is over (committed or not)
     must: bool  # run even when its caller went away (cancelled)
+    warm: Callable[[MetaTxn], object] | None = None  # its reads, made off the loop first
 
 
 class TxnBatch:
@@ -115,9 +120,13 @@ class TxnBatch:
         self.bodies = 0
 
     async def run(self, body: Callable[[MetaTxn], T], *,
-                  after: Callable[[], None] | None = None, must: bool = False) -> T:
+                  after: Callable[[], None] | None = None, must: bool = False,
+                  warm: Callable[[MetaTxn], object] | None = None) -> T:
+        """``warm``: the body's reads, without its writes -- over PostgreSQL made in the
+        begin's thread for every body of the transaction (:mod:`tierd.meta.pg_warm`), so
+        the bodies on the loop find them answered."""
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._bodies.append(_Body(body, fut, after, must))
+        self._bodies.append(_Body(body, fut, after, must, warm))
         if self._task is None:
             self._task = asyncio.create_task(self._drain(), name="tierd-persist-txn")
         return await fut
@@ -153,8 +162,13 @@ class TxnBatch:
         if not batch:
             return
         done: list[tuple[_Body[Any], Any, BaseException | None]] = []
+        warms = [b.warm for b in batch if b.warm is not None]
+
+        def reads(tx: MetaTxn) -> None:
+            for w in warms:
+                w(tx)
         try:
-            async with self.meta.awrite() as tx:
+            async with self.meta.awrite(warm=reads if warms else None) as tx:
                 for b in batch:
                     try:
                         done.append((b, b.run(tx), None))
@@ -211,16 +225,24 @@ class Uploading(Deleting):
 
     async def reconcile(self, ino: int) -> bool:
         """Bring cold in line with inode ``ino``; True when it left the queue."""
-        with self.meta.snapshot() as tx:
+        def look(tx: MetaTxn) -> _Look | None:
             token = tx.queued(ino)
             if token is None:
-                return True
+                return None
             inode = tx.get_inode(ino)
             rec = tx.get_cold(ino)
             live = inode is not None and inode.is_reg and inode.nlink > 0
             names = file_keys(tx, ino) if live else []
             old = dict(rec.keys) if rec is not None else {}
             reusable = {k: e for k, e in old.items() if not intents.pending(tx, k)}
+            return token, inode, rec, names, old, reusable
+        # (fresh: it sees every commit of this process, as a synchronous snapshot did;
+        # warm: over PostgreSQL its reads are made in the begin's thread, not on the loop)
+        async with self.meta.asnapshot(fresh=True, warm=look) as tx:
+            got = look(tx)
+        if got is None:
+            return True
+        token, inode, rec, names, old, reusable = got
         policy = keys_policy(names, self.policy_for)
         targets = [] if policy is not None and policy.mode == "cache-only" else names
         version = rec.version if rec is not None else 0
@@ -253,7 +275,8 @@ class Uploading(Deleting):
                     done = complete
                     complete = await self.txns.run(
                         lambda tx: self._finish(tx, r, old, version, size, token, done),
-                        after=lambda: self._unguard(r), must=True)
+                        after=lambda: self._unguard(r), must=True,
+                        warm=lambda tx: self._finish_reads(tx, r, old))
         if not complete:
             return False
         self._set_dirty(ino, 0)
@@ -281,6 +304,15 @@ class Uploading(Deleting):
         if changed and cur is not None:
             tx.put_inode(cur)
         return left
+
+    @staticmethod
+    def _finish_reads(tx: MetaTxn, r: Round, old: dict[str, str]) -> None:
+        """What :meth:`_finish` reads, without its writes (its ``warm``)."""
+        tx.get_inode(r.ino)
+        if tx.queued(r.ino) != r.token:
+            file_keys(tx, r.ino)
+        for k in (*r.tokens, *old):
+            intents.pending(tx, k)
 
     def _unguard(self, r: Round) -> None:
         """The keys ``r`` put are no longer in flight (once their record is written), and
@@ -354,7 +386,8 @@ class Uploading(Deleting):
         names this version."""
         await gates.enter_async_context(self.gates.hold(key))
         for _ in range(2):
-            needy = await self.txns.run(lambda tx: self._intend_put(tx, r, key, inode))
+            needy = await self.txns.run(lambda tx: self._intend_put(tx, r, key, inode),
+                                        warm=lambda tx: self._intend_reads(tx, r, key, inode))
             if not needy:
                 break
             await self.rescue(needy)  # then check again
@@ -373,6 +406,15 @@ class Uploading(Deleting):
             if etag is None:
                 etag = await self._upload(r, inode, key)
         r.new[key] = etag
+
+    def _intend_reads(self, tx: MetaTxn, r: Round, key: str, inode: Inode) -> None:
+        """What :meth:`_intend_put` reads, without its writes (its ``warm``)."""
+        self._still_wanted(tx, key, inode, r)
+        prior = intents.get(tx, key)
+        if prior is not None and prior.ino != inode.ino:
+            self.needs_source(tx, prior.ino, key)
+        if self.node:
+            putting.held_by(tx, key, self.node, self.home_alive)
 
     def _intend_put(self, tx: MetaTxn, r: Round, key: str, inode: Inode) -> int:
         """The put-intention's body: raises :class:`Superseded` (before writing) when the
