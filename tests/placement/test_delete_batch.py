@@ -18,7 +18,7 @@ import pytest
 from tierd.meta import MetaStore
 from tierd.placement import intents
 from tierd.placement.deletes import BATCH
-from tierd.tiers import TierError
+from tierd.tiers import TierError, TierUnavailable
 from tierd.tiers.s3_tier import S3ObjectTier
 
 from .conftest import ROOT, Env, body
@@ -169,4 +169,49 @@ async def test_a_put_during_the_batch_delete_waits_and_lands_after_it(env: Env) 
         assert _pending(env) == set()
     finally:
         release.set()
+        await env.close()
+
+
+async def test_failed_keys_stay_pending_and_the_rest_are_done(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One key refused by the store (a TierError of its own), one the store failed
+    (TierUnavailable), one left out of the answer: those three stay pending, the refusal
+    counted; the others are deleted and cleared in the batch's transaction, and the
+    TierUnavailable is raised after it (the pass stops: the store's health decides when to
+    go on).  The next pass, with the store answering, carries out the three."""
+    ns, p = await env.open()
+    try:
+        await ns.create_bucket(ROOT, "dfail")
+        names = [f"k{i}" for i in range(6)]
+        for n in names:
+            await ns.put_object(ROOT, "dfail", n, body(n.encode()))
+        assert await p.drain("dfail/", timeout=60)
+        await p.close()
+        for n in names:
+            assert await ns.delete_object(ROOT, "dfail", n)
+        real_many = p.cold.delete_many
+
+        async def failing(keys: Sequence[str]) -> dict[str, TierError | None]:
+            out = await real_many([k for k in keys if k not in (
+                "dfail/k1", "dfail/k2", "dfail/k3")])
+            out["dfail/k1"] = TierError("refused")
+            out["dfail/k2"] = TierUnavailable("down for this one")
+            return out  # dfail/k3: not answered
+        monkeypatch.setattr(p.cold, "delete_many", failing)
+        p.kick_deletes()
+        assert p._delete_task is not None
+        await p._delete_task  # the TierUnavailable ended the pass (logged, not raised)
+        assert _pending(env) == {"dfail/k1", "dfail/k2", "dfail/k3"}
+        assert p._delete_errors == {"dfail/k1": 1}
+        for n in ("k0", "k4", "k5"):
+            assert not env.raw_exists(f"dfail/{n}")
+        for n in ("k1", "k2", "k3"):
+            assert env.raw_exists(f"dfail/{n}")
+        monkeypatch.undo()
+        p.kick_deletes()
+        assert p._delete_task is not None
+        await p._delete_task
+        assert _pending(env) == set() and p._delete_errors == {}
+        assert not any(env.raw_exists(f"dfail/{n}") for n in names)
+    finally:
         await env.close()

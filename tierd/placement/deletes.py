@@ -204,7 +204,9 @@ class Deleting(Reading):
                 results = await self.cold.delete_many(doomed)
                 for key in doomed:
                     err = results.get(key)
-                    if isinstance(err, TierUnavailable):
+                    if key not in results:  # no answer for it: not known gone, left pending
+                        del verdicts[key]
+                    elif isinstance(err, TierUnavailable):
                         unavailable = unavailable or err
                         del verdicts[key]
                     elif err is not None and not isinstance(err, KeyRejected | InvalidKey):
