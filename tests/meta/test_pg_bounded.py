@@ -31,7 +31,7 @@ from nsplacement import close_namespace, open_namespace
 from tierd.acl import Identity
 from tierd.errors import FsError
 from tierd.meta import MetaStore, pg_changes
-from tierd.meta.pg_engine import PgStore
+from tierd.meta.pg_engine import PgStore, PgTxn
 from tierd.meta.pg_quiet import quiet_seq
 from tierd.namespace import Namespace
 from tierd.namespace.remote import follow
@@ -248,3 +248,55 @@ def test_a_writers_commit_fills_the_cache_after_the_feed_applied_it() -> None:
     assert cache.lookup(8, b"D1f") == (True, b"dirent")
     cache.committed(6, 7, {b"I1": b"older"})  # a writer far behind: nothing
     assert cache.lookup(8, b"I1") == (True, b"inode")
+
+
+@pytest.mark.parametrize("changed_elsewhere", [False, True])
+def test_a_writer_joining_a_group_prefetches_without_a_transaction(
+        pg_nodes: Callable[[str], MetaStore], begins: list[str],
+        monkeypatch: pytest.MonkeyPatch, changed_elsewhere: bool) -> None:
+    """A member's prefetch: the group's writes, the cache at the group's seq, one statement
+    for the rest (the group holds the writer lock: nothing else commits meanwhile); before,
+    a read transaction of its own -- over three nodes about half the creates join a group."""
+    from tierd.meta import MetaTxn, pg_group
+
+    monkeypatch.setattr(pg_group, "GROUP_S", 60.0)
+    meta, other = pg_nodes("n1"), pg_nodes("n2")
+    with meta.write() as tx:
+        tx.kv.put(b"a", b"0")
+        tx.kv.put(b"b", b"0")
+    if changed_elsewhere:  # this node's cached "b" is dropped: the statement reads it
+        with other.write() as tx:
+            tx.kv.put(b"b", b"1")
+    seen: dict[str, Any] = {}
+
+    async def first() -> None:
+        async with meta.awrite() as tx:
+            seen["first_seq"] = getattr(tx.kv, "seq")  # noqa: B009
+            tx.kv.put(b"a", b"first")
+
+    async def second() -> None:
+        def warm(tx: MetaTxn) -> None:
+            tx.kv.get(b"a")
+            tx.kv.get(b"b")
+            tx.kv.get(b"gone")
+        async with meta.awrite(keys=[b"c"], warm=warm) as tx:
+            seen["second_seq"] = getattr(tx.kv, "seq")  # noqa: B009
+            kv = tx.kv
+            assert isinstance(kv, PgTxn)
+            seen["local"] = [kv.local(k)[0] for k in (b"b", b"gone", b"c")]
+            seen["values"] = [tx.kv.get(k) for k in (b"a", b"b", b"gone", b"c")]
+            tx.kv.put(b"c", b"second")
+
+    async def run() -> None:
+        t1 = asyncio.create_task(first())
+        await asyncio.sleep(0)  # the first takes the turn; the second waits to join
+        t2 = asyncio.create_task(second())
+        await asyncio.gather(t1, t2)
+    begins.clear()
+    asyncio.run(run())
+    assert seen["first_seq"] == seen["second_seq"], "not one group: the test proves nothing"
+    assert seen["local"] == [True, True, True], "not prefetched"
+    assert seen["values"] == [b"first", b"1" if changed_elsewhere else b"0", None, None]
+    assert begins == [], begins
+    with other.snapshot() as tx:
+        assert (tx.kv.get(b"a"), tx.kv.get(b"c")) == (b"first", b"second")

@@ -311,7 +311,7 @@ class AsyncGate:
         except asyncio.CancelledError:
             self._hand_over(gate, group)
             raise
-        fut = loop.run_in_executor(self._begins, warm_member, self.store, txn, warm)
+        fut = loop.run_in_executor(self._begins, _member_reads, self.store, txn, warm)
         fut.add_done_callback(lambda _: gate.readers.release())
         try:
             answers = await asyncio.shield(fut)
@@ -404,3 +404,11 @@ class AsyncGate:
             ready.abort()
         self._begins.shutdown(wait=False, cancel_futures=True)
         self._commits.shutdown(wait=True)
+
+
+def _member_reads(store: PgStore, txn: PgTxn, warm: Warm) -> dict[bytes, bytes | None]:
+    """A joining writer's prefetch without a read transaction when its pass allows
+    (:func:`tierd.meta.pg_quiet.member_reads`), else on one (``warm_member``)."""
+    from tierd.meta.pg_quiet import member_reads
+    answers = member_reads(store, txn, warm)
+    return warm_member(store, txn, warm) if answers is None else answers

@@ -33,6 +33,11 @@ version in a transaction of its own, ``fuse/files.py``; close-to-open does not r
 feed), every write (it reads under the cluster's writer lock), S3 and the admin API (they
 never ask for ``bounded``).
 
+A writer that joins an open write group (:mod:`tierd.meta.pg_group`) reads its prefetch
+the same way, exactly (:func:`member_reads`): the group holds the writer lock, so the cache
+at the group's seq and a statement outside any transaction both read the group's committed
+state.
+
 The transaction this gives (:class:`CachedTxn`) holds no connection.  Its body's reads are
 answered from the answers the begin's pass collected; a read the pass did not foresee
 begins a real read transaction then, on the event loop, and reads there (its snapshot is
@@ -48,7 +53,7 @@ import psycopg
 
 from tierd.meta.pg_engine import PgTxn
 from tierd.meta.pg_sql import GET_MANY
-from tierd.meta.pg_warm import Warm, _Stop, _View
+from tierd.meta.pg_warm import ROUNDS, Warm, _Stop, _View
 
 if TYPE_CHECKING:
     from tierd.meta.pg_engine import PgStore
@@ -191,13 +196,42 @@ def _still_cached(txn: CachedTxn) -> bool:
     return True
 
 
-def _missed(txn: CachedTxn, warm: Warm) -> list[bytes] | None:
-    """One run of ``warm`` (its keys, its pass) over ``txn``: the keys neither the cache nor
-    the fetched answers hold; None when the pass scanned or failed (the server decides)."""
-    missed = [k for k in warm.keys if not txn.local(k, keep=True)[0]]
+def member_reads(store: PgStore, group: PgTxn, warm: Warm) -> dict[bytes, bytes | None] | None:
+    """A writer's prefetch when it joins the open write ``group`` (in a begin thread,
+    :mod:`tierd.meta.pg_async`): the group's own answers first, then the cache at the
+    group's seq, then one statement per round for the rest (:func:`fetch`), with no read
+    transaction.  Exact: the group holds the cluster's writer lock from before its seq until
+    this member's body has run, so nothing commits meanwhile and a statement outside any
+    transaction reads the state the group's transaction reads for keys it has not written
+    (:func:`tierd.meta.pg_warm.warm_member` checked the same with a read transaction's
+    seq, three statements more).  None when the pass scans (that member reads as before)."""
+    txn = CachedTxn(store, group.seq)
+    read = txn.read
+    assert read is not None
+    for _ in range(ROUNDS):
+        missed = _missed(txn, warm, group)
+        if missed is None:
+            return None
+        if not missed:
+            break
+        found = fetch(store, missed)
+        if found is None:
+            return {}  # (the body reads what it needs itself)
+        for key in missed:
+            read[key] = found.get(key)
+    return dict(read)
+
+
+def _missed(txn: CachedTxn, warm: Warm, over: PgTxn | None = None) -> list[bytes] | None:
+    """One run of ``warm`` (its keys, its pass) over ``txn`` (after ``over``'s answers): the
+    keys neither the cache nor the fetched answers hold; None when the pass scanned or
+    failed (the server decides)."""
+    missed = [k for k in warm.keys
+              if not (over is not None and over.local(k, True)[0])
+              and not txn.local(k, keep=True)[0]]
     if warm.fn is None:
         return missed
-    view = _View(txn)
+    view = _View(txn, over)
     try:
         warm.fn(view)
     except _Stop:

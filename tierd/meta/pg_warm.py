@@ -32,8 +32,10 @@ body's scan of the same range is answered by them while the transaction has writ
 that range (a reader never has; a writer's page is read anew once it wrote inside it).  So
 nothing changes what a body reads: only where the wait for it happens.
 
-A writer that joins an open group (``pg_async``) runs no begin: its warm runs in a thread on
-a separate read transaction, whose snapshot -- the group holds the writer lock -- is exactly
+A writer that joins an open group (``pg_async``) runs no begin: its warm runs in a thread,
+reading what the cache lacks with one statement per round outside any transaction
+(:func:`tierd.meta.pg_quiet.member_reads`; a pass that scans: on a separate read transaction,
+:func:`warm_member`), which -- the group holds the writer lock -- sees exactly
 the committed state the group's transaction reads for keys it has not written; the view
 answers the group's own writes first, and only answers for keys the group has not written
 are taken over, and only when both stand at the same seq.
