@@ -1,16 +1,18 @@
 """The placement engine's transactions over PostgreSQL make their reads off the event loop:
 a reconcile's first look, its put-intention and record transactions (``TxnBatch``, each
-body's ``warm``), and a recursive listing's import and its judging walk
-(``Importer.import_prefix``, ``_judge_missing``).  Every query on the loop's thread is a
+body's ``warm``), a recursive listing's import and its judging walk
+(``Importer.import_prefix``, ``_judge_missing``), and one directory's refresh before a
+delimited listing or a look-up (``refresh_dir``).  Every query on the loop's thread is a
 round trip during which the daemon serves nothing else -- and, inside a write transaction,
-one made with the cluster's writer lock held.  Counted as in test_pg_warm_namespace.py: by
-wrapping ``PgTxn._query`` and keeping the calls made on the loop's thread with one of
-these on the stack.  Before, this test counted about 3,000 such queries (the import's walk
-alone ~2,300: a query per file, per listing)."""
+one made with the cluster's writer lock held.  Counted as in test_pg_warm_namespace.py: the
+calls of ``PgTxn._query`` made on the loop's thread with one of these on the stack.  Before,
+this test counted about 3,000 such queries (the import's walk alone ~2,300: a query per
+file, per listing)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,8 +20,10 @@ import pytest
 from nsplacement import open_namespace
 
 from tierd.acl import Identity
+from tierd.errors import FsError
 from tierd.meta import MetaStore
 from tierd.meta.pg_engine import PgTxn
+from tierd.namespace import ROOT_INO
 
 from .loop_queries import LoopQueries, close_nodes
 from .pg_server import PgServer
@@ -28,7 +32,8 @@ pytestmark = pytest.mark.timeout(180)
 
 ROOT = Identity.ROOT
 #: the placement code under test (the namespace's own bodies: test_pg_warm_namespace.py)
-WHERE = {"reconcile", "_commit", "import_prefix", "_judge_missing"}
+WHERE = {"reconcile", "_commit", "import_prefix", "_judge_missing", "refresh_dir",
+         "_nothing_unlisted"}
 
 
 async def _body(data: bytes) -> AsyncIterator[bytes]:
@@ -59,6 +64,15 @@ def test_placement_transactions_read_off_the_loop(
             for _ in range(3):  # a recursive listing imports the prefix and walks it
                 listing = await ns.list_objects(ROOT, "bkt", prefix="dir/")
                 assert len(listing.contents) == 20
+            # a directory's listing and a look-up of a missing name refresh one level
+            # (import_ttl 0 here: each of them lists cold)
+            listing = await ns.list_objects(ROOT, "bkt", prefix="dir/", delimiter="/")
+            assert listing.prefixes == ["dir/sub/"] and len(listing.contents) == 10
+            bucket = (await ns.lookup(ROOT, ROOT_INO, b"bkt")).ino
+            d = (await ns.lookup(ROOT, bucket, b"dir")).ino
+            for name in (b"absent", b"sub"):
+                with contextlib.suppress(FsError):
+                    await ns.lookup(ROOT, d, name)
         finally:
             monkeypatch.undo()
             await close_nodes(ns, other)

@@ -230,7 +230,19 @@ class Importer:
                 if not after and self._idle(page) and await self._nothing_unlisted(
                         dir_ino, listed):
                     return 0
-                async with self.meta.awrite() as tx:
+                names = {o.key[len(prefix):].encode("utf-8", "surrogateescape")
+                         for o in page.objects}
+
+                def reads(tx: MetaTxn, page: ListPage = page, names: set[bytes] = names) -> None:
+                    for o in page.objects:  # the body's reads, off the loop (pg_warm)
+                        if self._wanted(tx, o.key, mono):
+                            _lookups(tx, o.key)
+                    for cp in page.common_prefixes:
+                        if self._wanted_prefix(tx, cp, mono):
+                            _lookups(tx, cp.rstrip("/"))
+                    if not page.truncated:
+                        self._unlisted(tx, dir_ino, listed | names)
+                async with self.meta.awrite(warm=reads) as tx:
                     found: list[tuple[str, ObjectInfo | None]] = []
                     for info in page.objects:
                         listed.add(info.key[len(prefix):].encode("utf-8", "surrogateescape"))
@@ -264,7 +276,8 @@ class Importer:
     async def _nothing_unlisted(self, dir_ino: int, listed: set[bytes]) -> bool:
         """Whether no file of the directory would be judged lost by this listing
         (:meth:`_unlisted`), read in a snapshot: then nothing is, and nothing is written."""
-        async with self.meta.asnapshot() as tx:
+        async with self.meta.asnapshot(
+                warm=lambda tx: self._unlisted(tx, dir_ino, listed)) as tx:
             return not self._unlisted(tx, dir_ino, listed)
 
     @staticmethod
