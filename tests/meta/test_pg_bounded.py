@@ -22,7 +22,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -39,6 +39,8 @@ from tierd.namespace.remote import follow
 from .pg_server import PgServer
 
 pytestmark = pytest.mark.timeout(120)
+
+T = TypeVar("T")
 
 ROOT = Identity.ROOT
 
@@ -267,36 +269,36 @@ def test_a_writer_joining_a_group_prefetches_without_a_transaction(
     if changed_elsewhere:  # this node's cached "b" is dropped: the statement reads it
         with other.write() as tx:
             tx.kv.put(b"b", b"1")
-    seen: dict[str, Any] = {}
+    seqs: list[int] = []
 
-    async def first() -> None:
-        async with meta.awrite() as tx:
-            seen["first_seq"] = getattr(tx.kv, "seq")  # noqa: B009
-            tx.kv.put(b"a", b"first")
+    def leader(tx: MetaTxn) -> None:
+        tx.kv.put(b"a", b"first")
 
-    async def second() -> None:
-        def warm(tx: MetaTxn) -> None:
-            tx.kv.get(b"a")
-            tx.kv.get(b"b")
-            tx.kv.get(b"gone")
-        async with meta.awrite(keys=[b"c"], warm=warm) as tx:
-            seen["second_seq"] = getattr(tx.kv, "seq")  # noqa: B009
-            kv = tx.kv
-            assert isinstance(kv, PgTxn)
-            seen["local"] = [kv.local(k)[0] for k in (b"b", b"gone", b"c")]
-            seen["values"] = [tx.kv.get(k) for k in (b"a", b"b", b"gone", b"c")]
-            tx.kv.put(b"c", b"second")
+    def member(tx: MetaTxn) -> tuple[list[bool], list[bytes | None]]:
+        kv = tx.kv
+        assert isinstance(kv, PgTxn)
+        local = [kv.local(k)[0] for k in (b"b", b"gone", b"c")]
+        values = [kv.get(k) for k in (b"a", b"b", b"gone", b"c")]
+        kv.put(b"c", b"second")
+        return local, values
 
-    async def run() -> None:
-        t1 = asyncio.create_task(first())
-        await asyncio.sleep(0)  # the first takes the turn; the second waits to join
-        t2 = asyncio.create_task(second())
-        await asyncio.gather(t1, t2)
+    async def write(body: Callable[[MetaTxn], T], keys: tuple[bytes, ...] = (),
+                    warm: Callable[[MetaTxn], object] | None = None) -> T:
+        async with meta.awrite(keys=keys, warm=warm) as tx:
+            seqs.append(getattr(tx.kv, "seq"))  # noqa: B009
+            return body(tx)
+
+    async def both() -> tuple[list[bool], list[bytes | None]]:
+        lead = asyncio.create_task(write(leader))
+        await asyncio.sleep(0)  # the leader takes the turn; the member waits to join
+        got = await write(member, (b"c",), lambda tx: [tx.kv.get(k) for k in (b"a", b"b", b"gone")])
+        await lead
+        return got
     begins.clear()
-    asyncio.run(run())
-    assert seen["first_seq"] == seen["second_seq"], "not one group: the test proves nothing"
-    assert seen["local"] == [True, True, True], "not prefetched"
-    assert seen["values"] == [b"first", b"1" if changed_elsewhere else b"0", None, None]
+    local, values = asyncio.run(both())
+    assert seqs[0] == seqs[1], "not one group: the test proves nothing"
+    assert local == [True, True, True], "not prefetched"
+    assert values == [b"first", b"1" if changed_elsewhere else b"0", None, None]
     assert begins == [], begins
     with other.snapshot() as tx:
         assert (tx.kv.get(b"a"), tx.kv.get(b"c")) == (b"first", b"second")
