@@ -40,6 +40,9 @@ from typing import TYPE_CHECKING
 
 import pyfuse3
 
+from tierd.acl import Identity
+from tierd.acl.modes import has_privs
+
 from . import kproto as K
 
 if TYPE_CHECKING:
@@ -86,6 +89,8 @@ class Passthrough:
         self.strict = writes
         ops.pt_creates = writes
         self._refused_readers: set[int] = set()  # fh of read-only opens kept cached
+        #: writers that joined passthrough readers of a set-id file: its mode (opened)
+        self._join_privs: dict[int, int] = {}
         self._writer_fd: dict[int, int] = {}  # fh -> hot fd of a writer decided passthrough
         self._libc = ctypes.CDLL(None, use_errno=True)
         self.backings: dict[int, _Backing] = {}  # ino -> its registered hot file
@@ -125,7 +130,12 @@ class Passthrough:
         if not self.writes:
             return
         if not self.cached[ino] and not self._broken:
-            fd = await self.ops.ns.passthrough_open(fh)
+            joined = ino in self.backings  # held by passthrough readers
+            fd = await self.ops.ns.passthrough_open(fh, join=joined)
+            if fd is not None and joined:
+                mode = (await self.ops.ns.getattr(Identity.ROOT, ino)).mode
+                if has_privs(mode):  # set while the readers were open: watched (files.py)
+                    self._join_privs[fh] = mode
             if fd is not None and not self._leases_ok:
                 self._leases_ok = _leases_work(fd)
             if fd is not None and not self._leases_ok:
@@ -166,9 +176,12 @@ class Passthrough:
         fd = self._writer_fd.pop(fh, None)
         if fd is not None:  # a writer the namespace let the kernel write through
             backing = self._backing(ino, fh, fd)
+            mode = self._join_privs.pop(fh, None)
             if backing:
                 self._pt_fh[fh] = ino
                 self.ops.passthrough_writer(fh, ino, fd)
+                if mode is not None and ino not in self.ops.pt_privs:
+                    self.ops.pt_watch_privs(ino, mode)
                 return backing
             self.ops.ns.passthrough_close(fh)  # the kernel refused: the normal path
             self.cached[ino] += 1
@@ -213,6 +226,7 @@ class Passthrough:
     # -- release -------------------------------------------------------------------------------
     def released(self, ino: int, fh: int) -> None:
         self._refused_readers.discard(fh)
+        self._join_privs.pop(fh, None)
         if self._writer_fd.pop(fh, None) is not None:  # the OPEN reply failed
             self.ops.ns.passthrough_close(fh)
         if self._cached_fh.pop(fh, None) is not None:

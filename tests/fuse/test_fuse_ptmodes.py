@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -99,6 +100,52 @@ def test_a_set_id_file_is_read_through_the_daemon(daemon: Daemon, work: Path) ->
     with open(f, "rb") as r:
         assert r.read() == b"y" * 4096
     assert fuse_reads(daemon, "read") > reads
+
+
+_NOBODY_APPENDS = """
+import os, sys
+os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)
+with open(sys.argv[1], "ab") as w:
+    w.write(b"by nobody\\n")
+"""
+
+
+def _chmod_while_read(d: Path) -> list[bytes]:
+    """A plain file's reader is open (through the kernel, on the mount) when the file gets
+    set-id bits; then root appends, then another user does: what the reader saw and the
+    mode after each writer, and the whole file read again through the same reader."""
+    f = d / "c"
+    f.write_bytes(b"first\n")
+    os.chmod(f, 0o777)
+    time.sleep(0.3)  # the writer's RELEASE (after its close) ends its backing file
+    seen: list[bytes] = []
+    with open(f, "rb") as reader:
+        seen.append(reader.read())
+        os.chmod(f, 0o4777)
+        for cmd in (["sh", "-c", f"echo root >> '{f}'"],
+                    [sys.executable, "-c", _NOBODY_APPENDS, str(f)]):
+            t0 = time.monotonic()
+            subprocess.run(cmd, check=True, timeout=30)
+            assert time.monotonic() - t0 < 1.5, "the writer waited for the reader"
+            seen.append(reader.read())
+            seen.append(oct(os.stat(f).st_mode & 0o7777).encode())
+        reader.seek(0)
+        seen.append(reader.read())
+    return seen
+
+
+def test_set_id_bits_set_while_a_reader_is_open(daemon: Daemon, work: Path) -> None:
+    """Set-id bits set while a passthrough reader holds the file: a writer must still pass
+    through (the kernel lets nothing else in), so it joins, and the daemon clears the bits
+    after another user's write as for a chmod made while writers are open (before: the
+    writer waited 2 s for the reader and got ``ETXTBSY``).  Root's append keeps them, as on
+    ext4."""
+    reads = fuse_reads(daemon, "read")
+    got = _chmod_while_read(work)
+    assert fuse_reads(daemon, "read") == reads, "the reader was not passthrough"
+    with tempfile.TemporaryDirectory() as t:
+        os.chmod(t, 0o755)
+        assert got == _chmod_while_read(Path(t))
 
 
 def test_a_cluster_node_s_files_read_and_written_as_on_ext4(tmp_path: Path) -> None:

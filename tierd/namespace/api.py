@@ -250,9 +250,11 @@ class NamespaceAPI(Protocol):
         """The handle's hot data file descriptor when the file is whole on hot (passthrough)."""
         ...
 
-    async def passthrough_open(self, fh: int) -> int | None:
+    async def passthrough_open(self, fh: int, join: bool = False) -> int | None:
         """A writable handle's hot data file descriptor for the kernel to write directly,
-        after the in-place write rules are applied for all writes to come; None: refused."""
+        after the in-place write rules are applied for all writes to come; None: refused.
+        ``join``: passthrough readers hold the inode (a writer refused would wait for them
+        and fail ``ETXTBSY``), so set-id bits do not refuse it: the door watches them."""
         ...
 
     async def passthrough_readable(self, fh: int) -> bool:

@@ -69,7 +69,7 @@ class TieringOps(NamespaceBase):
         return h.ofile.fd
 
     # -- kernel write passthrough (the FUSE door) ------------------------------------------
-    async def passthrough_open(self, fh: int) -> int | None:
+    async def passthrough_open(self, fh: int, join: bool = False) -> int | None:
         """For handle ``fh`` opened for writing: the hot data file's descriptor when the
         kernel may write it directly, else None (the handle keeps the normal write path).
 
@@ -82,7 +82,11 @@ class TieringOps(NamespaceBase):
         Refused: files not whole on hot or whose hot file is not exactly their size, the
         memory tier's files (the pool's copy would go stale), a cluster's files (other
         nodes learn of changes from commits the kernel's writes would not make), files with
-        set-id bits (a write by another user must clear them, and no write is seen)."""
+        set-id bits (a write by another user must clear them, and no write is seen) --
+        unless ``join``: passthrough readers already hold the inode (the bits were set
+        while they were open), the kernel lets no other writer in, and the door clears the
+        bits after the kernel's writes as it does for a chmod made while writers are open
+        (fuse/files.py ``pt_watch_privs``), rather than the open failing ``ETXTBSY``."""
         h = self._handles.get(fh)
         if h is None or not h.writable:
             return None
@@ -91,7 +95,7 @@ class TieringOps(NamespaceBase):
             of.external += 1
             return of.fd
         fresh, of.kernel_intent = of.kernel_intent and of.intent, False
-        if await self._pt_refused(of):
+        if await self._pt_refused(of, join):
             return None
         st = os.fstat(await of.open_async(self.hot.apin))
         if st.st_size != of.size:
@@ -123,15 +127,16 @@ class TieringOps(NamespaceBase):
             raise
         return of.fd
 
-    async def _pt_refused(self, of: OpenFile) -> bool:
+    async def _pt_refused(self, of: OpenFile, join: bool = False) -> bool:
         """Whether the kernel must not write ``of``'s hot file itself: files not whole on
         hot, a cluster node's files, set-id files, the memory tier's files (the reasons in
         :meth:`passthrough_open`), and files of a bucket whose versioning was ever set: in
         an ``Enabled`` bucket every commit's version is kept before the next in-place
         write changes its bytes (:mod:`tierd.namespace.keepversion`, at the WRITE path's
         first write after each commit), and the kernel's writes pass no such point (a
-        ``Suspended`` bucket may be enabled while a writer is open)."""
-        if self.meta.node or self.meta.engine.remote or of.privs:
+        ``Suspended`` bucket may be enabled while a writer is open); ``join``: see
+        :meth:`passthrough_open`."""
+        if self.meta.node or self.meta.engine.remote or (of.privs and not join):
             return True
         if not self.placement.hot_complete(of.ino):
             return True
