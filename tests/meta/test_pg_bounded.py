@@ -302,3 +302,35 @@ def test_a_writer_joining_a_group_prefetches_without_a_transaction(
     assert begins == [], begins
     with other.snapshot() as tx:
         assert (tx.kv.get(b"a"), tx.kv.get(b"c")) == (b"first", b"second")
+
+
+def test_a_writing_commit_is_three_statements(
+        pg_nodes: Callable[[str], MetaStore], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes, seq bump, log row and trim as one statement (data-modifying ``WITH``), then
+    the NOTIFY and COMMIT: up to six statements before; what they did is unchanged."""
+    n1, n2 = pg_nodes("n1"), pg_nodes("n2")
+    e1 = n1.engine
+    assert isinstance(e1, PgStore)
+    e1.log_keep, e1.trim_every = 3, 1  # (every commit trims the log)
+    sent: list[bytes] = []
+    execute = psycopg.Connection.execute
+
+    def seen(conn: Any, query: Any, *a: Any, **kw: Any) -> Any:
+        if isinstance(query, bytes) and query.endswith(b"COMMIT"):
+            sent.append(query)
+        return execute(conn, query, *a, **kw)
+    monkeypatch.setattr(psycopg.Connection, "execute", seen)
+    with n1.engine.begin(write=True) as tx:
+        tx.put(b"x", b"1")
+        tx.put(b"y", b"2")
+    for i in range(4):
+        with n1.engine.begin(write=True) as tx:
+            tx.put(b"x", b"%d" % i)
+            tx.delete(b"y")
+    assert len(sent) == 5 and all(q.count(b"; ") == 2 for q in sent), sent[-1][:300]
+    with n2.engine.begin(write=False) as tx:
+        assert (tx.get(b"x"), tx.get(b"y")) == (b"3", None)
+    with psycopg.connect(e1.url, autocommit=True) as conn:
+        seqs = [r[0] for r in conn.execute("SELECT seq FROM kv_log ORDER BY seq")]
+        top = conn.execute("SELECT seq FROM meta_schema").fetchall()[0][0]
+    assert seqs == list(range(top - 2, top + 1))  # the last three: trimmed below
