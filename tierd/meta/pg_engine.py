@@ -17,7 +17,8 @@ at open):
   that made it and the keys it put or deleted (an empty array: too many to list, "everything
   changed").  Trimmed to the last ``log_keep`` rows by the writers.  It is what keeps every
   node's read cache (:mod:`tierd.meta.pg_cache`) exact, and it is the change feed
-  (:mod:`tierd.meta.pg_changes`); each commit also sends ``NOTIFY tierd_changes, '<seq>'``.
+  (:mod:`tierd.meta.pg_changes`); each commit also sends ``NOTIFY tierd_changes``, with its
+  seq, node and keys (:func:`tierd.meta.pg_sql.payload`).
 
 Transactions:
 
