@@ -19,6 +19,7 @@ import asyncio
 import errno
 import os
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from nsplacement import close_namespace, open_namespace
 from tierd.acl import Identity
 from tierd.errors import FsError
 from tierd.meta import MetaStore, pg_changes
+from tierd.meta.pg_async import AsyncGate
 from tierd.meta.pg_engine import PgStore, PgTxn
 from tierd.meta.pg_quiet import quiet_seq
 from tierd.namespace import Namespace
@@ -79,6 +81,28 @@ def e2_seq(meta: MetaStore) -> int:
     engine = meta.engine
     assert isinstance(engine, PgStore)
     return engine.local_seq
+
+
+@pytest.fixture
+def asked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The node of every read transaction an async read of the namespace's lookup, getattr
+    or release began (the placement's own background reads are not counted: they would
+    make the counts depend on timing)."""
+    seen: list[str] = []
+    begun = AsyncGate._begun
+    mine = {"lookup", "getattr", "_reap_if_orphan"}
+
+    async def counted(gate: AsyncGate, loop: Any, write: bool, warm: Any) -> Any:
+        frame = sys._getframe(1)
+        names = set()
+        while frame is not None:
+            names.add(frame.f_code.co_name)
+            frame = frame.f_back  # type: ignore[assignment]
+        if not write and names & mine:
+            seen.append(gate.store.node)
+        return await begun(gate, loop, write, warm)
+    monkeypatch.setattr(AsyncGate, "_begun", counted)
+    return seen
 
 
 def _wait(cond: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
@@ -148,7 +172,8 @@ def two_nodes(pg_server: PgServer, tmp_path: Path
 
 def test_a_creates_parent_getattr_and_release_begin_no_transaction(
         two_nodes: tuple[list[MetaStore], list[Namespace], asyncio.AbstractEventLoop],
-        begins: list[str]) -> None:
+        asked: list[str]) -> None:
+    begins = asked
     metas, (ns1, ns2), loop = two_nodes
     run = loop.run_until_complete
     e1 = metas[0].engine
