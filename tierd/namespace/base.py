@@ -347,15 +347,18 @@ class NamespaceBase:
         self.placement.forget(ino)
 
     # -- placement hooks -------------------------------------------------------------------
-    @staticmethod
-    def _external_look(of: OpenFile, wrote: bool = False) -> None:
+    def _external_look(self, of: OpenFile, wrote: bool = False) -> None:
         """While the kernel writes ``of``'s hot file itself (FUSE write passthrough,
         ``of.external``): its size and mtime become the live ones, and ``wrote``, or a
         size, mtime or ctime changed since the last look, counts as a write (a new content
         version at the next commit) -- except on a file committed empty and empty still:
         a write extends it, a store through a mapping cannot reach past its end, a
         truncate is a setattr the namespace sees, so closing a file created and left empty
-        commits nothing."""
+        commits nothing.  While the namespace changes the size itself (``_set_size``: the
+        new size committed and made durable before the hot file is cut) the hot file's
+        size is not the file's: the look counts a write but takes nothing from it, and
+        the first look after the cut takes it all (tests/namespace/
+        test_passthrough_truncate.py: an ``O_TRUNC`` open racing a writer's release)."""
         st = os.fstat(of.fd)
         if of.committed_size == 0 and st.st_size == 0:
             wrote = False
@@ -364,6 +367,8 @@ class NamespaceBase:
         if wrote or changed:
             of.gen += 1
             of.ctime_ns = now_ns()
+        if of.ino in self._resizing:
+            return
         if changed and st.st_mtime_ns != of.external_seen[1]:
             of.mtime_ns = st.st_mtime_ns  # the kernel's last write (not an explicit utime)
         of.size = st.st_size
