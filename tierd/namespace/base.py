@@ -428,7 +428,7 @@ class NamespaceBase:
         (:meth:`_forget_data`; the ``G`` key that says so is written here, in the same
         transaction)."""
         if inode.is_reg:
-            self.placement.deleted(tx, inode.ino)
+            self.placement.deleted(tx, inode.ino, held=inode.ino in self._open)
         if inode.ino in self._open:
             tx.put_inode(inode)
             tx.add_orphan(inode.ino)

@@ -389,11 +389,12 @@ class Placement(Uploading):
             self.wake()
 
     def never_sent(self, ino: int) -> bool:
-        """A single node's queued file that no reconcile is working on and no put of which
-        is in flight: deleting it before it was sent, its unlink dequeues it (a create
-        burst's temporary files cost the persister nothing).  Not on a cluster: another
-        node may be persisting it (its put marks are the rule there), its reconcile
-        decides."""
+        """A single node's file that no reconcile is working on and no put of which is in
+        flight: deleting it before it was sent, its unlink dequeues it (a create burst's
+        temporary files cost the persister nothing); deleting it once sent, its unlink
+        drops its record too (its objects are pending deletes by then).  Not on a cluster:
+        another node may be persisting it (its put marks are the rule there), its
+        reconcile decides."""
         if self.node or self._task is None or ino in self._active:
             return False
         return ino not in self.putting.values()
