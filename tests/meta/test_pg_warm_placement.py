@@ -1,13 +1,13 @@
 """The placement engine's transactions over PostgreSQL make their reads off the event loop:
 a reconcile's first look, its put-intention and record transactions (``TxnBatch``, each
 body's ``warm``), a recursive listing's import and its judging walk
-(``Importer.import_prefix``, ``_judge_missing``), and one directory's refresh before a
-delimited listing or a look-up (``refresh_dir``).  Every query on the loop's thread is a
-round trip during which the daemon serves nothing else -- and, inside a write transaction,
-one made with the cluster's writer lock held.  Counted as in test_pg_warm_namespace.py: the
-calls of ``PgTxn._query`` made on the loop's thread with one of these on the stack.  Before,
-this test counted about 3,000 such queries (the import's walk alone ~2,300: a query per
-file, per listing)."""
+(``Importer.import_prefix``, ``_judge_missing``), one directory's refresh before a
+delimited listing or a look-up (``refresh_dir``), and the pending deletes' passes.  Every
+query on the loop's thread is a round trip during which the daemon serves nothing else --
+and, inside a write transaction, one made with the cluster's writer lock held.  Counted as
+in test_pg_warm_namespace.py: the calls of ``PgTxn._query`` made on the loop's thread with
+one of these on the stack.  Before, this test counted about 3,000 such queries (the
+import's walk alone ~2,300: a query per file, per listing)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(180)
 ROOT = Identity.ROOT
 #: the placement code under test (the namespace's own bodies: test_pg_warm_namespace.py)
 WHERE = {"reconcile", "_commit", "import_prefix", "_judge_missing", "refresh_dir",
-         "_nothing_unlisted"}
+         "_nothing_unlisted", "_delete_pass", "_delete_batch"}
 
 
 async def _body(data: bytes) -> AsyncIterator[bytes]:
@@ -73,6 +73,13 @@ def test_placement_transactions_read_off_the_loop(
             for name in (b"absent", b"sub"):
                 with contextlib.suppress(FsError):
                     await ns.lookup(ROOT, d, name)
+            for i in range(10):  # the delete worker's passes and batches
+                await ns.unlink(ROOT, d, f"p{i}".encode())
+            for _ in range(200):
+                if not any((cold / "bkt" / "dir").glob("p*")):
+                    break
+                await asyncio.sleep(0.05)
+            assert not any((cold / "bkt" / "dir").glob("p*"))
         finally:
             monkeypatch.undo()
             await close_nodes(ns, other)

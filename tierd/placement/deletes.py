@@ -159,7 +159,10 @@ class Deleting(Reading):
     async def _delete_pass(self) -> None:
         after = ""
         while True:
-            async with self.meta.asnapshot() as tx:
+            def reads(tx: MetaTxn, after: str = after) -> None:  # off the loop (pg_warm)
+                for it in intents.scan(tx, after, BATCH):
+                    self._worth_a_look(tx, it)
+            async with self.meta.asnapshot(warm=reads) as tx:
                 batch = intents.scan(tx, after, BATCH)
                 looked = [it.key for it in batch if self._worth_a_look(tx, it)]
             if not batch:
@@ -192,7 +195,8 @@ class Deleting(Reading):
         async with contextlib.AsyncExitStack() as gates:
             for key in sorted(set(keys)):
                 await gates.enter_async_context(self.gates.hold(key))
-            async with self.meta.asnapshot() as tx:
+            async with self.meta.asnapshot(
+                    warm=lambda tx: [self._verdict(tx, k) for k in keys]) as tx:
                 verdicts = {k: self._verdict(tx, k) for k in keys if k not in self.putting}
             doomed = [k for k, (_, v) in verdicts.items() if v == "delete"]
             unavailable: TierUnavailable | None = None
@@ -219,7 +223,8 @@ class Deleting(Reading):
             done = {k: (it, v) for k, (it, v) in verdicts.items()
                     if it is not None and v != "defer"}
             if done:
-                async with self.meta.awrite() as tx:
+                async with self.meta.awrite(
+                        warm=lambda tx: [intents.get(tx, k) for k in done]) as tx:
                     for key, (it, v) in done.items():
                         if self.node and v == "delete":
                             intents.tombstone(tx, key, it.token)
