@@ -236,14 +236,13 @@ class Uploading(Deleting):
             old = dict(rec.keys) if rec is not None else {}
             reusable = {k: e for k, e in old.items() if not intents.pending(tx, k)}
             return token, inode, rec, names, old, reusable
-        if self.meta.engine.remote:
-            # its reads made in the begin's thread, not on the loop (fresh: it sees every
-            # commit of this process, as a synchronous snapshot does)
-            async with self.meta.asnapshot(fresh=True, warm=look) as tx:
-                got = look(tx)
-        else:  # inline either way; the coroutine's begin and end cost 10% of a persist
-            with self.meta.snapshot() as tx:
-                got = look(tx)
+        # synchronous, on every engine: over lmdb the coroutine's begin and end cost 10%
+        # of a persist; over PostgreSQL its reads (about 4 queries a file, most of them
+        # the scans of its path's links) stay on the loop, since an asnapshot with this
+        # warm, fresh or not, cost a one-node cluster 15% of its creates and half its
+        # unlinks (bench/cluster_meta.py --persist-delay 5, A/B, two rounds each)
+        with self.meta.snapshot() as tx:
+            got = look(tx)
         if got is None:
             return True
         token, inode, rec, names, old, reusable = got
