@@ -82,10 +82,6 @@ class Round:
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-#: what a reconcile's first look found: queue token, inode, cold record, cold keys, the
-#: record's keys, and those of them no pending delete names
-_Look = tuple[bytes, Inode | None, ColdRecord | None, list[str], dict[str, str],
-              dict[str, str]]
 #: a batched transaction waits for more bodies in steps of GATHER seconds while they keep
 #: coming, at most GATHER_MAX
 GATHER = 0.005
@@ -225,27 +221,21 @@ class Uploading(Deleting):
 
     async def reconcile(self, ino: int) -> bool:
         """Bring cold in line with inode ``ino``; True when it left the queue."""
-        def look(tx: MetaTxn) -> _Look | None:
+        # synchronous, on every engine: over lmdb the coroutine's begin and end cost 10%
+        # of a persist; over PostgreSQL its reads (about 4 queries a file, most of them
+        # the scans of its path's links) stay on the loop, since an asnapshot with them
+        # warmed, fresh or not, cost a one-node cluster 15% of its creates and half its
+        # unlinks (bench/cluster_meta.py --persist-delay 5, A/B, two rounds each)
+        with self.meta.snapshot() as tx:
             token = tx.queued(ino)
             if token is None:
-                return None
+                return True
             inode = tx.get_inode(ino)
             rec = tx.get_cold(ino)
             live = inode is not None and inode.is_reg and inode.nlink > 0
             names = file_keys(tx, ino) if live else []
             old = dict(rec.keys) if rec is not None else {}
             reusable = {k: e for k, e in old.items() if not intents.pending(tx, k)}
-            return token, inode, rec, names, old, reusable
-        # synchronous, on every engine: over lmdb the coroutine's begin and end cost 10%
-        # of a persist; over PostgreSQL its reads (about 4 queries a file, most of them
-        # the scans of its path's links) stay on the loop, since an asnapshot with this
-        # warm, fresh or not, cost a one-node cluster 15% of its creates and half its
-        # unlinks (bench/cluster_meta.py --persist-delay 5, A/B, two rounds each)
-        with self.meta.snapshot() as tx:
-            got = look(tx)
-        if got is None:
-            return True
-        token, inode, rec, names, old, reusable = got
         policy = keys_policy(names, self.policy_for)
         targets = [] if policy is not None and policy.mode == "cache-only" else names
         version = rec.version if rec is not None else 0
