@@ -359,27 +359,25 @@ class NamespaceBase:
         size is not the file's: the look counts a write but takes nothing from it, and
         the first look after the cut takes it all (tests/namespace/
         test_passthrough_truncate.py: an ``O_TRUNC`` open racing a writer's release)."""
-        st = os.fstat(of.fd)
-        if of.committed_size == 0 and st.st_size == 0:
+        seen = _stamp(of.fd)
+        if of.committed_size == 0 and seen[0] == 0:
             wrote = False
-        seen = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         changed = seen != of.external_seen
         if wrote or changed:
             of.gen += 1
             of.ctime_ns = now_ns()
         if of.ino in self._resizing:
             return
-        if changed and st.st_mtime_ns != of.external_seen[1]:
-            of.mtime_ns = st.st_mtime_ns  # the kernel's last write (not an explicit utime)
-        of.size = st.st_size
+        if changed and seen[1] != of.external_seen[1]:
+            of.mtime_ns = seen[1]  # the kernel's last write (not an explicit utime)
+        of.size = seen[0]
         of.external_seen = seen
 
     def _open_dirty(self, ino: int) -> bool:
         """Unflushed writes in the hot file (or about to be: the intention is being made
         durable): not uploadable, not evictable."""
         of = self._open.get(ino)
-        return of is not None and (of.dirty or of.synced_gen != of.gen
-                                   or of.intending is not None or of.external > 0)
+        return of is not None and (_unsynced(of) or of.external > 0)
 
     def _open_unsettled(self, ino: int) -> bool:
         """What the persister asks before and after an upload: :meth:`_open_dirty`, except
@@ -392,16 +390,9 @@ class NamespaceBase:
         flush, fsync or release counts a write whatever it sees, and queues it again.
         Eviction, imports and peers still ask :meth:`_open_dirty`: the kernel may write on."""
         of = self._open.get(ino)
-        if of is None:
-            return False
-        if of.dirty or of.synced_gen != of.gen or of.intending is not None:
-            return True
-        if of.external <= 0:
-            return False
-        if not of.opened:
-            return True
-        st = os.fstat(of.fd)
-        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != of.external_seen
+        if of is None or of.external <= 0:
+            return of is not None and _unsynced(of)
+        return _unsynced(of) or not of.opened or _stamp(of.fd) != of.external_seen
 
     def _queue(self, tx: MetaTxn, inode: Inode, content: bool = True) -> None:
         """Inside the txn that changed ``inode``'s content (or names): persist it."""
@@ -452,3 +443,15 @@ class NamespaceBase:
         """A durability point: every metadata change so far is on stable storage after this
         (with group commit, concurrent callers share one flush)."""
         await self.meta.flush()
+
+
+def _unsynced(of: OpenFile) -> bool:
+    """Writes of ``of`` not yet at a durability point (or its intention being made
+    durable): its bytes on hot are not a committed version's."""
+    return of.dirty or of.synced_gen != of.gen or of.intending is not None
+
+
+def _stamp(fd: int) -> tuple[int, int, int]:
+    """(size, mtime, ctime) of a hot file: what tells a kernel writer's writes."""
+    st = os.fstat(fd)
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
