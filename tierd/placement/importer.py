@@ -205,6 +205,21 @@ class Importer:
         return not (is_version_key(key) or intents.pending(tx, key)
                     or self.recent.deleted_since(key, started))
 
+    def _wanted_entries(self, tx: MetaTxn, page: ListPage, started: int
+                        ) -> list[tuple[str, ObjectInfo | None]]:
+        """What of a listing's page to import: its wanted objects, and its wanted common
+        prefixes as directories (None)."""
+        found: list[tuple[str, ObjectInfo | None]] = [
+            (o.key, o) for o in page.objects if self._wanted(tx, o.key, started)]
+        found.extend((cp.rstrip("/"), None) for cp in page.common_prefixes
+                     if self._wanted_prefix(tx, cp, started))
+        return found
+
+    def _import_reads(self, tx: MetaTxn, page: ListPage, started: int) -> None:
+        """The reads of the import of ``page`` (a ``warm``: off the loop, pg_warm)."""
+        for key, _ in self._wanted_entries(tx, page, started):
+            _lookups(tx, key)
+
     def _wanted_prefix(self, tx: MetaTxn, cp: str, started: int) -> bool:
         return not (is_version_key(cp + "x") or intents.pending_under(tx, cp)
                     or self.recent.any_since_under(cp, started))
@@ -230,27 +245,15 @@ class Importer:
                 if not after and self._idle(page) and await self._nothing_unlisted(
                         dir_ino, listed):
                     return 0
-                names = {o.key[len(prefix):].encode("utf-8", "surrogateescape")
-                         for o in page.objects}
+                listed.update(o.key[len(prefix):].encode("utf-8", "surrogateescape")
+                              for o in page.objects)
 
-                def reads(tx: MetaTxn, page: ListPage = page, names: set[bytes] = names) -> None:
-                    for o in page.objects:  # the body's reads, off the loop (pg_warm)
-                        if self._wanted(tx, o.key, mono):
-                            _lookups(tx, o.key)
-                    for cp in page.common_prefixes:
-                        if self._wanted_prefix(tx, cp, mono):
-                            _lookups(tx, cp.rstrip("/"))
+                def reads(tx: MetaTxn, page: ListPage = page) -> None:
+                    self._import_reads(tx, page, mono)
                     if not page.truncated:
-                        self._unlisted(tx, dir_ino, listed | names)
+                        self._unlisted(tx, dir_ino, listed)
                 async with self.meta.awrite(warm=reads) as tx:
-                    found: list[tuple[str, ObjectInfo | None]] = []
-                    for info in page.objects:
-                        listed.add(info.key[len(prefix):].encode("utf-8", "surrogateescape"))
-                        if self._wanted(tx, info.key, mono):
-                            found.append((info.key, info))
-                    found.extend((cp.rstrip("/"), None) for cp in page.common_prefixes
-                                 if self._wanted_prefix(tx, cp, mono))
-                    n += self.tree.import_objects(tx, found)
+                    n += self.tree.import_objects(tx, self._wanted_entries(tx, page, mono))
                     if not page.truncated:
                         self._judge_unlisted(tx, dir_ino, prefix, listed, started)
                         stamp = time.time_ns()
@@ -309,15 +312,12 @@ class Importer:
         with self.recent.listing() as mono:
             while True:
                 page = await self.cold.list(prefix, start_after=after)
+                listed.update(o.key for o in page.objects)
 
                 def reads(tx: MetaTxn, page: ListPage = page) -> None:
-                    for o in page.objects:  # the body's reads, off the loop (pg_warm)
-                        if self._wanted(tx, o.key, mono):
-                            _lookups(tx, o.key)
+                    self._import_reads(tx, page, mono)
                 async with self.meta.awrite(warm=reads) as tx:
-                    listed.update(o.key for o in page.objects)
-                    n += self.tree.import_objects(tx, [(o.key, o) for o in page.objects
-                                                       if self._wanted(tx, o.key, mono)])
+                    n += self.tree.import_objects(tx, self._wanted_entries(tx, page, mono))
                 if not page.truncated:
                     if "/" in prefix:  # a bucket's subtree, walked only
                         await self._judge_missing(prefix, listed, started)
