@@ -61,6 +61,7 @@ from tierd.tiers.object_tier import (
     check_key,
     check_list_args,
     check_range,
+    each_key,
     split_ranges,
 )
 from tierd.tiers.tree_list import TreeEntry, TreeLister
@@ -440,19 +441,9 @@ class FileObjectTier(ObjectTier):
         """One thread call for the batch, and each directory left synced once (a ``rm -r``
         of one directory's files: one ``fsync`` of it, not one per file)."""
         def run() -> dict[str, TierError | None]:
-            out: dict[str, TierError | None] = {}
-            dirs: set[str] = set()
-            for key in keys:
-                try:
-                    check_key(key)
-                    d = self._unlink(key)
-                except TierError as e:
-                    out[key] = e
-                    continue
-                out[key] = None
-                if d is not None:
-                    dirs.add(d)
-            for d in dirs:
+            dirs: set[str | None] = set()
+            out = each_key(keys, lambda key: dirs.add(self._unlink(key)))
+            for d in filter(None, dirs):
                 with contextlib.suppress(OSError):
                     fsync_dir(d)
             return out

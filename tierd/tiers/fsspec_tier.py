@@ -40,6 +40,7 @@ from tierd.tiers.object_tier import (
     check_key,
     check_list_args,
     check_range,
+    each_key,
     read_exact,
     split_ranges,
     write_dest,
@@ -204,19 +205,7 @@ class FsspecObjectTier(ObjectTier):
     async def delete_many(self, keys: Sequence[str]) -> dict[str, TierError | None]:
         """One thread call for the batch; fsspec's bulk ``rm`` would not tell which key
         failed, so it is a loop of :meth:`_rm` there."""
-        def run() -> dict[str, TierError | None]:
-            out: dict[str, TierError | None] = {}
-            for key in keys:
-                try:
-                    check_key(key)
-                    self._rm(key)
-                except TierError as e:
-                    out[key] = e
-                else:
-                    out[key] = None
-            return out
-
-        return await self._meta(run)
+        return await self._meta(each_key, keys, self._rm)
 
     def _rm(self, key: str) -> None:
         try:

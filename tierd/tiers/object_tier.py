@@ -182,6 +182,21 @@ class TransferOptions:
 # --- keys -----------------------------------------------------------------------------------
 
 
+def each_key(keys: Sequence[str], fn: Callable[[str], object]) -> dict[str, TierError | None]:
+    """``fn(key)`` for each of ``keys`` that :func:`check_key` passes: each key's outcome,
+    None, or the :class:`TierError` it (or the check) raised -- a bulk call's answer made
+    one key at a time (``delete_many`` of the engines without a bulk request)."""
+    out: dict[str, TierError | None] = {}
+    for key in keys:
+        try:
+            fn(check_key(key))
+        except TierError as e:
+            out[key] = e
+        else:
+            out[key] = None
+    return out
+
+
 def check_key(key: str) -> str:
     """Return ``key`` if it is a valid ``<bucket>/<key>``, else raise :class:`InvalidKey`.
 
