@@ -118,6 +118,9 @@ class GroupWriter:
                         job.done.set_exception(e)
 
     def _group(self, group: list[_Job]) -> None:
+        # counted before any writer wakes, so a writer that returns sees its group counted
+        self.groups += 1
+        self.files += len(group)
         written: list[_Job] = []
         for job in group:
             try:
@@ -144,8 +147,6 @@ class GroupWriter:
         for job in written:
             os.close(job.fd)
             job.done.set_result(None)
-        self.groups += 1
-        self.files += len(group)
 
 
 def _fail(job: _Job, e: BaseException) -> None:
