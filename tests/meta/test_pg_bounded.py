@@ -359,3 +359,47 @@ def test_a_writing_commit_is_three_statements(
         seqs = [r[0] for r in conn.execute("SELECT seq FROM kv_log ORDER BY seq")]
         top = conn.execute("SELECT seq FROM meta_schema").fetchall()[0][0]
     assert seqs == list(range(top - 2, top + 1))  # the last three: trimmed below
+
+
+def test_a_close_and_the_kernels_capability_look_begin_no_read(
+        two_nodes: tuple[list[MetaStore], list[Namespace], asyncio.AbstractEventLoop],
+        begins: list[str]) -> None:
+    """A written file's close reports the version its own commit wrote (the FUSE door's
+    page cache records it) instead of reading the inode again after the commit; and the
+    kernel's ``security.capability`` look before a new file's first write is a bounded
+    read: the cache, and a statement for the key it lacks, no read transaction."""
+    metas, (ns1, ns2), loop = two_nodes
+    run = loop.run_until_complete
+    e1 = metas[0].engine
+    assert isinstance(e1, PgStore)
+    caps = b"security.capability"
+    bkt = run(ns1.create_bucket(ROOT, "bkt"))
+    f, fh = run(ns1.create(ROOT, bkt.ino, b"f", stat.S_IFREG | 0o644,
+                           os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    _wait(lambda: quiet_seq(e1) is not None, "the feed never caught up")
+    begins.clear()
+    fetches = e1.bounded_fetches
+    with pytest.raises(FsError) as e:
+        run(ns1.getxattr(ROOT, f.ino, caps, bounded=True))
+    assert e.value.errno == errno.ENODATA
+    assert begins == [] and e1.bounded_fetches == fetches + 1, begins
+    run(ns1.write(fh, 0, b"one"))
+    begins.clear()
+    v1 = run(ns1.flush(fh))
+    assert begins == [], begins  # (before: one read transaction after the commit)
+    with metas[0].snapshot() as tx:
+        inode = tx.get_inode(f.ino)
+        assert inode is not None and v1 == inode.version and inode.size == 3
+    run(ns1.write(fh, 3, b"two"))
+    begins.clear()
+    v2 = run(ns1.release(fh))
+    assert begins == [] and v2 is not None and v2 > v1, (begins, v1, v2)
+    # a capability set on the other node is what the next bounded look answers, once the
+    # feed delivered it (as the kernel's caches would be told); an exact look reads
+    run(ns2.setxattr(ROOT, f.ino, caps, b"\x01\x00\x00\x02" + bytes(16)))
+    _wait(lambda: quiet_seq(e1) is not None and e1.cache.seq >= e2_seq(metas[1]),
+          "the feed never caught up")
+    assert run(ns1.getxattr(ROOT, f.ino, caps, bounded=True))[:4] == b"\x01\x00\x00\x02"
+    begins.clear()
+    assert run(ns1.getxattr(ROOT, f.ino, caps))[:4] == b"\x01\x00\x00\x02"
+    assert begins == ["n1"]

@@ -275,8 +275,10 @@ class NamespaceAPI(Protocol):
         ...
 
     # -- extended attributes ---------------------------------------------------------------
-    async def getxattr(self, ident: Identity, ino: int, name: bytes) -> bytes:
-        """One extended attribute (ENODATA when unset)."""
+    async def getxattr(self, ident: Identity, ino: int, name: bytes,
+                       bounded: bool = False) -> bytes:
+        """One extended attribute (ENODATA when unset); ``bounded``: as for :meth:`lookup`
+        (the kernel's ``security.capability`` probe before a file's first write)."""
         ...
 
     async def setxattr(

@@ -65,6 +65,9 @@ class OpenFile:
     refs: int = 0
     gen: int = 0  # bumped by every write/truncate
     committed_gen: int = 0
+    # the content version the last commit through this open file recorded (0: none yet):
+    # what a durability point reports as the version the writer's pages hold
+    committed_version: int = 0
     synced_gen: int = 0
     mtime_ns: int = 0
     ctime_ns: int = 0

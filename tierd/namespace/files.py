@@ -193,7 +193,7 @@ class FileOps(EntryOps):
         """close(2) of a descriptor: the design's durability point for FUSE writers.
         The content version this call committed (None when it had nothing to commit)."""
         of = self._handle(fh).ofile
-        return await self._committed_version(of.ino) if await self._durable(of) else None
+        return await self._durable_version(of) if await self._durable(of) else None
 
     async def fsync(self, fh: int, datasync: bool = False) -> int | None:
         """fsync(2): the writes and the file's metadata durable -- its existence too, as on
@@ -201,14 +201,22 @@ class FileOps(EntryOps):
         passthrough CREATE waits for no flush).  A flush with nothing pending costs no I/O."""
         of = self._handle(fh).ofile
         if await self._durable(of):
-            return await self._committed_version(of.ino)
+            return await self._durable_version(of)
         await self._sync_meta()
         return None
 
-    async def _committed_version(self, ino: int) -> int | None:
-        """Read only after a commit: a close of a file nobody wrote costs no metadata read."""
+    async def _durable_version(self, of: OpenFile) -> int | None:
+        """After :meth:`_durable` made ``of``'s writes durable: the content version they
+        are, as the door's kernel cache records it for the pages the writer left.  The
+        version the open file's last commit wrote (``committed_version``): over PostgreSQL
+        a read after the commit cost every close of a written file a read transaction, and
+        it could return a newer version another door committed meanwhile, whose bytes those
+        pages do not hold.  Read only when no commit went through this open file (its
+        writes were committed before it was opened by another handle's close)."""
+        if of.committed_version:
+            return of.committed_version
         async with self.meta.asnapshot() as tx:
-            inode = tx.get_inode(ino)
+            inode = tx.get_inode(of.ino)
         return None if inode is None else inode.version
 
     async def release(self, fh: int) -> int | None:
@@ -220,7 +228,7 @@ class FileOps(EntryOps):
         try:
             if ((of.dirty or of.synced_gen != of.gen or of.intent)
                     and await self._durable(of)):
-                version = await self._committed_version(of.ino)
+                version = await self._durable_version(of)
         finally:
             of.refs -= 1
             if of.refs == 0 and self._open.get(of.ino) is of:
@@ -370,6 +378,7 @@ class FileOps(EntryOps):
             of.committed_size = max(of.committed_size, inode.size)
         of.committed_gen = max(of.committed_gen, gen)
         of.committed_size = inode.size
+        of.committed_version = inode.version
 
     async def etag(self, ino: int) -> str:
         """The MD5 ETag of a file, computed (in a thread) and cached when it is unknown

@@ -16,7 +16,7 @@ from tierd.acl import R_OK, W_OK, Identity, check_access, is_owner
 from tierd.acl import posix_acl as pacl
 from tierd.acl.modes import has_privs, keep_setgid
 from tierd.errors import FsError
-from tierd.meta import Inode
+from tierd.meta import Inode, MetaTxn
 from tierd.namespace.base import NamespaceBase, now_ns
 from tierd.namespace.names import XATTR_NAME_MAX, XATTR_SIZE_MAX
 
@@ -59,9 +59,17 @@ class XattrOps(NamespaceBase):
                           "sticky directory")
         check_access(ident, inode, W_OK if write else R_OK, f"inode {inode.ino}")
 
-    async def getxattr(self, ident: Identity, ino: int, name: bytes) -> bytes:
+    async def getxattr(self, ident: Identity, ino: int, name: bytes,
+                       bounded: bool = False) -> bytes:
         ns = _check_name(name)
-        async with self.meta.asnapshot() as tx:
+
+        def reads(tx: MetaTxn) -> None:  # (the body's, run off the loop: tierd.meta.atxn)
+            tx.get_inode(ino)
+            if name not in pacl.ACL_XATTRS:
+                tx.get_xattr(ino, name)
+
+        async with self.meta.asnapshot(warm=reads if bounded else None,
+                                       bounded=bounded) as tx:
             inode = self._get(tx, ino)
             if name in pacl.ACL_XATTRS:  # readable by anyone who reached the inode
                 acl = inode.acl_access if name == pacl.ACCESS_XATTR else inode.acl_default
