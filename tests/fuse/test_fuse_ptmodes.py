@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, serving
+from conftest import BUCKET, Daemon, run, serving
 from test_fuse_kernel import fuse_reads
 from test_fuse_ptwrite import ARGS
 
@@ -146,6 +146,52 @@ def test_set_id_bits_set_while_a_reader_is_open(daemon: Daemon, work: Path) -> N
     with tempfile.TemporaryDirectory() as t:
         os.chmod(t, 0o755)
         assert got == _chmod_while_read(Path(t))
+
+
+def _tierctl(daemon: Daemon, *args: str) -> str:
+    return run([sys.executable, "-m", "tierd_client.tierctl", "--data-dir",
+                str(daemon.data_dir), *args]).stdout
+
+
+def test_a_memory_tier_policy_set_while_a_reader_is_open(daemon: Daemon, work: Path) -> None:
+    """A memory-tier file's writers keep the WRITE path, so its readers do not pass
+    through; but a reader opened before the policy was set does, and then the writer joins
+    its backing file (before: it waited 2 s for the reader and got ``ETXTBSY``).  The
+    reader and the file see what they would on ext4, and once the handles are gone the new
+    version is the one the pool holds."""
+    import json
+
+    f = work / "m"
+    f.write_bytes(b"first\n")
+    time.sleep(0.3)  # the writer's RELEASE (after its close) ends its backing file
+    reads = fuse_reads(daemon, "read")
+    seen: list[bytes] = []
+    prefix = f"{BUCKET}/{work.name}/"
+    try:
+        with open(f, "rb") as reader:
+            seen.append(reader.read())
+            _tierctl(daemon, "policy", "set", prefix, "--tier", "mem")
+            t0 = time.monotonic()
+            with open(f, "ab") as w:
+                w.write(b"appended\n")
+            assert time.monotonic() - t0 < 1.5, "the writer waited for the reader"
+            seen.append(reader.read())
+        assert fuse_reads(daemon, "read") == reads, "the reader was not passthrough"
+        assert seen == [b"first\n", b"appended\n"]
+        assert f.read_bytes() == b"first\nappended\n"
+        ino, size = os.stat(f).st_ino, os.stat(f).st_size
+
+        def regions() -> dict[str, int]:
+            doc = json.loads(_tierctl(daemon, "pool", "status", "--json"))
+            return {r["name"]: r["size"] for r in doc["region_list"]}
+        deadline = time.monotonic() + 30
+        while regions().get(f"mem:{ino}") != size:
+            _tierctl(daemon, "persist", prefix, "--wait")
+            assert time.monotonic() < deadline, regions()
+            time.sleep(0.2)
+        assert f.read_bytes() == b"first\nappended\n"  # (now through the daemon, the pool)
+    finally:
+        _tierctl(daemon, "policy", "set", prefix, "--tier", "hot")
 
 
 def test_a_cluster_node_s_files_read_and_written_as_on_ext4(tmp_path: Path) -> None:

@@ -83,10 +83,11 @@ class TieringOps(NamespaceBase):
         memory tier's files (the pool's copy would go stale), a cluster's files (other
         nodes learn of changes from commits the kernel's writes would not make), files with
         set-id bits (a write by another user must clear them, and no write is seen) --
-        unless ``join``: passthrough readers already hold the inode (the bits were set
-        while they were open), the kernel lets no other writer in, and the door clears the
-        bits after the kernel's writes as it does for a chmod made while writers are open
-        (fuse/files.py ``pt_watch_privs``), rather than the open failing ``ETXTBSY``."""
+        unless ``join``: passthrough readers already hold the inode (the bits, or the
+        memory-tier policy, were set while they were open), the kernel lets no other
+        writer in, and the door clears the bits after the kernel's writes as it does for a
+        chmod made while writers are open (fuse/files.py ``pt_watch_privs``), rather than
+        the open failing ``ETXTBSY``."""
         h = self._handles.get(fh)
         if h is None or not h.writable:
             return None
@@ -152,7 +153,10 @@ class TieringOps(NamespaceBase):
                 self._unversioned_at = marks
             elif versions.configured(tx, of.ino):
                 return True
-            return mem and self.placement.wants_mem(tx, of.ino)
+            # a memory-tier file's writer joins readers already passing through: the
+            # pool keeps a copy of the committed version only (each commit drops it, and
+            # none is made while the kernel writes the file: Placement.busy)
+            return mem and not join and self.placement.wants_mem(tx, of.ino)
 
     async def passthrough_readable(self, fh: int) -> bool:
         """For read-only handle ``fh``, with write passthrough on: whether a writer of the
