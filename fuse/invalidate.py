@@ -5,7 +5,11 @@ object-door change.  The kernel notifications themselves can block: an entry inv
 waits for a concurrent request on the same directory, and an inode invalidation waits for
 writeback of dirty pages -- requests that this very loop must serve.  So notifications are
 queued to one worker thread (in order: entry first, then the inode's data), never sent from
-the loop.
+the loop.  ``on_change`` returns a future the worker completes once the change's
+notifications are sent, and the object call waits for it before it answers its client
+(``NamespaceBase._announce``; the loop serves requests meanwhile): an S3 DELETE
+answered before the worker ran left a ``stat`` through the mount a moment in which the
+kernel still had the entry.
 
 Errors are expected and ignored: ENOENT means the kernel did not cache that entry or inode,
 which is the cheap case.
@@ -13,6 +17,8 @@ which is the cheap case.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import logging
 import queue
@@ -39,14 +45,15 @@ class _Inode:
     ino: int
 
 
-_Job = _Entry | _Inode | None
+#: a notification, and the future to complete once it is sent (the last of a change's)
+_Job = tuple[_Entry | _Inode, "tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None"]
 
 
 class Invalidator:
     """Queue of kernel cache invalidations, sent by one daemon thread."""
 
     def __init__(self, on_inode: Callable[[int], None] | None = None) -> None:
-        self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._on_inode = on_inode
         #: who writes the notifications: pyfuse3's session, or the kernel backend's
@@ -70,16 +77,26 @@ class Invalidator:
             log.warning("kernel cache invalidation thread did not stop in %.0f s", timeout)
         self._thread = None
 
-    def on_change(self, ch: Change) -> None:
-        """Namespace subscriber: runs on the loop, never blocks."""
+    def on_change(self, ch: Change) -> asyncio.Future[None] | None:
+        """Namespace subscriber: runs on the loop, never blocks; the future the worker
+        completes once the change's notifications are sent (see the module doc)."""
         if self._thread is None:
-            return
+            return None
+        jobs: list[_Entry | _Inode] = []
         if ch.parent is not None and ch.name is not None:
-            self._queue.put(_Entry(ch.parent, ch.name))
+            jobs.append(_Entry(ch.parent, ch.name))
         if ch.ino is not None:
             if self._on_inode is not None:
                 self._on_inode(ch.ino)
-            self._queue.put(_Inode(ch.ino))
+            jobs.append(_Inode(ch.ino))
+        if not jobs:
+            return None
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        for job in jobs[:-1]:
+            self._queue.put((job, None))
+        self._queue.put((jobs[-1], (loop, fut)))
+        return fut
 
     def attrs_now(self, ino: int) -> None:
         """Make the kernel drop the cached attributes (and ACLs) of ``ino`` now, on the
@@ -97,9 +114,10 @@ class Invalidator:
 
     def _run(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None:
+            item = self._queue.get()
+            if item is None:
                 return
+            job, done = item
             try:
                 if isinstance(job, _Entry):
                     self.notifier.invalidate_entry(job.parent, job.name)
@@ -111,4 +129,14 @@ class Invalidator:
                     log.warning("kernel cache invalidation %s failed: %s", job, e)
             except Exception:
                 log.exception("kernel cache invalidation %s failed", job)
+            finally:
+                if done is not None:
+                    loop, fut = done
+                    with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits
+                        loop.call_soon_threadsafe(_set_done, fut)
+
+
+def _set_done(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 

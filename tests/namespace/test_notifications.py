@@ -9,7 +9,12 @@ internals (``sync``, ``advise_read``).
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
+import time
+
+from tierd_fuse.invalidate import Invalidator
 
 from tierd.namespace import ROOT_INO, Change
 
@@ -79,3 +84,66 @@ def test_read_advice_and_sync_through_the_api(nsenv: NsEnv) -> None:
     nsenv.run(ns.release(fh))
     nsenv.run(ns.sync())
     assert nsenv.run(ns.getattr(ROOT, inode.ino)).size == 8192
+
+
+def test_an_object_call_answers_once_its_subscribers_are_done(nsenv: NsEnv) -> None:
+    """A subscriber that answers with an awaitable (the FUSE door: its kernel notifications
+    go out from a thread) is waited for: the client gets the PUT's or DELETE's answer only
+    once the door is done, so the change shows through the mount when the client looks."""
+    ns = nsenv.ns
+    nsenv.run(ns.create_bucket(ROOT, "bkt"))
+    order: list[str] = []
+
+    def slow(ch: Change) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def done() -> None:
+            order.append("notified")
+            fut.set_result(None)
+        loop.call_later(0.05, done)
+        return fut
+
+    async def call(what: str) -> None:
+        if what == "put":
+            await ns.put_object(ROOT, "bkt", "a/b", chunks(b"x"))
+        else:
+            await ns.delete_object(ROOT, "bkt", "a/b")
+        order.append(what)
+
+    ns.subscribe(slow)
+    try:
+        for what in ("put", "delete"):
+            order.clear()
+            nsenv.run(call(what))
+            assert order[-1] == what and order.count("notified") >= 1, order
+    finally:
+        ns.unsubscribe(slow)
+
+
+def test_the_invalidators_answer_is_done_once_the_kernel_was_told() -> None:
+    """The FUSE door's subscriber: the future it returns completes only after its worker
+    thread sent the change's notifications (entry first, then the inode's pages)."""
+    calls: list[tuple[object, ...]] = []
+
+    class SlowKernel:
+        def invalidate_entry(self, parent: int, name: bytes) -> None:
+            time.sleep(0.05)
+            calls.append(("entry", parent, name, threading.current_thread().name))
+
+        def invalidate_inode(self, ino: int) -> None:
+            calls.append(("inode", ino))
+
+    inv = Invalidator()
+    inv.notifier = SlowKernel()
+    inv.start()
+    try:
+        async def change() -> list[tuple[object, ...]]:
+            fut = inv.on_change(Change(ino=5, parent=1, name=b"x"))
+            assert fut is not None
+            await fut
+            return list(calls)
+        assert asyncio.run(change()) == [("entry", 1, b"x", "tierd-fuse-invalidate"),
+                                         ("inode", 5)]
+    finally:
+        inv.stop()

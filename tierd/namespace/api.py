@@ -26,7 +26,7 @@ from typing import Protocol
 from tierd.acl import Identity
 from tierd.errors import FsError
 from tierd.meta import ROOT_INO, Bucket, Inode, MultipartUpload, UploadPart
-from tierd.namespace.base import Change, StatFs
+from tierd.namespace.base import Change, Notified, StatFs
 from tierd.namespace.bucketconf import BucketConfig
 from tierd.namespace.crashpoint import crashpoint
 from tierd.namespace.entries import RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW
@@ -101,11 +101,12 @@ class NamespaceAPI(Protocol):
         """Make every metadata change so far durable (fsync of a directory; shared flush)."""
         ...
 
-    def subscribe(self, callback: Callable[[Change], None]) -> None:
-        """Call ``callback`` on the loop after each object-door change (cache invalidation)."""
+    def subscribe(self, callback: Callable[[Change], Notified]) -> None:
+        """Call ``callback`` on the loop after each object-door change (cache invalidation);
+        the call waits for the awaitable it may return before it answers."""
         ...
 
-    def unsubscribe(self, callback: Callable[[Change], None]) -> None:
+    def unsubscribe(self, callback: Callable[[Change], Notified]) -> None:
         """Stop calling a callback given to :meth:`subscribe` (a door that closes)."""
         ...
 

@@ -41,6 +41,10 @@ ROOT_MODE = stat.S_IFDIR | 0o1777  # anyone may create a bucket; the sticky bit 
 IMPLICIT = "tierd.implicit"  # objmeta flag of directories created only to hold an S3 key
 MAX_SYMLINK_HOPS = 40
 INO_BATCH = 64  # inode numbers a PUT over a shared engine reserves at once (_alloc_ino)
+#: seconds an object call waits for its subscribers' answers before it answers (_announce)
+ANNOUNCE_WAIT = 1.0
+#: a subscriber's answer to a change: None, or what the call that made it waits for
+Notified = Awaitable[None] | None
 
 
 def now_ns() -> int:
@@ -191,18 +195,21 @@ class NamespaceBase:
         #: inode numbers reserved for PUTs over a shared engine (objects.ObjectOps._alloc_ino)
         self._inos: collections.deque[int] = collections.deque()
         self._closed = False
-        self._subscribers: list[Callable[[Change], None]] = []
+        self._subscribers: list[Callable[[Change], Notified]] = []
         # entries of directories an object call created (implicit prefixes, markers),
         # reported with the call's own changes by the next _notify
         self._created: list[Change] = []
 
-    def subscribe(self, callback: Callable[[Change], None]) -> None:
+    def subscribe(self, callback: Callable[[Change], Notified]) -> None:
         """Call ``callback`` (synchronously, on the loop; it must not block) after every
         change made through the object calls (put/delete/copy/multipart), so a door that
-        caches (FUSE) can invalidate what it cached."""
+        caches (FUSE) can invalidate what it cached.  It may return an awaitable: the call
+        answers its client once that is done (or after :data:`ANNOUNCE_WAIT` s), so what
+        a client changed through one door is what the other shows when it has the answer
+        -- the FUSE door's kernel notifications are sent by a thread of their own."""
         self._subscribers.append(callback)
 
-    def unsubscribe(self, callback: Callable[[Change], None]) -> None:
+    def unsubscribe(self, callback: Callable[[Change], Notified]) -> None:
         """Stop calling ``callback`` (a door that closes: a mount that is unmounted)."""
         with contextlib.suppress(ValueError):
             self._subscribers.remove(callback)
@@ -221,16 +228,36 @@ class NamespaceBase:
         created, self._created = self._created, []
         return created
 
-    def _notify(self, *changes: Change) -> None:
+    def _notify(self, *changes: Change) -> list[Awaitable[None]]:
+        """Tell every subscriber of ``changes``; what their answers say to wait for."""
         if self._created:  # (a transaction that failed after creating them: harmless)
             changes = (*self._created, *changes)
             self._created = []
+        waits: list[Awaitable[None]] = []
         for cb in self._subscribers:
             for ch in changes:
                 try:
-                    cb(ch)
+                    w = cb(ch)
                 except Exception:
                     log.exception("change subscriber failed")
+                    continue
+                if w is not None:
+                    waits.append(w)
+        return waits
+
+    async def _announce(self, *changes: Change) -> None:
+        """:meth:`_notify` from an object call, which answers its client only once the
+        subscribers are done with the changes (see :meth:`subscribe`): an S3 DELETE then a
+        ``stat`` through the mount found the kernel's cached entry now and then (CI)."""
+        waits = self._notify(*changes)
+        if not waits:
+            return
+        _, late = await asyncio.wait([asyncio.ensure_future(w) for w in waits],
+                                     timeout=ANNOUNCE_WAIT)
+        if late:
+            log.warning("%d change notifications not done after %.1f s (the kernel waits "
+                        "for a request on the same directory?); answering anyway",
+                        len(late), ANNOUNCE_WAIT)
 
     # -- attributes ------------------------------------------------------------------------
     def _live(self, inode: Inode) -> Inode:

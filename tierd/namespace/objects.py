@@ -112,7 +112,7 @@ class ObjectOps(KeyListing):
         # private unless a canned ACL follows (tierd.acl.canned.S3_UMASK)
         d = await self.mkdir(ident, ROOT_INO, name.encode(),
                              0o777 & ~(self.umask | canned.S3_UMASK))
-        self._notify(Change(parent=ROOT_INO, name=name.encode()))
+        await self._announce(Change(parent=ROOT_INO, name=name.encode()))
         return d
 
     async def delete_bucket(self, ident: Identity, name: str) -> None:
@@ -205,7 +205,7 @@ class ObjectOps(KeyListing):
         of = self._open.get(inode.ino)
         if of is not None:
             of.privs = has_privs(inode.mode)
-        self._notify(Change(ino=inode.ino))
+        await self._announce(Change(ino=inode.ino))
         await self._sync_meta()
         return inode
 
@@ -291,7 +291,7 @@ class ObjectOps(KeyListing):
                 if d.objmeta.pop(IMPLICIT, None):
                     tx.put_inode(d)
                 created = self._take_created()
-            self._notify(*created)  # the directories it created
+            await self._announce(*created)  # the directories it created
             await self._sync_meta()
             return d
         ino = await self._alloc_ino()
@@ -387,7 +387,7 @@ class ObjectOps(KeyListing):
             self.smalllog.logged(ino, len(logged))
         for gone in dropped:
             self._forget_data(gone)
-        self._notify(*created, Change(ino=dropped[0] if dropped else None,
+        await self._announce(*created, Change(ino=dropped[0] if dropped else None,
                                       parent=inode.parent, name=segments[-1]))
         inode.parent = 0
         await self._sync_meta()
@@ -494,7 +494,7 @@ class ObjectOps(KeyListing):
         crashpoint("delete.committed")
         if drop is not None:
             self._forget_data(drop)
-        self._notify(Change(ino=child.ino, parent=d.ino, name=name), *pruned)
+        await self._announce(Change(ino=child.ino, parent=d.ino, name=name), *pruned)
         return True
 
     def _prune_implicit(self, tx: MetaTxn, ino: int) -> list[Change]:

@@ -129,7 +129,7 @@ class TagOps(ObjectOps):
                 if e.errno != errno.ENOENT or e.reason or vid is not None or attempt:
                     raise
                 await self._imported(bucket, key)
-        self._notify(Change(ino=inode.ino))
+        await self._announce(Change(ino=inode.ino))
         await self._sync_meta()
         return inode
 

@@ -285,15 +285,15 @@ class VersionOps(MultipartOps):
                 elif d is not None and cur is not None:
                     changes += self._prune_implicit(tx, d.ino)
             changes = self._take_created() + changes  # (a promotion's directories)
-        return self._after_delete(drops, changes, result)
+        return await self._after_delete(drops, changes, result)
 
-    def _after_delete(self, drops: list[int], changes: list[Change], result: Deleted
-                      ) -> Deleted:
+    async def _after_delete(self, drops: list[int], changes: list[Change], result: Deleted
+                            ) -> Deleted:
         crashpoint("delete.committed")
         for ino in drops:
             self._forget_data(ino)
         if changes:
-            self._notify(*changes)
+            await self._announce(*changes)
         return result
 
     def _promote(self, tx: MetaTxn, ident: Identity, bucket: str, key: str,
