@@ -31,3 +31,11 @@ def drop_caches() -> bool:
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
     return True
+
+
+def emit(result: dict[str, Any], out: Path | None) -> None:
+    """Print a benchmark's JSON document, and write it to ``out`` when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out is not None:
+        out.write_text(text + "\n")
