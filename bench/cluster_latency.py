@@ -16,7 +16,8 @@ The requests each file cost and their mean handler time come from the node's
 daemons of another tree (a ``git archive`` of a revision, with ``tierd_fuse`` linked to its
 ``fuse``: they run from ``/tmp`` with ``PYTHONPATH=DIR``), alternating with this checkout's
 in each of ``--pairs`` pairs.  Write-back is held back past the run (``persist_delay``
-600 s) and ``import_ttl`` is tierd's own, as in cluster_meta.py.  Prints one JSON document; ``--out FILE`` writes it too.
+600 s) and ``import_ttl`` is tierd's own, as in cluster_meta.py.  Prints one JSON
+document; ``--out FILE`` writes it too.
 
     .venv/bin/python bench/cluster_latency.py --files 300 --pairs 2 --mode write
 """
