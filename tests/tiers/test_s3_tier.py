@@ -25,6 +25,7 @@ from tierd.tiers import (
     ObjectChanged,
     ObjectNotFound,
     TierError,
+    TierThrottled,
     TierUnavailable,
     object_tier_from_config,
     open_object_tier,
@@ -266,9 +267,15 @@ async def test_throttling_beyond_the_budget_is_unavailable(
                         secret_key="s", addressing="path", max_attempts=2,
                         retry_mode="adaptive")
     try:
-        with pytest.raises(TierUnavailable, match="SlowDown"):
+        with pytest.raises(TierThrottled, match="SlowDown"):
             await tier.get_range("bkt/k", 0, 100)
         assert handler.count == 2
+        # the store answered (slow down): it is up, as the persister and status see it
+        assert tier.reachable() and tier.describe_health()["reason"] is None
+        handler.count, handler.status, handler.code = 0, 500, "InternalError"
+        with pytest.raises(TierUnavailable, match="InternalError") as e:
+            await tier.get_range("bkt/k", 0, 100)
+        assert not isinstance(e.value, TierThrottled) and not tier.reachable()
     finally:
         await tier.close()
 
@@ -288,7 +295,9 @@ def _client_error(code: str, status: int) -> ClientError:
         (_client_error("404", 404), ObjectNotFound),
         (_client_error("NoSuchBucket", 404), TierUnavailable),
         (_client_error("PreconditionFailed", 412), ObjectChanged),
-        (_client_error("SlowDown", 503), TierUnavailable),
+        (_client_error("SlowDown", 503), TierThrottled),
+        (_client_error("TooManyRequests", 429), TierThrottled),
+        (_client_error("ServiceUnavailable", 503), TierUnavailable),
         (_client_error("InternalError", 500), TierUnavailable),
         (_client_error("AccessDenied", 403), TierUnavailable),
         (_client_error("InvalidArgument", 400), TierError),

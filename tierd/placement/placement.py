@@ -33,7 +33,7 @@ from tierd.placement import homes, intents, putting
 from tierd.placement.failures import RETRY_MAX, Failures
 from tierd.placement.paths import file_keys, files_under
 from tierd.placement.upload import Uploading
-from tierd.tiers import InvalidKey, KeyRejected, TierError, TierUnavailable
+from tierd.tiers import InvalidKey, KeyRejected, TierError, TierThrottled, TierUnavailable
 
 log = logging.getLogger("tierd.placement")
 
@@ -367,7 +367,9 @@ class Placement(Uploading):
         except (TierUnavailable, FsError) as e:
             self.stats.persist_failures += 1  # tierd_cold_store_errors_total
             local = isinstance(e, FsError) and e.reason is not Reason.SERVICE_UNAVAILABLE
-            if local or await self._answers():  # the store answers: this file's failure
+            # a throttled request is an answer (the store asked to slow down); else a
+            # probe says whether the store answers: either way, this file's failure
+            if local or isinstance(e, TierThrottled) or await self._answers():
                 self._file_failed(ino, e, permanent=False)
             else:
                 self._store_down(e)

@@ -90,6 +90,14 @@ class TierUnavailable(TierError):
     data local until :meth:`ObjectTier.probe` succeeds again."""
 
 
+class TierThrottled(TierUnavailable):
+    """The store answered, asking for fewer requests (S3 ``SlowDown``, HTTP 429): this
+    request may be tried again later, and the store itself is up -- its reachability
+    (:class:`~tierd.tiers.health.Health`) counts the answer, so a throttled store is not
+    reported down and persisting is not paused for every file, only the refused ones
+    back off."""
+
+
 class ObjectNotFound(TierError, KeyError):
     """No object has this key."""
 
@@ -491,6 +499,9 @@ class ObjectTier(abc.ABC):
         call = self.health.begin()
         try:
             result = await aw
+        except TierThrottled:
+            self.health.end(call, True)  # an answer: the store is up, and busy
+            raise
         except TierUnavailable as e:
             self.health.end(call, False, str(e))
             raise

@@ -13,12 +13,15 @@ from tierd.tiers.object_tier import (
     ObjectChanged,
     ObjectNotFound,
     TierError,
+    TierThrottled,
     TierUnavailable,
 )
 
 NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+#: the store answered "slow down": up, and busy (TierThrottled)
+_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+              "TooManyRequests", "429"}
 _UNAVAILABLE = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
     "ServiceUnavailable", "InternalError", "RequestTimeout", "RequestTimeTooSkewed",
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
     "InvalidToken", "AllAccessDisabled", "AccountProblem", "403",
@@ -44,6 +47,8 @@ def code_error(code: str, status: int, key: str | None, msg: str, where: str,
         return KeyRejected(f"cold store refused the key: {msg}", key=key)
     if code in ("PreconditionFailed", "412") or status == 412:
         return ObjectChanged(f"{key!r} changed in {where}", key=key)
+    if code in _THROTTLED or status == 429:
+        return TierThrottled(f"cold store throttled the request: {msg}", key=key)
     if status >= 500 or status in (401, 403) or code in _UNAVAILABLE:
         return TierUnavailable(f"cold store failed: {msg}", key=key)
     return TierError(f"cold store refused: {msg}", key=key)
