@@ -83,25 +83,36 @@ def e2_seq(meta: MetaStore) -> int:
     return engine.local_seq
 
 
+def _on_reads(monkeypatch: pytest.MonkeyPatch,
+              record: Callable[[AsyncGate, set[str]], None]) -> None:
+    """Call ``record(gate, names)`` for every read transaction an async read begins on the
+    loop, with the names of the functions on its stack (coroutines awaiting included)."""
+    begun = AsyncGate._begun
+
+    async def counted(gate: AsyncGate, loop: Any, write: bool, warm: Any) -> Any:
+        if not write:
+            frame = sys._getframe(1)
+            names = set()
+            while frame is not None:
+                names.add(frame.f_code.co_name)
+                frame = frame.f_back  # type: ignore[assignment]
+            record(gate, names)
+        return await begun(gate, loop, write, warm)
+    monkeypatch.setattr(AsyncGate, "_begun", counted)
+
+
 @pytest.fixture
 def asked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The node of every read transaction an async read of the namespace's lookup, getattr
     or release began (the placement's own background reads are not counted: they would
     make the counts depend on timing)."""
     seen: list[str] = []
-    begun = AsyncGate._begun
     mine = {"lookup", "getattr", "_reap_if_orphan"}
 
-    async def counted(gate: AsyncGate, loop: Any, write: bool, warm: Any) -> Any:
-        frame = sys._getframe(1)
-        names = set()
-        while frame is not None:
-            names.add(frame.f_code.co_name)
-            frame = frame.f_back  # type: ignore[assignment]
-        if not write and names & mine:
+    def record(gate: AsyncGate, names: set[str]) -> None:
+        if names & mine:
             seen.append(gate.store.node)
-        return await begun(gate, loop, write, warm)
-    monkeypatch.setattr(AsyncGate, "_begun", counted)
+    _on_reads(monkeypatch, record)
     return seen
 
 
@@ -368,19 +379,12 @@ def call_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     bounded read, which begins one while the feed has not yet delivered the release's own
     commit: a matter of timing, not of what the close reads)."""
     seen: list[str] = []
-    begun = AsyncGate._begun
     mine = ("flush", "release", "getxattr")
 
-    async def counted(gate: AsyncGate, loop: Any, write: bool, warm: Any) -> Any:
-        frame = sys._getframe(1)
-        names = set()
-        while frame is not None:
-            names.add(frame.f_code.co_name)
-            frame = frame.f_back  # type: ignore[assignment]
-        if not write and "_reap_if_orphan" not in names:
+    def record(gate: AsyncGate, names: set[str]) -> None:
+        if "_reap_if_orphan" not in names:
             seen.extend(n for n in mine if n in names)
-        return await begun(gate, loop, write, warm)
-    monkeypatch.setattr(AsyncGate, "_begun", counted)
+    _on_reads(monkeypatch, record)
     return seen
 
 

@@ -211,8 +211,8 @@ class FileOps(EntryOps):
         version the open file's last commit wrote (``committed_version``): over PostgreSQL
         a read after the commit cost every close of a written file a read transaction, and
         it could return a newer version another door committed meanwhile, whose bytes those
-        pages do not hold.  Read only when no commit went through this open file (its
-        writes were committed before it was opened by another handle's close)."""
+        pages do not hold.  Read only when no content commit went through this open
+        file (a durability point that only removed an intention over unwritten bytes)."""
         if of.committed_version:
             return of.committed_version
         async with self.meta.asnapshot() as tx:

@@ -388,7 +388,7 @@ class ObjectOps(KeyListing):
         for gone in dropped:
             self._forget_data(gone)
         await self._announce(*created, Change(ino=dropped[0] if dropped else None,
-                                      parent=inode.parent, name=segments[-1]))
+                                              parent=inode.parent, name=segments[-1]))
         inode.parent = 0
         await self._sync_meta()
         crashpoint("put.durable")
