@@ -246,9 +246,12 @@ def test_evicted_while_open_for_writing(daemon: Daemon, work: Path, s3: Any) -> 
     want = data[:1 << 20] + b"Y" * 4096 + b"Z" * 4096 + data[(1 << 20) + 8192:]
     admin(daemon, "POST", "/v1/placement/persist", {"prefix": prefix, "timeout": 60})
     deadline = time.monotonic() + 5
+    # the writer's RELEASE comes after its close, and may commit a version of its own after
+    # the persist above: persist again until the eviction goes through
     while admin(daemon, "POST", "/v1/placement/evict", {"prefix": prefix})["tiers"][
-            "hot"] == 0:  # the writer's RELEASE comes after its close
+            "hot"] == 0:
         assert time.monotonic() < deadline
+        admin(daemon, "POST", "/v1/placement/persist", {"prefix": prefix, "timeout": 5})
         time.sleep(0.1)
     assert f.read_bytes() == want
     assert get(s3, key(f, daemon)) == (want, hashlib.md5(want).hexdigest())
