@@ -86,6 +86,37 @@ def test_compose_cluster_database_and_cold_store_are_the_containers_it_starts() 
     assert services["postgres"]["healthcheck"]["test"][0] == "CMD"
 
 
+def test_the_cluster_check_and_the_stand_ins_match_the_compose_files() -> None:
+    """check_cluster.py drives the services, mount and root key the compose file names; the
+    offline stand-ins replace only the MinIO services, with the compose file's cold bucket
+    and key."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_cluster",
+                                                  COMPOSE.parent / "check_cluster.py")
+    assert spec is not None and spec.loader is not None
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    services = compose()["services"]
+    assert check.NODES == NODES
+    for name in NODES:
+        env = node_env(services[name])
+        assert env["TIERD_MOUNT"] == check.MNT
+        assert {"TIERD_ROOT_ACCESS_KEY", "TIERD_ROOT_SECRET_KEY"} <= env.keys()
+        assert "9000" in " ".join(services[name]["ports"])  # the snippet's 127.0.0.1:9000
+    (standins,) = docs(COMPOSE.parent / "offline" / "standins.yaml")
+    assert set(standins["services"]) == {"minio", "minio-init"}
+    single, = docs(COMPOSE.parent / "docker-compose.yaml")
+    cfg = load_config(env=node_env(services["tierd-n1"]), cli={"data_dir": "/data"})
+    init = " ".join(standins["services"]["minio-init"]["entrypoint"])
+    minio = services["minio"]["environment"]
+    assert f"Bucket='{urlsplit(cfg.cold_url).netloc}'" in init
+    assert f"aws_access_key_id='{minio['MINIO_ROOT_USER']}'" in init
+    assert f"aws_secret_access_key='{minio['MINIO_ROOT_PASSWORD']}'" in init
+    assert {"minio", "minio-init"} <= set(single["services"])
+    assert " 9000" in " ".join(standins["services"]["minio"]["command"])
+
+
 def test_a_node_without_the_cluster_secret_is_refused() -> None:
     env = node_env(compose()["services"]["tierd-n2"])
     env["TIERD_CLUSTER_SECRET"] = "short"
