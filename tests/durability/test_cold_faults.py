@@ -145,6 +145,29 @@ def test_cold_throttling_then_recovers(moto: MotoServer, tmp_path: Path) -> None
             assert "Traceback" not in t.log
 
 
+def test_cold_throttling_every_head_is_not_down(moto: MotoServer, tmp_path: Path) -> None:
+    """The store answers every HEAD with 503 (a HEAD's answer has no body: no code says
+    SlowDown): the idle store's probes still find it up, files written meanwhile persist,
+    and the status never says it is unreachable."""
+    with FaultProxy(moto.url) as proxy:
+        t = Tierd(tmp_path, Cold("s3", tmp_path, moto, endpoint=proxy.url), **FAST)
+        with running(t):
+            t.s3().create_bucket(Bucket=BUCKET)
+            proxy.slowdown, proxy.only = 1.0, {"HEAD"}
+            seen = []
+            deadline = time.monotonic() + 4  # probes every second while idle
+            while time.monotonic() < deadline:
+                seen.append(t.cold_tier()["reachable"])
+                time.sleep(0.2)
+            assert proxy.refused >= 2, "no probe reached the store"
+            data = {f"h{i}": os.urandom(20_000 + i) for i in range(4)}
+            _put(t, data)
+            _all_there(t, data)
+            seen.append(t.cold_tier()["reachable"])
+            assert all(seen), seen
+            assert "Traceback" not in t.log
+
+
 def test_cold_slow_store(moto: MotoServer, tmp_path: Path) -> None:
     """Every request to the store takes 0.4 s more: slower, never wrong."""
     with FaultProxy(moto.url) as proxy:

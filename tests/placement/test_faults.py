@@ -19,6 +19,7 @@ from nsplacement import close_namespace, open_namespace
 from tierd.errors import FsError, Reason
 from tierd.meta import MetaStore
 from tierd.placement.ops import PlacementOps
+from tierd.tiers import TierThrottled, TierUnavailable
 
 from .conftest import COLD_BUCKET, ROOT, Env, MiB, read_file, until, write_file
 
@@ -58,6 +59,26 @@ async def test_cold_outage_keeps_cache_and_writes_then_resumes(tmp_path: Path) -
             await env.close()
     finally:
         server.close()
+
+
+async def test_a_probe_answered_slow_down_finds_the_store_up(tmp_path: Path) -> None:
+    """A probe the store answers "slow down" (TierThrottled) is an answer: the store is up,
+    and persisting is not paused for it; a probe it does not answer is not."""
+    env = Env("file", tmp_path, None)
+    _, p = await env.open()
+    try:
+        async def throttled() -> None:
+            raise TierThrottled("cold store throttled the request: SlowDown")
+
+        async def down() -> None:
+            raise TierUnavailable("cold store failed: ServiceUnavailable")
+
+        p.cold.probe = throttled  # type: ignore[method-assign]
+        assert await p._answers() is True
+        p.cold.probe = down  # type: ignore[method-assign]
+        assert await p._answers() is False
+    finally:
+        await env.close()
 
 
 def _tierd(data_dir: Path, cold: Path, log: Path,

@@ -280,6 +280,67 @@ async def test_throttling_beyond_the_budget_is_unavailable(
         await tier.close()
 
 
+class _HeadBare503(_Flaky):
+    """A store that answers every HEAD with a bare 503 (no body, as S3 answers a HEAD it
+    throttles) and a listing with ``status``/``code`` (200: an empty listing)."""
+
+    def do_HEAD(self) -> None:
+        type(self).count += 1
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        cls = type(self)
+        cls.count += 1
+        if cls.status == 200:
+            body = (b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>b</Name>'
+                    b"<KeyCount>0</KeyCount><MaxKeys>1</MaxKeys>"
+                    b"<IsTruncated>false</IsTruncated></ListBucketResult>")
+        else:
+            body = f"<Error><Code>{cls.code}</Code><Message>m</Message></Error>".encode()
+        self.send_response(cls.status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.mark.parametrize(("status", "code", "expected"), [
+    (200, "", None),
+    (503, "SlowDown", TierThrottled),
+    (503, "ServiceUnavailable", TierUnavailable),
+])
+async def test_a_bare_503_to_the_probes_head_is_asked_again_by_a_listing(
+    status: int, code: str, expected: type[TierError] | None,
+) -> None:
+    """A HEAD's 503 says nothing of why; the probe's listing does: a store that lists, or
+    throttles, is up (reachable, no reason given); one that answers ServiceUnavailable is
+    not."""
+    handler = type("HeadBare503", (_HeadBare503,), {"count": 0, "puts": [],
+                                                     "status": status, "code": code})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    tier = S3ObjectTier("b", endpoint_url=f"http://127.0.0.1:{server.server_address[1]}",
+                        region="us-east-1", access_key="k", secret_key="s",
+                        addressing="path", max_attempts=1)
+    try:
+        if expected is None:
+            await tier.probe()
+        else:
+            with pytest.raises(expected, match=code) as e:
+                await tier.probe()
+            assert expected is TierThrottled or not isinstance(e.value, TierThrottled)
+        assert handler.count == 2  # the HEAD, then the listing
+        up = expected is not TierUnavailable
+        assert tier.reachable() is up
+        assert (tier.describe_health()["reason"] is None) is up
+    finally:
+        await tier.close()
+        server.shutdown()
+        server.server_close()
+
+
 # --- error translation ----------------------------------------------------------------------
 
 

@@ -242,6 +242,8 @@ class Placement(Uploading):
         try:
             await self.cold.probe()
             return True
+        except TierThrottled:
+            return True  # it answered "slow down": up, and busy (files back off alone)
         except TierError:
             return False
         finally:

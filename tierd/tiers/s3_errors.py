@@ -54,6 +54,13 @@ def code_error(code: str, status: int, key: str | None, msg: str, where: str,
     return TierError(f"cold store refused: {msg}", key=key)
 
 
+def bare_503(response: Mapping[str, Any]) -> bool:
+    """Whether an error ``response`` is a 503 without an S3 error code: a HEAD's (its
+    answer has no body; botocore names the error by its status), which does not tell
+    throttling (``SlowDown``) from a store that is down (``ServiceUnavailable``)."""
+    return str(response.get("Error", {}).get("Code", "")) == "503"
+
+
 def delete_errors(errors: Sequence[Mapping[str, Any]], names: Mapping[str, str], where: str,
                   bucket: str) -> dict[str, TierError | None]:
     """Each key's outcome of a ``DeleteObjects`` whose answer listed ``errors`` (Quiet: only

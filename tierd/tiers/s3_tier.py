@@ -61,7 +61,7 @@ from tierd.tiers.object_tier import (
     split_ranges,
     write_dest,
 )
-from tierd.tiers.s3_errors import XML_UNSAFE, code_error, delete_errors
+from tierd.tiers.s3_errors import XML_UNSAFE, bare_503, code_error, delete_errors
 
 _PIECE = 1 << 20
 _MAX_SINGLE_COPY = 5 << 30
@@ -558,13 +558,21 @@ class S3ObjectTier(ObjectTier):
 
     async def probe(self) -> None:
         """One try, no retries (a client of its own): a probe asks whether the store answers
-        now, and a hung store must not keep its thread for every retry's timeout."""
+        now, and a hung store must not keep its thread for every retry's timeout.  A bare
+        503 to the HEAD (:func:`~tierd.tiers.s3_errors.bare_503`) is asked again with a
+        listing of one key, whose error's code tells throttling from a store that is down."""
         def check() -> None:
             try:
                 if not self.bucket:
                     self._probe_client().list_buckets()
                     return
-                self._probe_client().head_bucket(Bucket=self.bucket)
+                try:
+                    self._probe_client().head_bucket(Bucket=self.bucket)
+                except ClientError as e:
+                    if not bare_503(e.response):
+                        raise
+                    self._probe_client().list_objects_v2(Bucket=self.bucket, MaxKeys=1,
+                                                         Prefix=self._pfx)
             except (ClientError, BotoCoreError, OSError) as e:
                 err = self._translate(e, None, "probe")
                 if not isinstance(err, ObjectNotFound):
