@@ -170,6 +170,7 @@ class Namespace(VersionOps, TagOps, XattrOps, ImportOps, TieringOps):
                 await self.release(fh)
             except OSError:
                 log.exception("releasing handle %d at shutdown", fh)
+        await self.spares.close()
         await self.garbage.drain(closing=True)
         await self.smalllog.close()
         await asyncio.to_thread(self.hot.small.close)  # every small file already handed in

@@ -30,6 +30,7 @@ from tierd.namespace.bucketconf import BucketConfig
 from tierd.namespace.garbage import Garbage
 from tierd.namespace.names import check_name
 from tierd.namespace.smalllog import SmallLog
+from tierd.namespace.spares import Spares
 from tierd.tiers.hotdir import HotDir
 
 if TYPE_CHECKING:
@@ -180,6 +181,8 @@ class NamespaceBase:
         self.hot = hot
         self.smalllog = SmallLog(meta, hot)
         self.garbage = Garbage(meta, hot, self._placement_forget)
+        #: numbers with data files made ahead, for creates the kernel writes (files.py)
+        self.spares = Spares(meta, hot)
         self.bucket_config = BucketConfig(meta)
         # inodes whose size is being changed (files.FileOps._set_size): writes wait
         self._resizing: dict[int, asyncio.Future[None]] = {}

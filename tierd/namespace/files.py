@@ -51,27 +51,35 @@ class FileOps(EntryOps):
         def reads(tx: MetaTxn) -> None:  # off the loop first (tierd.meta.atxn)
             create_reads(tx, parent, name)
             versions.locate(tx, parent, name)
-        async with self.meta.awrite(warm=reads) as tx:
-            d = self._dir(tx, parent)
-            existing = self._child(tx, ident, d, name) if name not in (b".", b"..") else d
-            if existing is None:  # (else nothing is written: the file is only opened)
-                d = self._creatable(tx, ident, parent, name)
-                if parent == ROOT_INO:
-                    raise FsError(errno.EPERM, "the namespace root holds only buckets "
-                                  "(directories)")
-                inode = self._new_inode(tx, ident, d, stat.S_IFREG | (mode & 0o7777),
-                                        etag=EMPTY_MD5)
-                self._inherit_acl(inode, d, umask)
-                drops = versions.supersede(self, tx, d, name, None, inode, stamp=True)
-                tx.put_inode(inode)
-                tx.add_dirent(parent, name, Dirent(inode.ino, stat.S_IFREG))
-                self._touch_dir(tx, d)
-                self._queue(tx, inode)  # an empty object is an object too
-                intend = intend and not has_privs(inode.mode) and not (
-                    self.placement.wants_mem(tx, inode.ino))
-                if intend:
-                    tx.add_intent(inode.ino, kernel=True)
+        # a number whose data file exists, for a file the kernel will write (spares.py)
+        spare = self.spares.take() if intend and not (
+            mode & (stat.S_ISUID | stat.S_ISGID) or self.placement.mem_policies()) else 0
+        numbered = False  # the body gave the spare's number to an inode
+        try:
+            async with self.meta.awrite(warm=reads) as tx:
+                d = self._dir(tx, parent)
+                existing = self._child(tx, ident, d, name) if name not in (b".", b"..") else d
+                if existing is None:  # (else nothing is written: the file is only opened)
+                    d, inode = self._create_locked(tx, ident, parent, name, mode, umask,
+                                                   spare)
+                    numbered = bool(spare)
+                    drops = versions.supersede(self, tx, d, name, None, inode, stamp=True)
+                    tx.put_inode(inode)
+                    tx.add_dirent(parent, name, Dirent(inode.ino, stat.S_IFREG))
+                    self._touch_dir(tx, d)
+                    self._queue(tx, inode)  # an empty object is an object too
+                    intend = intend and not has_privs(inode.mode) and not (
+                        self.placement.wants_mem(tx, inode.ino))
+                    if intend:
+                        tx.add_intent(inode.ino, kernel=True)
+        except BaseException:
+            if numbered:  # the commit may have happened: never handed out again
+                self.spares.doubt(spare)
+            else:
+                self.spares.give_back(spare)
+            raise
         if existing is not None:
+            self.spares.give_back(spare)
             if flags & os.O_EXCL:
                 raise FsError(errno.EEXIST, f"{name.decode(errors='replace')!r} exists")
             if existing.is_dir:
@@ -85,6 +93,18 @@ class FileOps(EntryOps):
             of = self._handles[fh].ofile
             of.intent = of.kernel_intent = True
         return inode, fh
+
+    def _create_locked(self, tx: MetaTxn, ident: Identity, parent: int, name: bytes,
+                       mode: int, umask: int, ino: int) -> tuple[Inode, Inode]:
+        """The parent and the new regular file's inode (numbered ``ino``, or the counter's
+        next), after the checks of every create."""
+        d = self._creatable(tx, ident, parent, name)
+        if parent == ROOT_INO:
+            raise FsError(errno.EPERM, "the namespace root holds only buckets (directories)")
+        inode = self._new_inode(tx, ident, d, stat.S_IFREG | (mode & 0o7777), ino=ino,
+                                etag=EMPTY_MD5)
+        self._inherit_acl(inode, d, umask)
+        return d, inode
 
     async def open(self, ident: Identity, ino: int, flags: int) -> int:
         fh, _ = await self.open_file(ident, ino, flags)
