@@ -146,3 +146,28 @@ def test_a_create_that_fails_after_its_number_was_given_is_not_given_back(
     env.reopen()  # the number has no inode: its file is removed at close
     assert nxt not in _data_files(env)
     assert env.run(env.ns.lookup(ROOT, ROOT_INO, b"bkt")).ino == b
+
+
+def test_a_full_disk_makes_no_spares_and_they_are_tried_again(
+        env: NsEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refill that cannot make files (ENOSPC) leaves creates making their own, and is
+    tried again later (``RETRY``)."""
+    from tierd.namespace import spares
+
+    b = env.bucket()
+    real = env.ns.hot.open
+
+    def full(ino: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(env.ns.hot, "open", full)
+    first = _create(env, b, "a")  # starts a refill, which fails
+    env.run(asyncio.sleep(0.2))
+    assert len(env.ns.spares) == 0 and env.ns.spares._failed_at is not None
+    second = _create(env, b, "b")  # its own number; no refill yet (RETRY s)
+    assert second > first and env.ns.spares._refill is None
+    monkeypatch.setattr(env.ns.hot, "open", real)
+    monkeypatch.setattr(spares, "RETRY", 0.0)
+    _create(env, b, "c")
+    _spare_files_ready(env)
+    assert env.ns.spares._failed_at is None

@@ -35,6 +35,7 @@ import asyncio
 import collections
 import logging
 import os
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 BATCH = 32
 #: a refill starts when fewer spares than this are left
 LOW = 8
+#: seconds after a refill failed (a full or read-only disk) before the next is tried
+RETRY = 30.0
 
 
 class Spares:
@@ -59,15 +62,15 @@ class Spares:
         self._doubtful: list[int] = []
         self._refill: asyncio.Task[None] | None = None
         self._closed = False
-        self._failed = False  # a refill failed: no more (logged once)
+        self._failed_at: float | None = None  # the last refill failed then (monotonic)
 
     def take(self) -> int:
         """A spare number (its data file exists), or 0 when none is ready; a caller whose
         transaction does not commit with it calls :meth:`give_back`.  Starts a refill when
         few are left."""
         ino = self._ready.popleft() if self._ready else 0
-        if (len(self._ready) < LOW and self._refill is None and not self._closed
-                and not self._failed):
+        if len(self._ready) < LOW and self._refill is None and not self._closed and (
+                self._failed_at is None or time.monotonic() - self._failed_at > RETRY):
             self._refill = asyncio.get_running_loop().create_task(self._fill())
         return ino
 
@@ -93,10 +96,13 @@ class Spares:
                 await asyncio.to_thread(self._remove, made)
             else:
                 self._ready.extend(made)
+            self._failed_at = None
         except Exception as e:  # a full or read-only disk: creates make their own files
-            self._failed = True
-            log.warning("could not make data files ahead for new files (%s); new files "
-                        "make theirs as they are created", e)
+            if self._failed_at is None:
+                log.warning("could not make data files ahead for new files (%s); new files "
+                            "make theirs as they are created, and this is tried again "
+                            "every %g s", e, RETRY)
+            self._failed_at = time.monotonic()
         finally:
             self._refill = None
 
