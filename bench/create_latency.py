@@ -1,0 +1,111 @@
+"""One client's creates through a single node's FUSE mount, timed from the client: what an
+``open(O_CREAT)`` and a ``close`` cost, and the daemon's CPU per file, by thread.
+
+``bench/fuse_fio.py --only meta`` measures the rate beside the raw disk, with one daemon per
+variant mounted at once; while the second is measured, the first's persister is still
+uploading (and, after the unlinks, deleting) that round's files.  This one starts a fresh
+daemon for every round and stops it after, so a before/after (``--base TREE``: a ``git
+archive`` of another revision with ``tierd_fuse`` linked to its ``fuse``, run from ``/tmp``
+with ``PYTHONPATH=TREE``) alternates on an otherwise idle machine.  Default settings
+(passthrough on, lmdb); per round ``--warmup`` files, then ``--files`` measured.  The daemon's
+CPU comes from ``/proc/PID/task/*/stat`` around the measured files: the loop's (the main
+thread's) and the other threads' together.  Prints one JSON document.
+
+    cd /tmp && python /work/main/bench/create_latency.py --pairs 3 --base /tmp/base
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import emit
+from fuse_fio import start_daemon
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of the process's main thread (the event loop's: ``loop``) and of all its
+    other threads together (``threads``)."""
+    out = {"loop": 0.0, "threads": 0.0}
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{t}/stat").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        fields = stat.rsplit(")", 1)[1].split()
+        out["loop" if int(t) == pid else "threads"] += (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+def one_round(tree: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    base = Path(tempfile.mkdtemp(prefix="tierd-bench-create-"))
+    proc, _, mnt, _ = start_daemon(base, ["--fuse-backend", "kernel"], tree)
+    try:
+        d = mnt / "bench" / "create"
+        d.mkdir(parents=True)
+        for i in range(args.warmup):
+            os.close(os.open(d / f"w{i}", os.O_CREAT | os.O_WRONLY, 0o644))
+        t_open = t_close = 0.0
+        cpu0 = thread_cpu(proc.pid)
+        t0 = time.perf_counter()
+        for i in range(args.files):
+            a = time.perf_counter()
+            fd = os.open(d / f"f{i:06d}", os.O_CREAT | os.O_WRONLY, 0o644)
+            b = time.perf_counter()
+            os.close(fd)
+            t_open += b - a
+            t_close += time.perf_counter() - b
+        elapsed = time.perf_counter() - t0
+        cpu1 = thread_cpu(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        shutil.rmtree(base, ignore_errors=True)
+    n = args.files
+    per_thread = {k: round((cpu1[k] - cpu0[k]) / n * 1e6) for k in cpu1}
+    return {"creates_per_s": round(n / elapsed), "open_us": round(t_open / n * 1e6),
+            "close_us": round(t_close / n * 1e6),
+            "daemon_cpu_us_per_create": sum(per_thread.values()),
+            "cpu_us_per_create": per_thread}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", type=int, default=3000)
+    ap.add_argument("--warmup", type=int, default=300)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--base", default=None, metavar="TREE",
+                    help="also measure the daemons of this tree, alternating")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if os.path.exists("tierd") and args.base:
+        sys.exit("run from outside the checkout (cd /tmp): `python -m tierd.cli` would find "
+                 "this checkout's tierd before --base's")
+    runs: dict[str, list[dict[str, Any]]] = {"this": []}
+    if args.base:
+        runs["base"] = []
+    for _ in range(args.pairs):
+        runs["this"].append(one_round(None, args))
+        if args.base:
+            runs["base"].append(one_round(args.base, args))
+    result = {
+        "bench": "create_latency", "files": args.files, "warmup": args.warmup,
+        "base": args.base, "load_average": os.getloadavg(),
+        "runs": runs,
+        "median_creates_per_s": {k: statistics.median(r["creates_per_s"] for r in v)
+                                 for k, v in runs.items()},
+    }
+    emit(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
