@@ -20,7 +20,10 @@ its own that it removes at the end:
 6. with ``--kill``: a file written through n3's mount, then n3 killed (SIGKILL): n1's mount
    reads it byte-exact or fails with an I/O error (its bytes may be on n3 alone), never
    other bytes; n2 serves the bucket meanwhile; once n3 is started again and healthy, n1
-   reads the file byte-exact.
+   reads the file byte-exact;
+7. with ``--restart-db``: PostgreSQL restarted (``docker compose restart postgres``) after a
+   file was written through n1: a write through n2 succeeds again within 90 s, and both
+   files read byte-exact through n3's mount.
 
 Prints one line per step and exits 1 at the first that fails (docs/cluster.md).
 """
@@ -103,10 +106,12 @@ def expect(what: str, ok: bool, detail: str = "") -> None:
 def until(what: str, probe: Callable[[], bool], timeout: float = 5.0) -> None:
     """``probe()`` true within ``timeout`` s (a change seen by another node's kernel may wait
     for that node's change feed, docs/cluster.md "Consistency")."""
-    deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
+    deadline = t0 + timeout
     while True:
         if probe():
-            expect(what, True)
+            took = time.monotonic() - t0
+            expect(what + (f" ({took:.1f} s)" if took >= 0.5 else ""), True)
             return
         if time.monotonic() > deadline:
             expect(what, False, f"not within {timeout:.0f} s")
@@ -146,7 +151,26 @@ def kill_and_return(c: Check, bucket: str) -> None:
         "tierd-n1", f"cat {path} 2>/dev/null || true") == blob, 30)
 
 
-def run(c: Check, kill: bool) -> None:
+def wrote(c: Check, node: str, path: str, data: bytes) -> bool:
+    try:
+        c.sh(node, f"cat > {path}", stdin=data)
+        return True
+    except Failed:
+        return False
+
+
+def restart_db(c: Check, bucket: str) -> None:
+    before, after = secrets.token_bytes(100_000), secrets.token_bytes(100_000)
+    c.sh("tierd-n1", f"cat > {MNT}/{bucket}/before-db.bin", stdin=before)
+    c.compose_cmd("restart", "postgres")
+    until("PostgreSQL restarted: a write through n2 succeeds again", functools.partial(
+        wrote, c, "tierd-n2", f"{MNT}/{bucket}/after-db.bin", after), 90)
+    expect("the files written before and after the restart read byte-exact on n3",
+           c.sh("tierd-n3", f"cat {MNT}/{bucket}/before-db.bin") == before
+           and c.sh("tierd-n3", f"cat {MNT}/{bucket}/after-db.bin") == after)
+
+
+def run(c: Check, kill: bool, db: bool = False) -> None:
     for n in NODES:
         expect(f"{n} /healthz", healthy(c, n))
     bucket = "check-" + secrets.token_hex(4)
@@ -184,6 +208,8 @@ def run(c: Check, kill: bool) -> None:
                   functools.partial(listed_as, c, n, f"{MNT}/{bucket}", [b"dir"]))
         if kill:
             kill_and_return(c, bucket)
+        if db:
+            restart_db(c, bucket)
     finally:
         c.s3("tierd-n1", "rb", bucket=bucket)
     print("ok  the bucket removed; all checks passed")
@@ -196,9 +222,12 @@ def main() -> None:
                     "deploy/compose/docker-compose.cluster.yaml)")
     ap.add_argument("--kill", action="store_true",
                     help="also kill n3 (SIGKILL) and start it again (step 6)")
+    ap.add_argument("--restart-db", action="store_true",
+                    help="also restart PostgreSQL mid-check (step 7)")
     args = ap.parse_args()
     try:
-        run(Check(args.files or ["deploy/compose/docker-compose.cluster.yaml"]), args.kill)
+        run(Check(args.files or ["deploy/compose/docker-compose.cluster.yaml"]), args.kill,
+            args.restart_db)
     except (Failed, subprocess.TimeoutExpired) as e:
         print(f"FAIL {e}", file=sys.stderr)
         sys.exit(1)
