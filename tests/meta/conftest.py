@@ -15,14 +15,17 @@ installed they are skipped, except under ``CI`` (dev.sh installs it), where they
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from nsplacement import close_namespace, open_namespace
 
 from tierd.meta.group_engine import GroupCommitStore
 from tierd.meta.kv import KVStore
@@ -30,6 +33,8 @@ from tierd.meta.lmdb_engine import LmdbStore
 from tierd.meta.memory_engine import MemoryStore
 from tierd.meta.pg_engine import PgStore
 from tierd.meta.store import MetaStore
+from tierd.namespace import Namespace
+from tierd.namespace.remote import follow
 
 from .pg_server import PgServer, find_bindir
 
@@ -185,3 +190,32 @@ def pg_nodes(pg_server: PgServer, tmp_path: Path) -> Iterator[Callable[[str], Me
     yield open_node
     for m in opened:
         m.close()
+
+
+@pytest.fixture
+def two_nodes(pg_server: PgServer, tmp_path: Path
+              ) -> Iterator[tuple[list[MetaStore], list[Namespace], asyncio.AbstractEventLoop]]:
+    """Two namespaces on one database, as two nodes on one loop; n1 follows the feed."""
+    url = pg_server.url(str(tmp_path))
+    metas = [MetaStore.open_pg(url, node=n) for n in ("n1", "n2")]
+    loop = asyncio.new_event_loop()
+    nss: list[Namespace] = []
+    stop: Callable[[], None] | None = None
+    try:
+        for i, meta in enumerate(metas):
+            nss.append(loop.run_until_complete(open_namespace(meta, tmp_path / f"n{i + 1}")))
+        stop = follow(nss[0], metas[0].engine, loop)
+        feed = metas[0].engine._feeds[0]  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 15
+        while not feed.ready.is_set():
+            assert time.monotonic() < deadline, "the feed never listened"
+            time.sleep(0.01)
+        yield metas, nss, loop
+    finally:
+        if stop is not None:
+            stop()
+        for ns in nss:
+            loop.run_until_complete(close_namespace(ns))
+        loop.close()
+        for meta in metas:
+            meta.close()

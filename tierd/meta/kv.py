@@ -47,6 +47,13 @@ class KVTxn(ABC):
         one has nothing to gain and ignores it.  What the gets answer does not change."""
         return None
 
+    def empty_prefix(self, prefix: bytes) -> None:
+        """A hint that no key starts with ``prefix`` when this transaction commits (a new
+        directory's entries: its number was never used).  An engine with a read cache
+        (PostgreSQL) may then answer a key under it absent without a round trip, until a
+        change under it is seen; the others ignore it.  What a get answers does not change."""
+        return None
+
     @abstractmethod
     def commit(self) -> None:
         """Make the writes visible atomically.  Durable against a process crash at once and

@@ -18,6 +18,16 @@ bumped in the commit) and logs the keys each one changed (``kv_log``); see
   seq to the commit's seq with those values in place, and this node's next read of a key it
   just wrote costs no round trip.
 
+A key the cache does not hold is unknown, except under a **complete prefix**: one that
+every key of the store starting with it is in the cache (:meth:`committed`'s ``complete``:
+the keys of an inode this node created -- its extended attributes, a new directory's
+entries -- which its commit hints at with :meth:`~tierd.meta.kv.KVTxn.empty_prefix`).
+There a missing key is absent, so the kernel's LOOKUP of a new name in a new directory
+(one before each create) and its ``security.capability`` look before a new file's first
+write cost no round trip.  A prefix stops being complete as soon as a key under it leaves
+the cache or is dropped by a commit the cache did not see the values of (another node's,
+from the log), whether the cache held that key or not, and when everything is dropped.
+
 The seq only grows (an empty cache is valid at any seq, so dropping everything never needs to
 go back).  Bounded by entries and bytes, least recently used out first.  Every method is
 thread safe: transactions run on the event loop and in worker threads, and the change feed
@@ -51,6 +61,13 @@ class ReadCache:
         self._bytes = 0
         #: the seq the entries are valid at (-1: never learned one; the cache is empty)
         self.seq = -1
+        #: prefixes whose every key is in the map (see the module doc), and their lengths
+        #: (a dict for its order: past ``max_entries`` the oldest go, which is always safe)
+        self._complete: dict[bytes, None] = {}
+        self._lengths: set[int] = set()
+        #: (seq, prefixes) the feed took completeness from when it applied this node's own
+        #: commit ``seq`` before the writer's :meth:`committed` (which gives it back)
+        self._pending: tuple[int, set[bytes]] | None = None
         # figures for status pages and the bench
         self.hits = 0
         self.misses = 0
@@ -93,13 +110,17 @@ class ReadCache:
             self.seq = to
             return True
 
-    def apply(self, seq: int, keys: Iterable[bytes]) -> None:
+    def apply(self, seq: int, keys: Iterable[bytes], own: bool = False) -> None:
         """One log row, from the change feed, applied if the cache is just before it (the
         feed reads the log in order; a cache further behind waits for the next transaction
-        to bring it up with the whole stretch)."""
+        to bring it up with the whole stretch).  ``own``: a commit of this node, whose
+        writer's :meth:`committed` will put its values back, and with them the
+        completeness of the prefixes this drop takes."""
         with self._lock:
             if self.seq == seq - 1:
+                before = set(self._complete)
                 self._drop(keys)
+                self._pending = (seq, before - self._complete.keys()) if own else None
                 self.seq = seq
             elif self.seq < seq - 1 and not self._map:
                 self.seq = seq
@@ -119,6 +140,9 @@ class ReadCache:
             try:
                 value = self._map[key]
             except KeyError:
+                if self._complete and self._under_complete(key):
+                    self.hits += 1
+                    return True, ABSENT
                 self.misses += 1
                 return False, None
             self._map.move_to_end(key)
@@ -133,11 +157,13 @@ class ReadCache:
                 self._set(key, value)
 
     def committed(self, before: int, after: int,
-                  writes: Mapping[bytes, bytes | None] | None) -> None:
+                  writes: Mapping[bytes, bytes | None] | None,
+                  complete: Iterable[bytes] = ()) -> None:
         """The writer that began at ``before`` committed seq ``after`` with ``writes`` (None:
-        too many to keep: forget everything).  The change feed may have applied the commit
-        first (its notification can arrive before the commit's reply): with the cache at
-        ``after`` the writes are still exactly what the keys hold there."""
+        too many to keep: forget everything), after which no key of the store starts with
+        a prefix of ``complete`` but those in ``writes``.  The change feed may have applied
+        the commit first (its notification can arrive before the commit's reply): with the
+        cache at ``after`` the writes are still exactly what the keys hold there."""
         with self._lock:
             if self.seq != before and (self.seq != after or writes is None):
                 return  # someone already moved the cache on (dropping these keys)
@@ -146,6 +172,16 @@ class ReadCache:
             else:
                 for key, value in writes.items():
                     self._set(key, value)
+                back = self._pending[1] if (
+                    self._pending is not None and self._pending[0] == after == self.seq) else set()
+                unkept = [k for k in writes if k not in self._map]  # too big, or evicted
+                for prefix in [*complete, *back]:
+                    if not any(k.startswith(prefix) for k in unkept):
+                        self._complete[prefix] = None
+                        self._lengths.add(len(prefix))
+                while len(self._complete) > self.max_entries:
+                    del self._complete[next(iter(self._complete))]
+            self._pending = None
             self.seq = after
 
     def _set(self, key: bytes, value: bytes | None) -> None:
@@ -153,24 +189,40 @@ class ReadCache:
         if old is not _MISSING:
             self._bytes -= len(key) + len(old or b"")  # type: ignore[arg-type]
         if value is not None and len(value) > VALUE_MAX:
+            self._uncomplete(key)  # held by the store, not here
             return
         self._map[key] = value
         self._bytes += len(key) + len(value or b"")
         while len(self._map) > self.max_entries or self._bytes > self.max_bytes:
             k, v = self._map.popitem(last=False)
             self._bytes -= len(k) + len(v or b"")
+            self._uncomplete(k)
 
     def _drop(self, keys: Iterable[bytes]) -> None:
         if keys == EVERYTHING or (isinstance(keys, list | tuple) and not keys):
             self._clear()
             return
         for key in keys:
-            old = self._map.pop(bytes(key), _MISSING)
+            key = bytes(key)
+            old = self._map.pop(key, _MISSING)
             if old is not _MISSING:
                 self._bytes -= len(key) + len(old or b"")  # type: ignore[arg-type]
+            self._uncomplete(key)  # (a key new to the cache too: it may exist now)
+
+    def _under_complete(self, key: bytes) -> bool:
+        return any(key[:n] in self._complete for n in self._lengths)
+
+    def _uncomplete(self, key: bytes) -> None:
+        if self._complete or self._pending:
+            for n in self._lengths:
+                self._complete.pop(key[:n], None)
+                if self._pending is not None:
+                    self._pending[1].discard(key[:n])
 
     def _clear(self) -> None:
         if self._map:
             self.dropped_all += 1
         self._map.clear()
+        self._complete.clear()
+        self._pending = None
         self._bytes = 0

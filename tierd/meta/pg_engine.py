@@ -173,6 +173,8 @@ class PgTxn(KVTxn):
         self.before_send: Callable[[], None] | None = None
         self.member_sent = False
         self.finish: Callable[[], None] | None = None
+        #: prefixes no key starts with at the commit (:meth:`empty_prefix`)
+        self.empty: list[bytes] = []
 
     def _check(self) -> None:
         if self._done:
@@ -226,6 +228,11 @@ class PgTxn(KVTxn):
         if hit and keep and read is not None and len(read) < READ_MAX:
             read[key] = value
         return hit, value
+
+    def empty_prefix(self, prefix: bytes) -> None:
+        # a rolled-back group member's hint holds too: its number is never used
+        if self.write:
+            self.empty.append(bytes(prefix))
 
     def wrote(self, key: bytes) -> bool:
         """Whether this transaction wrote ``key`` (its reads of it answer the write)."""
@@ -351,7 +358,7 @@ class PgTxn(KVTxn):
                 why += " (if the connection broke during COMMIT it may have been applied)"
             raise _io_error(e, why) from e
         if changed:
-            store.cache.committed(self.seq, new, written)
+            store.cache.committed(self.seq, new, written, self.empty)
             store.local_seq = max(store.local_seq, new)
         self._end()
 

@@ -205,6 +205,14 @@ class MetaTxn(UploadRecords):
             yield Inode.decode(raw)
 
     # -- directory entries -----------------------------------------------------------------
+    def new_inode(self, ino: int, is_dir: bool) -> None:
+        """``ino`` is an inode this transaction creates (its number was never used): it has
+        no extended attributes and, a directory, no entries but those this transaction
+        writes (a hint for the engine's read cache, :meth:`KVTxn.empty_prefix`)."""
+        self.kv.empty_prefix(b"X" + _u64(ino))
+        if is_dir:
+            self.kv.empty_prefix(b"D" + _u64(ino))
+
     def lookup(self, parent: int, name: bytes) -> Dirent | None:
         """The entry called ``name`` in ``parent``, whatever its type."""
         base = b"D" + _u64(parent) + name

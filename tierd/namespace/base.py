@@ -327,6 +327,7 @@ class NamespaceBase:
             btime_ns=t,
             **kw,
         )
+        tx.new_inode(inode.ino, stat.S_ISDIR(mode))  # the engine's cache may know it empty
         return inode
 
     async def _alloc_ino(self) -> int:

@@ -1,0 +1,141 @@
+"""Complete prefixes in the read cache over PostgreSQL (``tierd.meta.pg_cache``): a directory
+this node created has no entries but those the cache holds, so the kernel's LOOKUP of a new
+name in it -- one before every create -- is answered absent with no round trip; and the
+answer gives way as soon as anything under the prefix may have changed unseen."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import stat
+
+import pytest
+
+from tierd.acl import Identity
+from tierd.errors import FsError
+from tierd.meta import MetaStore
+from tierd.meta.pg_cache import ReadCache
+from tierd.meta.pg_engine import PgStore
+from tierd.meta.pg_quiet import quiet_seq
+from tierd.namespace import Namespace
+
+from .test_pg_bounded import _wait, e2_seq
+
+ROOT = Identity.ROOT
+P = b"D" + (7).to_bytes(8, "big")  # the entries of directory 7
+
+
+def _cache() -> ReadCache:
+    cache = ReadCache()
+    cache.advance(None, 10, [])
+    cache.committed(10, 11, {b"I7": b"dir", P + b"a": b"A"}, [P])
+    return cache
+
+
+def test_a_complete_prefix_answers_absent_and_what_it_holds() -> None:
+    cache = _cache()
+    assert cache.lookup(11, P + b"a") == (True, b"A")
+    assert cache.lookup(11, P + b"zz") == (True, None)  # absent, no round trip
+    assert cache.lookup(11, b"D" + (8).to_bytes(8, "big") + b"x") == (False, None)
+    assert cache.lookup(10, P + b"zz") == (False, None)  # only at its own seq
+    cache.committed(11, 12, {P + b"b": b"B", P + b"a": None})  # this node's own writes
+    assert cache.lookup(12, P + b"b") == (True, b"B")
+    assert cache.lookup(12, P + b"a") == (True, None)
+    assert cache.lookup(12, P + b"zz") == (True, None)
+
+
+@pytest.mark.parametrize("how", ["another node's commit", "a transaction's log rows",
+                                 "eviction", "a value too big", "everything dropped"])
+def test_a_prefix_stops_being_complete_when_its_keys_may_have_changed_unseen(
+        how: str) -> None:
+    cache = _cache()
+    if how == "another node's commit":  # a key the cache never held: it may exist now
+        cache.apply(12, [P + b"new"])
+    elif how == "a transaction's log rows":
+        cache.advance(11, 12, [(12, [P + b"new"])])
+    elif how == "eviction":  # the present entry "a" leaves: its absence would be a lie
+        cache.max_entries = 2
+        cache.committed(11, 12, {b"x1": b"1", b"x2": b"2"})
+    elif how == "a value too big":
+        cache.committed(11, 12, {P + b"big": b"x" * (70 << 10)})
+    else:
+        cache.drop_all(12)
+    seq = cache.seq
+    assert cache.lookup(seq, P + b"zz") == (False, None)
+    if how != "a value too big":
+        assert cache.lookup(seq, P + b"new") == (False, None)
+    else:
+        assert cache.lookup(seq, P + b"big") == (False, None)
+
+
+def test_the_feed_applying_this_nodes_commit_first_keeps_the_prefix_complete() -> None:
+    """The feed may apply this node's own commit (from its notification) before the
+    writer's reply: it drops the keys, and the writer's values put them -- and the prefix's
+    completeness -- back.  Meanwhile the prefix answers nothing."""
+    cache = _cache()
+    cache.apply(12, [P + b"b"], own=True)
+    assert cache.lookup(12, P + b"zz") == (False, None)
+    cache.committed(11, 12, {P + b"b": b"B"})
+    assert cache.lookup(12, P + b"b") == (True, b"B")
+    assert cache.lookup(12, P + b"zz") == (True, None)
+    cache.apply(13, [P + b"c"])  # another node's: gone for good
+    cache.committed(12, 13, {P + b"c": b"C"})  # (a late reply changes nothing)
+    assert cache.lookup(13, P + b"zz") == (False, None)
+
+
+def test_a_commit_that_moved_on_marks_nothing() -> None:
+    cache = ReadCache()
+    cache.advance(None, 10, [])
+    cache.apply(11, [b"k"])
+    cache.apply(12, [b"k"])
+    cache.committed(10, 11, {b"I7": b"dir"}, [P])  # the cache is at 12 already
+    assert cache.lookup(12, P + b"zz") == (False, None)
+
+
+def test_a_lookup_of_a_new_name_in_a_new_directory_costs_no_statement(
+        two_nodes: tuple[list[MetaStore], list[Namespace], asyncio.AbstractEventLoop],
+) -> None:
+    metas, (ns1, ns2), loop = two_nodes
+    run = loop.run_until_complete
+    e1 = metas[0].engine
+    assert isinstance(e1, PgStore)
+    bkt = run(ns1.create_bucket(ROOT, "bkt"))
+    hits = 0
+    for i in range(3):  # (a background begin may take the new prefix's completeness)
+        d = run(ns1.mkdir(ROOT, bkt.ino, b"d%d" % i, 0o777))
+        _wait(lambda: quiet_seq(e1) is not None, "the feed never caught up")
+        fetches = e1.bounded_fetches
+        for name in (b"a", b"b", b"c"):
+            with pytest.raises(FsError) as e:
+                run(ns1.lookup(ROOT, d.ino, name, bounded=True))
+            assert e.value.errno == errno.ENOENT
+        hits += e1.bounded_fetches == fetches
+    assert hits >= 1
+    # a new file's attributes: the kernel's security.capability look before its first write
+    caps = 0
+    for i in range(3):
+        f, fh = run(ns1.create(ROOT, d.ino, b"x%d" % i, stat.S_IFREG | 0o644,
+                               os.O_WRONLY | os.O_CREAT))
+        _wait(lambda: quiet_seq(e1) is not None, "the feed never caught up")
+        fetches = e1.bounded_fetches
+        with pytest.raises(FsError) as e:
+            run(ns1.getxattr(ROOT, f.ino, b"security.capability", bounded=True))
+        assert e.value.errno == errno.ENODATA
+        caps += e1.bounded_fetches == fetches
+        run(ns1.release(fh))
+    assert caps >= 1
+    # this node's creates keep it complete; another node's entry is found once the feed
+    # delivered it, never answered absent
+    f, fh = run(ns1.create(ROOT, d.ino, b"mine", stat.S_IFREG | 0o644,
+                           os.O_WRONLY | os.O_CREAT))
+    run(ns1.release(fh))
+    assert run(ns1.lookup(ROOT, d.ino, b"mine", bounded=True)).ino == f.ino
+    theirs, fh2 = run(ns2.create(ROOT, d.ino, b"theirs", stat.S_IFREG | 0o600,
+                                 os.O_WRONLY | os.O_CREAT))
+    run(ns2.release(fh2))
+    _wait(lambda: quiet_seq(e1) is not None and e1.cache.seq >= e2_seq(metas[1]),
+          "the feed never caught up")
+    assert run(ns1.lookup(ROOT, d.ino, b"theirs", bounded=True)).ino == theirs.ino
+    # and an exact read agrees
+    assert run(ns1.lookup(ROOT, d.ino, b"theirs")).ino == theirs.ino
