@@ -84,6 +84,26 @@ def test_the_feed_applying_this_nodes_commit_first_keeps_the_prefix_complete() -
     assert cache.lookup(13, P + b"zz") == (False, None)
 
 
+def test_a_complete_prefix_alone_is_still_brought_up_to_date() -> None:
+    """A cache whose entries all went, with a complete prefix left that holds no key (a new
+    file's attributes): a transaction still fetches the log rows after it, and a commit the
+    cache did not see takes the prefix's completeness (an empty cache once skipped them)."""
+    cache = ReadCache()
+    cache.advance(None, 10, [])
+    x9 = b"X" + (9).to_bytes(8, "big")
+    cache.committed(10, 11, {b"I9": b"file"}, [x9])
+    cache.apply(12, [b"I9"])  # another node's commit: the only entry goes
+    assert len(cache) == 0 and cache.since() == 12
+    assert cache.advance(12, 14, [(13, [b"other"]), (14, [x9 + b"user.a"])])
+    assert cache.lookup(14, x9 + b"user.a") == (False, None)
+    cache2 = ReadCache()
+    cache2.advance(None, 10, [])
+    cache2.committed(10, 11, {b"I9": b"file"}, [x9])
+    cache2.apply(12, [b"I9"])
+    cache2.apply(14, [x9 + b"user.a"])  # the feed, a row further on: not applied
+    assert cache2.seq == 12 and cache2.lookup(12, x9 + b"user.a") == (True, None)
+
+
 def test_a_commit_that_moved_on_marks_nothing() -> None:
     cache = ReadCache()
     cache.advance(None, 10, [])

@@ -80,7 +80,7 @@ class ReadCache:
         """The seq after which a transaction should fetch log rows to bring the cache up to
         its snapshot, or None when the cache is empty (nothing to drop: no log needed)."""
         with self._lock:
-            return self.seq if self._map else None
+            return self.seq if self._knows() else None
 
     def advance(self, frm: int | None, to: int,
                 rows: Iterable[tuple[int, Iterable[bytes]]] | None) -> bool:
@@ -94,7 +94,7 @@ class ReadCache:
                 return True
             if self.seq > to:
                 return False
-            if not self._map:
+            if not self._knows():
                 self.seq = to
                 return True
             if frm is None or rows is None or self.seq < frm:
@@ -122,7 +122,7 @@ class ReadCache:
                 self._drop(keys)
                 self._pending = (seq, before - self._complete.keys()) if own else None
                 self.seq = seq
-            elif self.seq < seq - 1 and not self._map:
+            elif self.seq < seq - 1 and not self._knows():
                 self.seq = seq
 
     def drop_all(self, at: int) -> None:
@@ -208,6 +208,11 @@ class ReadCache:
             if old is not _MISSING:
                 self._bytes -= len(key) + len(old or b"")  # type: ignore[arg-type]
             self._uncomplete(key)  # (a key new to the cache too: it may exist now)
+
+    def _knows(self) -> bool:
+        """Whether the cache holds any fact -- a value, an absence, or a complete prefix
+        with no key in it -- that a commit it has not seen could make wrong."""
+        return bool(self._map or self._complete)
 
     def _under_complete(self, key: bytes) -> bool:
         return any(key[:n] in self._complete for n in self._lengths)
