@@ -118,9 +118,11 @@ class ReadCache:
         completeness of the prefixes this drop takes."""
         with self._lock:
             if self.seq == seq - 1:
-                before = set(self._complete)
+                keys = [bytes(k) for k in keys]
+                taken = {k[:n] for k in keys for n in self._lengths
+                         if k[:n] in self._complete} if own else set()
                 self._drop(keys)
-                self._pending = (seq, before - self._complete.keys()) if own else None
+                self._pending = (seq, taken) if own else None
                 self.seq = seq
             elif self.seq < seq - 1 and not self._knows():
                 self.seq = seq
