@@ -48,8 +48,9 @@ class KVTxn(ABC):
         return None
 
     def empty_prefix(self, prefix: bytes) -> None:
-        """A hint that no key starts with ``prefix`` when this transaction commits (a new
-        directory's entries: its number was never used).  An engine with a read cache
+        """A hint that no key starts with ``prefix`` when this transaction commits but those
+        it writes (a new inode's attributes, a new directory's entries: the number was never
+        used).  An engine with a read cache
         (PostgreSQL) may then answer a key under it absent without a round trip, until a
         change under it is seen; the others ignore it.  What a get answers does not change."""
         return None

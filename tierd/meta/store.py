@@ -144,6 +144,11 @@ class MetaTxn(UploadRecords):
     def next_ino(self) -> int:
         return self.add_counter("next_ino", 1)
 
+    def reserve_inos(self, n: int) -> range:
+        """``n`` inode numbers the counter moves past: nothing else is handed them."""
+        last = self.add_counter("next_ino", n)
+        return range(last - n + 1, last + 1)
+
     def next_version(self) -> int:
         return self.add_counter("next_version", 1)
 

@@ -338,8 +338,7 @@ class NamespaceBase:
                 return tx.next_ino()
         while not self._inos:
             async with self.meta.awrite() as tx:
-                last = tx.add_counter("next_ino", INO_BATCH)
-            self._inos.extend(range(last - INO_BATCH + 1, last + 1))
+                self._inos.extend(tx.reserve_inos(INO_BATCH))
         return self._inos.popleft()
 
     # -- open files ------------------------------------------------------------------------

@@ -52,8 +52,9 @@ class FileOps(EntryOps):
             create_reads(tx, parent, name)
             versions.locate(tx, parent, name)
         # a number whose data file exists, for a file the kernel will write (spares.py)
+        # (the same rules as ``intend`` below: the final mode's privileges are the asked ones)
         spare = self.spares.take() if intend and not (
-            mode & (stat.S_ISUID | stat.S_ISGID) or self.placement.mem_policies()) else 0
+            has_privs(mode) or self.placement.mem_policies()) else 0
         numbered = False  # the body gave the spare's number to an inode
         try:
             async with self.meta.awrite(warm=reads) as tx:

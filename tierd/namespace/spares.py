@@ -25,8 +25,9 @@ What keeps it safe:
   :meth:`~tierd.namespace.garbage.Garbage.remove_unnamed` removes them.
 * Only on an embedded metadata engine (over a shared one the counter is the cluster's and
   each number a round trip), and only for a create that may pass writes through: no memory-
-  tier policy is set and no set-ID bit is asked for.  Any other new file makes its data file
-  when it first needs one, as before.
+  tier policy is set and no bit a write clears is asked for (``has_privs``: setuid, setgid
+  with group execute).  Any other new file makes its data file when it first needs one, as
+  before.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ class Spares:
     async def _fill(self) -> None:
         try:
             async with self.meta.awrite() as tx:
-                hi = tx.add_counter("next_ino", BATCH)
-            made = await asyncio.to_thread(self._make, range(hi - BATCH + 1, hi + 1))
+                inos = tx.reserve_inos(BATCH)
+            made = await asyncio.to_thread(self._make, inos)
             if self._closed:
                 await asyncio.to_thread(self._remove, made)
             else:
