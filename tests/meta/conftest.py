@@ -192,6 +192,14 @@ def pg_nodes(pg_server: PgServer, tmp_path: Path) -> Iterator[Callable[[str], Me
         m.close()
 
 
+def wait_until(cond: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    """Poll ``cond`` until it is true; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def two_nodes(pg_server: PgServer, tmp_path: Path
               ) -> Iterator[tuple[list[MetaStore], list[Namespace], asyncio.AbstractEventLoop]]:
@@ -206,10 +214,7 @@ def two_nodes(pg_server: PgServer, tmp_path: Path
             nss.append(loop.run_until_complete(open_namespace(meta, tmp_path / f"n{i + 1}")))
         stop = follow(nss[0], metas[0].engine, loop)
         feed = metas[0].engine._feeds[0]  # type: ignore[attr-defined]
-        deadline = time.monotonic() + 15
-        while not feed.ready.is_set():
-            assert time.monotonic() < deadline, "the feed never listened"
-            time.sleep(0.01)
+        wait_until(feed.ready.is_set, "the feed never listened")
         yield metas, nss, loop
     finally:
         if stop is not None:

@@ -35,6 +35,8 @@ from tierd.meta.pg_engine import PgStore, PgTxn
 from tierd.meta.pg_quiet import quiet_seq
 from tierd.namespace import Namespace
 
+from .conftest import wait_until as _wait
+
 pytestmark = pytest.mark.timeout(120)
 
 T = TypeVar("T")
@@ -109,13 +111,6 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             seen.append(gate.store.node)
     _on_reads(monkeypatch, record)
     return seen
-
-
-def _wait(cond: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
 
 
 def test_the_feed_delivers_commits_from_their_notifications(

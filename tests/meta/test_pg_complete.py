@@ -20,7 +20,8 @@ from tierd.meta.pg_engine import PgStore
 from tierd.meta.pg_quiet import quiet_seq
 from tierd.namespace import Namespace
 
-from .test_pg_bounded import _wait, e2_seq
+from .conftest import wait_until as _wait
+from .test_pg_bounded import e2_seq
 
 ROOT = Identity.ROOT
 P = b"D" + (7).to_bytes(8, "big")  # the entries of directory 7

@@ -212,16 +212,19 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
+    def _xml(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_GET(self) -> None:
         cls = type(self)
         cls.count += 1
         if cls.count <= cls.fail:
-            err = f"<Error><Code>{cls.code}</Code><Message>m</Message></Error>".encode()
-            self.send_response(cls.status)
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(err)))
-            self.end_headers()
-            self.wfile.write(err)
+            self._xml(cls.status, f"<Error><Code>{cls.code}</Code><Message>m</Message>"
+                      "</Error>".encode())
             return
         b = cls.body
         self.send_response(206)
@@ -299,11 +302,7 @@ class _HeadBare503(_Flaky):
                     b"<IsTruncated>false</IsTruncated></ListBucketResult>")
         else:
             body = f"<Error><Code>{cls.code}</Code><Message>m</Message></Error>".encode()
-        self.send_response(cls.status)
-        self.send_header("Content-Type", "application/xml")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self._xml(cls.status, body)
 
 
 @pytest.mark.parametrize(("status", "code", "expected"), [
