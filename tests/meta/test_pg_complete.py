@@ -9,6 +9,8 @@ import asyncio
 import errno
 import os
 import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -16,11 +18,12 @@ from tierd.acl import Identity
 from tierd.errors import FsError
 from tierd.meta import MetaStore
 from tierd.meta.pg_cache import ReadCache
-from tierd.meta.pg_engine import PgStore
+from tierd.meta.pg_engine import PgStore, PgTxn
 from tierd.meta.pg_quiet import quiet_seq
 from tierd.namespace import Namespace
 
 from .conftest import wait_until as _wait
+from .pg_server import PgServer
 from .test_pg_bounded import e2_seq
 
 ROOT = Identity.ROOT
@@ -160,3 +163,86 @@ def test_a_lookup_of_a_new_name_in_a_new_directory_costs_no_statement(
     assert run(ns1.lookup(ROOT, d.ino, b"theirs", bounded=True)).ino == theirs.ino
     # and an exact read agrees
     assert run(ns1.lookup(ROOT, d.ino, b"theirs")).ino == theirs.ino
+
+
+def test_a_key_hinted_absent_is_answered_by_the_transaction(pg_server: PgServer,
+                                                             tmp_path: Path) -> None:
+    """``KVTxn.absent``: a get of the key costs no statement and answers None; a key the
+    transaction wrote answers its write, and one it read already keeps the server's
+    answer (a hint never hides what the transaction knows)."""
+    store = PgStore(pg_server.url(str(tmp_path)))
+    try:
+        with_ = store.begin(write=True)
+        with_.put(b"had", b"1")
+        with_.commit()
+        txn = store.begin(write=True)
+        assert isinstance(txn, PgTxn)
+        assert txn.get(b"had") == b"1"
+        txn.put(b"mine", b"2")
+        for key in (b"new", b"had", b"mine"):
+            txn.absent(key)
+        sent = _statements(txn)
+        assert txn.get(b"new") is None and txn.get(b"had") == b"1"
+        assert txn.get(b"mine") == b"2"
+        assert sent == []
+        txn.abort()
+    finally:
+        store.close()
+
+
+def _statements(txn: PgTxn) -> list[bytes]:
+    """Record every statement ``txn`` sends from now on (it still sends them)."""
+    sent: list[bytes] = []
+    real = txn._query
+
+    def query(q: bytes, params: tuple[object, ...], doing: str, *,
+              send_writes: bool = False) -> list[object]:
+        sent.append(q)
+        return real(q, params, doing, send_writes=send_writes)
+
+    txn._query = query  # type: ignore[method-assign]
+    return sent
+
+
+def test_a_create_and_a_put_read_nothing_of_the_inode_they_number(
+        two_nodes: tuple[list[MetaStore], list[Namespace], asyncio.AbstractEventLoop],
+        monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The keys of an inode a create or a PUT numbers cannot exist (the number was never
+    used): its transaction knows them absent (``MetaTxn.new_inode``) instead of reading
+    them, in its prefetch or its body; and the inode counter, which counts a record as new
+    only when its key was absent, stays exact."""
+    metas, (ns1, _ns2), loop = two_nodes
+    run = loop.run_until_complete
+    bkt = run(ns1.create_bucket(ROOT, "bkt"))
+    asked: list[bytes] = []
+    real = PgTxn._query
+
+    def query(self: PgTxn, q: bytes, params: tuple[object, ...], doing: str, *,
+              send_writes: bool = False) -> list[object]:
+        for p in params:
+            asked.extend(p if isinstance(p, list) else [p] if isinstance(p, bytes) else [])
+        return real(self, q, params, doing, send_writes=send_writes)
+
+    monkeypatch.setattr(PgTxn, "_query", query)
+    made = []
+    for i in range(4):
+        f, fh = run(ns1.create(ROOT, bkt.ino, b"c%d" % i, stat.S_IFREG | 0o644,
+                               os.O_WRONLY | os.O_CREAT))
+        run(ns1.release(fh))
+        made.append(f.ino)
+        made.append(run(ns1.put_object(ROOT, "bkt", f"p{i}", _body(b"x" * 10))).ino)
+    monkeypatch.undo()
+    own = {kind + ino.to_bytes(8, "big") for ino in made for kind in (b"I", b"Q")}
+    assert not own & set(map(bytes, asked)), "read a key of a new inode"
+    with metas[0].snapshot() as tx:
+        inodes = sum(1 for _ in tx.iter_inodes())
+        assert tx.counter("inodes") == inodes
+
+
+async def _chunks(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def _body(data: bytes) -> AsyncIterator[bytes]:
+    return _chunks(data)

@@ -47,6 +47,13 @@ class KVTxn(ABC):
         one has nothing to gain and ignores it.  What the gets answer does not change."""
         return None
 
+    def absent(self, key: bytes) -> None:
+        """A hint that ``key`` does not exist before this transaction writes it (a key of
+        a new inode: the number was never used).  An engine that reads over the network
+        (PostgreSQL) then answers a get of it without a round trip; the others ignore it.
+        The caller must know: on such an engine a wrong hint is a wrong answer."""
+        return None
+
     def empty_prefix(self, prefix: bytes) -> None:
         """A hint that no key starts with ``prefix`` when this transaction commits but those
         it writes (a new inode's attributes, a new directory's entries: the number was never

@@ -229,6 +229,14 @@ class PgTxn(KVTxn):
             read[key] = value
         return hit, value
 
+    def absent(self, key: bytes) -> None:
+        # kept as this transaction's own answer (what it read holds for its life); only
+        # where nothing here knows the key (a write, a read, the cache answer first)
+        read = self.read
+        key = bytes(key)
+        if read is not None and len(read) < READ_MAX and not self.local(key)[0]:
+            read[key] = None
+
     def empty_prefix(self, prefix: bytes) -> None:
         # a rolled-back group member's hint holds too: its number is never used
         if self.write:

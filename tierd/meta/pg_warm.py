@@ -100,6 +100,11 @@ class _View(KVTxn):
             self.missed.append(key)
         return value
 
+    def absent(self, key: bytes) -> None:
+        # (a body's hint holds as much for its warm pass: the number is the body's)
+        if self._over is None or not self._over.wrote(bytes(key)):
+            self._txn.absent(key)
+
     def put(self, key: bytes, value: bytes) -> None:
         raise _Stop
 

@@ -33,8 +33,7 @@ def put_reads(bucket: str, segments: list[bytes], ino: int, tx: MetaTxn) -> None
     """A PUT's transaction (``ObjectOps._commit_put``) storing inode ``ino`` at the key."""
     for name in FILE_COUNTERS:
         tx.counter(name)
-    tx.get_inode(ino)
-    tx.queued(ino)
+    tx.new_inode(ino, False)  # (its keys: known absent, no read)
     path_reads(tx, bucket, segments)
 
 
@@ -53,10 +52,9 @@ def entry_reads(tx: MetaTxn, parent: int, name: bytes) -> None:
 
 
 def create_reads(tx: MetaTxn, parent: int, name: bytes) -> None:
-    """A create of ``name`` in ``parent``: :func:`entry_reads`, and the keys of the inode
-    the create will number (the next of ``next_ino``: exact, as the body holds the same
-    writer lock and sees the same counter)."""
+    """A create of ``name`` in ``parent``: :func:`entry_reads`, and the inode the create
+    will number (the next of ``next_ino``: exact, as the body holds the same writer lock
+    and sees the same counter; and any number past the counter was never used), whose keys
+    are known absent without a read (``MetaTxn.new_inode``)."""
     entry_reads(tx, parent, name)
-    ino = tx.counter("next_ino") + 1
-    tx.get_inode(ino)
-    tx.queued(ino)
+    tx.new_inode(tx.counter("next_ino") + 1, False)
