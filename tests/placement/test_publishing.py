@@ -33,3 +33,34 @@ async def test_files_being_published_reach_cold_once_under_their_final_key(env: 
         assert not p._publishing
     finally:
         await env.close()
+
+
+async def test_files_held_back_by_a_publish_wait_without_spinning(env: Env) -> None:
+    """A file under a prefix being published is looked at once, then left until the
+    publish ends (before, every wake of the persister took it again: a round, a wake, a
+    round, tens of thousands a second, while the publish lasted); a publish that ends
+    without the rename lets the files go to cold under the names they have."""
+    ns, p = await env.open()
+    try:
+        await ns.create_bucket(ROOT, "pub")
+        rounds: list[int] = []
+        real = p.reconcile
+
+        async def counted(ino: int) -> bool:
+            rounds.append(ino)
+            return await real(ino)
+
+        p.reconcile = counted  # type: ignore[method-assign]
+        with p.publishing("pub/run/.tmp-2/"):
+            await ns.put_object(ROOT, "pub", "run/.tmp-2/data", body(b"x" * 1000))
+            await ns.put_object(ROOT, "pub", "run/.tmp-2/more", body(b"y" * 10))
+            await asyncio.sleep(1.0)  # the persister runs meanwhile
+            assert not env.raw_exists("pub/run/.tmp-2/data")
+            assert 2 <= len(rounds) <= 6, len(rounds)
+            assert len(p.held_back) == 2
+        assert await p.drain(timeout=60)  # (the end of the publish hinted them)
+        assert env.raw_get("pub/run/.tmp-2/data") == b"x" * 1000
+        assert env.raw_get("pub/run/.tmp-2/more") == b"y" * 10
+        assert not p.held_back
+    finally:
+        await env.close()

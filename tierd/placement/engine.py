@@ -125,6 +125,9 @@ class PlacementCore(Importing):
         self._mem_seen: set[int] = set()
         # prefixes whose files are about to take their final names (see publishing())
         self._publishing: Counter[str] = Counter()
+        #: files a round left alone because a key of theirs is being published: tried
+        #: again when a publish ends (not at every wake: that spun the persister)
+        self.held_back: set[int] = set()
         # a node of a cluster: its name, and how it reads versions other nodes hold
         self.node = meta.node
         self.peer: PeerReader | None = None
@@ -176,6 +179,8 @@ class PlacementCore(Importing):
             self._publishing[prefix] -= 1
             if self._publishing[prefix] <= 0:
                 del self._publishing[prefix]
+            self.hints |= self.held_back
+            self.held_back.clear()
             self.wake()
 
     def unpublished(self, keys: list[str]) -> bool:

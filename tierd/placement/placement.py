@@ -357,9 +357,11 @@ class Placement(Uploading):
         try:
             async with self._slots:
                 if not await self.reconcile(ino):
-                    self._deferred.add(ino)
+                    if ino not in self.held_back:  # (else the publish's end hints it)
+                        self._deferred.add(ino)
                     return
             self._queued_at.pop(ino, None)  # dequeued: a new queueing has a new stamp
+            self.held_back.discard(ino)
             self._not_before.pop(ino)
             self._waiting_store.discard(ino)
             self.rescue_done(ino)
@@ -409,6 +411,7 @@ class Placement(Uploading):
         self._later.pop(ino)
         self._not_before.pop(ino)
         self._deferred.discard(ino)
+        self.held_back.discard(ino)
         self._waiting_store.discard(ino)
         self.failures.clear(ino)
         self.rescue_done(ino)

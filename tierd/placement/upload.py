@@ -248,6 +248,7 @@ class Uploading(Deleting):
                     if self.unsettled(ino):  # unflushed writes: the commit re-queues it
                         return False
                     if self.unpublished(targets):  # renamed into place soon: upload it then
+                        self.held_back.add(ino)
                         return False
                     fresh = rec is None or rec.version != inode.version
                     if fresh:
