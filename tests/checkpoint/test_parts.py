@@ -73,6 +73,27 @@ def test_parts_in_doubt_settle_from_the_cold_manifest(nodes: tuple[Tierd, Tierd]
         assert look.wait_persisted("run", 5, timeout=60) == "persisted"
 
 
+def test_parts_in_doubt_settle_with_no_client_asking(nodes: tuple[Tierd, Tierd],
+                                                     public_dir: Path) -> None:
+    """Nothing asks b about the run once its writer went away (a job whose ranks there
+    exited before passing the commit on): b still learns the outcome from cold, publishes
+    its part, and the coordinator's node, which waits for every part to reach cold, sees
+    the step persisted.  Before, b looked only when a client of b named the run."""
+    a, b = nodes
+    one, two = b"\x03" * 3000, b"\x04" * 4000
+    with Checkpointer(a.socket) as coord:
+        write_part(coord, 6, 0, "s6", one, coordinator=True)
+        with Checkpointer(b.socket) as other:
+            write_part(other, 6, 1, "s6", two)
+        assert coord.commit("run", 6, manifest([len(one), len(two)]), parts=2,
+                            save="s6") == "committed"
+        assert coord.wait_persisted("run", 6, timeout=60) == "persisted"
+    stored = [p for p in (public_dir / "cold").rglob("*") if p.is_file()]
+    part = [p for p in stored if p.as_posix().endswith("/run/step-6/data-1")]
+    assert part and part[0].read_bytes() == two
+    assert not [p for p in stored if ".tierd-tmp" in p.as_posix()]
+
+
 def test_a_new_save_supersedes_an_unfinished_one_and_late_commits_are_refused(
         tierd: Tierd) -> None:
     with Checkpointer(tierd.socket) as coord, Checkpointer(tierd.socket) as other:

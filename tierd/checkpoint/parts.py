@@ -22,8 +22,12 @@ Parts on another node whose writers all went away after committing their parts a
 doubt**: the step may have been committed.  They stay (durable on hot, unpublished) until
 the outcome is known -- the step's manifest is in the cold store (committed: published
 here), or the same step is saved again, or ``IN_DOUBT_GRACE`` passed without a manifest in
-cold (dropped).  A daemon restart drops unpublished parts like any temporary directory:
-a step is durable on a node once it is ``local`` there.
+cold (dropped).  The daemon looks for that outcome itself, from the moment the parts are in
+doubt (every ``DOUBT_POLL`` to ``DOUBT_POLL_MAX`` s): the other nodes' readers, and the
+coordinator's node waiting for these parts to reach cold, need them published whether or
+not a client of this daemon ever asks about the run again.  A daemon restart drops
+unpublished parts like any temporary directory: a step is durable on a node once it is
+``local`` there.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from tierd.checkpoint.state import (
 from tierd.errors import FsError
 from tierd.logs import get_logger, kv
 from tierd.mempool.server import Peer, Reply
+from tierd.tiers import TierError
 
 if TYPE_CHECKING:
     from tierd.checkpoint.service import CheckpointService
@@ -68,6 +73,10 @@ log = get_logger("checkpoint")
 
 #: seconds after which parts in doubt with no manifest in the cold store are dropped
 IN_DOUBT_GRACE = 300.0
+#: seconds between looks at the cold store for the outcome of parts in doubt: the first,
+#: doubled up to the second
+DOUBT_POLL = 0.5
+DOUBT_POLL_MAX = 5.0
 #: how long a reader waits for a part written on another node to reach the cold store
 REMOTE_WAIT = 60.0
 
@@ -78,6 +87,8 @@ class Parts:
     def __init__(self, svc: CheckpointService) -> None:
         self.svc = svc
         self.grace = IN_DOUBT_GRACE
+        #: runs whose parts in doubt a task is settling (:meth:`_settle`), by bucket and name
+        self._settling: set[tuple[str, str]] = set()
 
     # -- saving --------------------------------------------------------------------------
     async def stage(self, peer: Peer, run: Run, n: int, msg: dict[str, Any]) -> Reply:
@@ -310,6 +321,32 @@ class Parts:
                         p.closed = True
                     if all(p.closed for p in s.members.values()):
                         s.orphaned_at = time.monotonic()  # in doubt: see resolve()
+                        self._watch_doubt(run)
+
+    def _watch_doubt(self, run: Run) -> None:
+        """Settle ``run``'s parts in doubt in the background (one task per run)."""
+        key = (run.bucket, run.name)
+        if key not in self._settling:
+            self._settling.add(key)
+            self.svc.spawn(self._settle(run, key), f"ckpt-doubt-{run.name}")
+
+    async def _settle(self, run: Run, key: tuple[str, str]) -> None:
+        """:meth:`resolve` until no step of ``run`` has parts in doubt: each ends committed
+        (its manifest reached cold), superseded, or dropped after the grace period.  A
+        cold store that does not answer is asked again at the next look."""
+        delay = DOUBT_POLL
+        try:
+            while any(s.parts and s.state == STAGING and s.orphaned_at
+                      for s in run.steps.values()):
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, DOUBT_POLL_MAX)
+                try:
+                    await self.resolve(run)
+                except (FsError, TierError) as e:
+                    log.info("parts in doubt: the cold store gave no answer yet",
+                             extra=kv(run=run.name, error=str(e)))
+        finally:
+            self._settling.discard(key)
 
     async def _supersede(self, run: Run, s: Step, save: str) -> None:
         """Step ``s`` is to be saved again (a new ``save``): the earlier attempt goes,
