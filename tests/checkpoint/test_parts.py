@@ -39,6 +39,15 @@ def write_part(ck: Checkpointer, step: int, part: int, save: str, data: bytes,
     ck.commit("run", step, {"size": len(data)}, **spec)
 
 
+def doubted(coord: Checkpointer, b: Tierd, step: int, save: str, one: bytes,
+            two: bytes) -> None:
+    """Part 0 on the coordinator's node, part 1 on ``b`` by a writer that then went away
+    (before any commit reached ``b``: its part is in doubt there)."""
+    write_part(coord, step, 0, save, one, coordinator=True)
+    with Checkpointer(b.socket) as other:
+        write_part(other, step, 1, save, two)
+
+
 def manifest(sizes: list[int]) -> dict[str, Any]:
     return {"entries": [], "parts": [{"part": i, "size": n} for i, n in enumerate(sizes)]}
 
@@ -51,9 +60,7 @@ def test_parts_in_doubt_settle_from_the_cold_manifest(nodes: tuple[Tierd, Tierd]
     a, b = nodes
     one, two = b"\x01" * 5000, b"\x02" * 7000
     with Checkpointer(a.socket) as coord:
-        write_part(coord, 5, 0, "s1", one, coordinator=True)
-        with Checkpointer(b.socket) as other:
-            write_part(other, 5, 1, "s1", two)
+        doubted(coord, b, 5, "s1", one, two)
         # b's writer went away after committing its part, before any commit reached b:
         # the step may be committed elsewhere, so b keeps the part, unpublished
         with Checkpointer(b.socket) as look:
@@ -82,9 +89,7 @@ def test_parts_in_doubt_settle_with_no_client_asking(nodes: tuple[Tierd, Tierd],
     a, b = nodes
     one, two = b"\x03" * 3000, b"\x04" * 4000
     with Checkpointer(a.socket) as coord:
-        write_part(coord, 6, 0, "s6", one, coordinator=True)
-        with Checkpointer(b.socket) as other:
-            write_part(other, 6, 1, "s6", two)
+        doubted(coord, b, 6, "s6", one, two)
         assert coord.commit("run", 6, manifest([len(one), len(two)]), parts=2,
                             save="s6") == "committed"
         assert coord.wait_persisted("run", 6, timeout=60) == "persisted"
