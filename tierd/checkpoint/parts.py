@@ -345,6 +345,9 @@ class Parts:
                 except (FsError, TierError) as e:
                     log.info("parts in doubt: the cold store gave no answer yet",
                              extra=kv(run=run.name, error=str(e)))
+                except Exception:  # (a manifest that is not one: looked at again later)
+                    log.exception("settling parts in doubt failed",
+                                  extra=kv(run=run.name))
         finally:
             self._settling.discard(key)
 
