@@ -101,9 +101,9 @@ class _View(KVTxn):
         return value
 
     def absent(self, key: bytes) -> None:
-        # (a body's hint holds as much for its warm pass: the number is the body's)
-        if self._over is None or not self._over.wrote(bytes(key)):
-            self._txn.absent(key)
+        # (a body's hint holds as much for its warm pass: the number is the body's; a key
+        # the joined group wrote is answered by the group first, and absorb() skips it)
+        self._txn.absent(key)
 
     def put(self, key: bytes, value: bytes) -> None:
         raise _Stop
