@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -39,3 +41,27 @@ def emit(result: dict[str, Any], out: Path | None) -> None:
     print(text)
     if out is not None:
         out.write_text(text + "\n")
+
+
+def wait_mounted(proc: subprocess.Popen[bytes], mnt: Path, log: Path, name: str) -> None:
+    """Wait (30 s at most) until a peer's FUSE daemon ``proc`` has mounted ``mnt``; its
+    ``log`` is the error if it exits first."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if f" {mnt} " in Path("/proc/self/mountinfo").read_text():
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(log.read_text())
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{name} did not mount in 30 s")
+
+
+def stop_mounted(proc: subprocess.Popen[bytes], mnt: Path) -> None:
+    """Unmount a peer's FUSE mount and stop its daemon."""
+    subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, timeout=60)
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()

