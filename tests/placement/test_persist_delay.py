@@ -5,8 +5,10 @@ files removed or rewritten within it never reach cold, and anyone waiting for pe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
+from typing import Any
 
 from tierd.acl import Identity
 
@@ -76,5 +78,65 @@ async def test_drain_and_dirty_pressure_skip_the_delay(file_env: Env) -> None:
             assert time.monotonic() < deadline, "dirty pressure did not lift the delay"
             await asyncio.sleep(0.1)
         assert file_env.raw_get("dly/big") == big
+    finally:
+        await file_env.close()
+
+
+async def _burst(ns: Any, parent: int, names: list[bytes], until: float) -> None:
+    """Write a small file every 20 ms, under ``names``, until ``until`` (monotonic): the
+    gaps stay well under ``BUSY_QUIET``."""
+    i = 0
+    while time.monotonic() < until:
+        name = b"b%04d" % i
+        await write_file(ns, parent, name, name)
+        names.append(name)
+        i += 1
+        await asyncio.sleep(0.02)
+
+
+async def test_a_burst_holds_write_back_until_it_pauses(file_env: Env) -> None:
+    """While files keep coming, those past their delay wait for the burst's first pause
+    (their uploads halved the rate of the creates still coming); once it pauses they go."""
+    ns, p = await file_env.open(persist_delay=2.0)
+    try:
+        b = await ns.create_bucket(ROOT, "brst")
+        names: list[bytes] = []
+        t0 = time.monotonic()
+        await _burst(ns, b.ino, names, t0 + 2.8)  # the first file past its delay by 0.8 s
+        assert time.monotonic() - t0 < 3.8  # (and not yet at twice it)
+        assert not file_env.raw_exists("brst/b0000"), "uploaded during the burst"
+        assert p.stats.uploaded_bytes == 0
+        deadline = time.monotonic() + 10
+        while not all(file_env.raw_exists(f"brst/{n.decode()}") for n in names[:10]):
+            assert time.monotonic() < deadline, "the pause did not let write-back go"
+            await asyncio.sleep(0.05)
+        assert await p.drain(timeout=30)
+        for n in names:
+            assert file_env.raw_get(f"brst/{n.decode()}") == n
+    finally:
+        await file_env.close()
+
+
+async def test_a_long_burst_still_sends_each_file_within_twice_the_delay(
+    file_env: Env,
+) -> None:
+    ns, p = await file_env.open(persist_delay=1.0)
+    try:
+        b = await ns.create_bucket(ROOT, "brst")
+        names: list[bytes] = []
+        t0 = time.monotonic()
+        burst = asyncio.create_task(_burst(ns, b.ino, names, t0 + 30))
+        try:
+            while not file_env.raw_exists("brst/b0000"):
+                assert time.monotonic() - t0 < 8, "held past twice the delay"
+                await asyncio.sleep(0.02)
+            sent = time.monotonic() - t0
+            assert not burst.done()
+            assert sent >= 1.5, sent  # held past its delay (1 s) while files kept coming
+        finally:
+            burst.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await burst
+        assert await p.drain(timeout=30)
     finally:
         await file_env.close()

@@ -85,6 +85,8 @@ class PlacementCore(Importing):
         # from the enqueue that wrote the token (and read from the queue for files queued
         # elsewhere), so a burst of creates costs the persister no read per file
         self._queued_at: dict[int, int] = {}
+        self.queued_lately = 0.0  # monotonic time of the last queueing: the persister's
+        # write-back waits a little longer while files keep coming (placement.py)
         # keys this node deleted while listings ran (import must not bring them back)
         self.recent = RecentDeletes()
         self.importer = Importer(meta, cold, s.import_ttl,
@@ -393,6 +395,7 @@ class PlacementCore(Importing):
         token = queue_token(tx.queued(ino))
         tx.enqueue(ino, token)
         self._queued_at[ino] = int.from_bytes(token[:8], "big")
+        self.queued_lately = time.monotonic()
         self.hints.add(ino)  # the persister rescans the whole queue only now and then
 
     @staticmethod

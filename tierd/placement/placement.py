@@ -38,6 +38,9 @@ from tierd.tiers import InvalidKey, KeyRejected, TierError, TierThrottled, TierU
 log = logging.getLogger("tierd.placement")
 
 FULL_SCAN_INTERVAL = 5.0  # seconds; in between, only newly queued inodes are looked at
+#: the namespace counts as busy while a file was queued this recently: write-back of files
+#: past their persist delay then waits for a pause (at most one more persist delay)
+BUSY_QUIET = 0.2
 DEFERRED_POLL = 0.05  # seconds between looks at files left queued because they were busy
 
 
@@ -110,6 +113,8 @@ class Placement(Uploading):
         self._waiting_store: set[int] = set()  # failed because the store was down
         self._deferred: set[int] = set()  # still queued after a round (open for writing)
         self._later = Deadlines()  # ino -> when its persist delay is over
+        self._again: set[int] = set()  # queued again while active: looked at after it ends
+        self._held = Deadlines()  # ino -> the latest its write-back waits for a pause
         # (_queued_at, the engine's: ino -> when it was first queued, wall ns, its queue
         # token's first 8 bytes; kept while the file is queued, read once if not known)
         self._hurry = 0  # waiters for persistence (drain, write-through): no delay meanwhile
@@ -197,11 +202,16 @@ class Placement(Uploading):
                 if self.node and self.home_alive is not None:
                     await self._sweep_homes(queue)
                 self._later.clear()
+                self._held.clear()
                 self.kick_deletes()
             else:  # queued since, waited out a back-off or its delay, no longer written
                 idle = {i for i in self._deferred if not self.unsettled(i)}
                 self._deferred -= idle
-                due = self._later.take_all() if self._hurrying() else self._later.take_due(now)
+                if self._hurrying():
+                    due = self._later.take_all() | self._held.take_all()
+                else:
+                    due = self._later.take_due(now) | (
+                        self._held.take_due(now) if self._busy(now) else self._held.take_all())
                 queue = sorted(self.hints | idle | due | self._not_before.take_due(now))
                 self.hints.clear()
                 if self.deletes_hint:
@@ -212,13 +222,18 @@ class Placement(Uploading):
                     queue = [ino for ino in queue if self.mine(tx, ino)]
             for ino in queue:
                 if ino in self._active:
-                    self.hints.add(ino)  # queued again while being persisted: once more after
+                    # queued again while being persisted: once more after it ends (_one),
+                    # not on every wake meanwhile: a burst's thousands of files waiting
+                    # for a slot were walked again on each of its creates
+                    self._again.add(ino)
                     continue
                 if self._not_before.get(ino, 0) > now:
                     continue
                 self._active[ino] = asyncio.create_task(self._one(ino))
-            waits = [t - now for t in (self._not_before.earliest(), self._later.earliest())
-                     if t is not None]
+            waits = [t - now for t in (self._not_before.earliest(), self._later.earliest(),
+                                       self._held.earliest()) if t is not None]
+            if self._held.earliest() is not None:  # they go at the burst's first pause
+                waits.append(self.queued_lately + BUSY_QUIET - now)
             if self._deferred:  # a writer's close does not always queue the file again
                 waits.append(DEFERRED_POLL)
             timeout = min([*waits, 5.0, self.settings.probe_interval / 2])
@@ -312,6 +327,9 @@ class Placement(Uploading):
     def _hurrying(self) -> bool:
         return bool(self._hurry) or self.dirty_bytes > self.settings.dirty_limit // 2
 
+    def _busy(self, now: float) -> bool:
+        return now - self.queued_lately < BUSY_QUIET
+
     async def _past_delay(self, queue: list[int], now: float) -> list[int]:
         """The queued inodes whose persist delay is over (the rest wait in ``_later``).
 
@@ -322,6 +340,14 @@ class Placement(Uploading):
         still persisted.  No delay while someone waits for persistence or dirty data
         passes half its limit.
 
+        While files keep being queued (a burst: the last less than :data:`BUSY_QUIET`
+        ago), a file whose delay is over waits in ``_held`` for the burst's first pause,
+        for at most one more delay.  On two cores the uploads of a burst's first files
+        halved the rate of the creates still coming (10,000 files through the mount: ~950
+        creates/s until the persister started, ~400/s after); a burst no longer than the
+        delay now ends before its uploads begin, and a longer one still has each file sent
+        within twice the delay.
+
         The stamp of each inode is read from the queue once and kept (``_queued_at``) until
         the inode leaves the queue: a burst of creates woke this for every file, and reading
         every waiting token again each time cost more of the loop than the creates."""
@@ -331,6 +357,7 @@ class Placement(Uploading):
         wall = time.time_ns()
         ready: list[int] = []
         known = self._queued_at
+        busy = self._busy(now)
         missing = [ino for ino in queue if ino not in known]
         if missing:
             # fresh: a hint comes from a body whose commit may still be in flight
@@ -349,6 +376,8 @@ class Placement(Uploading):
             left = delay - (wall - stamp) / 1e9
             if left > 0:
                 self._later.put(ino, now + left)
+            elif busy and left > -delay:
+                self._held.put(ino, now + left + delay)
             else:
                 ready.append(ino)
         return ready
@@ -391,6 +420,9 @@ class Placement(Uploading):
                 log.exception("persisting inode %d failed unexpectedly", ino)
         finally:
             self._active.pop(ino, None)
+            if ino in self._again:
+                self._again.discard(ino)
+                self.hints.add(ino)
             self._signal()
             self.wake()
 
@@ -409,6 +441,7 @@ class Placement(Uploading):
         super()._dropped_unsent(ino)
         self._queued_at.pop(ino, None)
         self._later.pop(ino)
+        self._held.pop(ino)
         self._not_before.pop(ino)
         self._deferred.discard(ino)
         self.held_back.discard(ino)
