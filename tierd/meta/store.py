@@ -73,6 +73,9 @@ ROOT_INO = 1
 S_IFDIR = 0o040000
 
 _U64 = struct.Struct(">Q")
+#: the counters' keys (``C<name>``): every create writes several of them, so over
+#: PostgreSQL a writer's begin fetches those another node changed (PgStore's ``hot``)
+COUNTER_KEYS = tuple(b"C" + n for n in (b"next_ino", b"next_version", b"inodes", b"bytes"))
 _SCHEMA_KEY = b"\x00schema"
 _LINKS_KEY = b"\x00links"  # present once every dirent has its reverse-index key
 
@@ -519,7 +522,7 @@ class MetaStore:
         from tierd.meta.pg_engine import PgStore
 
         _check_sync(sync)
-        return cls._over(PgStore(url, node=node), "commit")
+        return cls._over(PgStore(url, node=node, hot=COUNTER_KEYS), "commit")
 
     @classmethod
     def _over(cls, inner: KVStore, sync: str) -> MetaStore:
