@@ -279,6 +279,53 @@ def test_a_create_and_a_put_read_nothing_of_the_inode_they_number(
         assert tx.counter("inodes") == inodes
 
 
+def test_a_rename_and_an_unlink_of_a_new_file_read_nothing_of_it(
+        two_nodes: tuple[list[MetaStore], list[Namespace], asyncio.AbstractEventLoop],
+        monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A file this node created has no cold record, intention, open mark or attributes
+    but those its node wrote (``MetaTxn.new_inode``): its rename (the cold record) and
+    its unlink (all four, the attributes by a scan) read none of them from the server.
+    Another node's change under one of those keys ends that: its unlink reads again and
+    sees the attribute."""
+    metas, (ns1, ns2), loop = two_nodes
+    run = loop.run_until_complete
+    bkt = run(ns1.create_bucket(ROOT, "bkt"))
+    made = []
+    for i in range(4):
+        f, fh = run(ns1.create(ROOT, bkt.ino, b"f%d" % i, stat.S_IFREG | 0o644,
+                               os.O_WRONLY | os.O_CREAT))
+        run(ns1.release(fh))
+        made.append(f.ino)
+    e1 = metas[0].engine
+    _wait(lambda: quiet_seq(e1) is not None, "the feed never caught up")
+    asked: list[bytes] = []
+    real = PgTxn._query
+
+    def query(self: PgTxn, q: bytes, params: tuple[object, ...], doing: str, *,
+              send_writes: bool = False) -> list[object]:
+        for p in params:
+            asked.extend(p if isinstance(p, list) else [p] if isinstance(p, bytes) else [])
+        return real(self, q, params, doing, send_writes=send_writes)
+
+    monkeypatch.setattr(PgTxn, "_query", query)
+    for i in range(3):
+        run(ns1.rename(ROOT, bkt.ino, b"f%d" % i, bkt.ino, b"g%d" % i))
+    for i in range(2):
+        run(ns1.unlink(ROOT, bkt.ino, b"g%d" % i))
+    mine = {bytes([kind]) + ino.to_bytes(8, "big") for ino in made for kind in b"RVOX"}
+    assert not mine & {bytes(k)[:1] + bytes(k)[-8:] for k in asked}, "read a key of it"
+    # another node sets an attribute of f3: node 1's unlink must see it go
+    run(ns2.setxattr(ROOT, made[3], b"user.k", b"v"))
+    _wait(lambda: e1.cache.seq >= e2_seq(metas[1]), "the feed never caught up")
+    asked.clear()
+    run(ns1.unlink(ROOT, bkt.ino, b"f3"))
+    assert b"X" + made[3].to_bytes(8, "big") in {bytes(k)[:9] for k in asked}
+    monkeypatch.undo()
+    with metas[0].snapshot() as tx:
+        assert not list(tx.list_xattrs(made[3]))
+
+
 async def _chunks(data: bytes) -> AsyncIterator[bytes]:
     yield data
 

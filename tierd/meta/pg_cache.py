@@ -151,6 +151,16 @@ class ReadCache:
             self.hits += 1
             return True, value
 
+    def under(self, seq: int, prefix: bytes) -> list[tuple[bytes, bytes]] | None:
+        """Every key under ``prefix`` with its value, in key order, when ``prefix`` is
+        complete at exactly ``seq`` (a scan of it needs no round trip); else None."""
+        with self._lock:
+            if self.seq != seq or prefix not in self._complete:
+                return None
+            self.hits += 1
+            return sorted((k, v) for k, v in self._map.items()
+                          if k.startswith(prefix) and v is not None)
+
     def fill(self, seq: int, key: bytes, value: bytes | None) -> None:
         """Remember what the server said ``key`` holds at ``seq`` (ignored unless the cache
         is still at ``seq``)."""

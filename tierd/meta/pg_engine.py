@@ -75,7 +75,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from tierd.errors import FsError
-from tierd.meta.kv import KVStore, KVTxn
+from tierd.meta.kv import KVStore, KVTxn, prefix_end
 from tierd.meta.pg_async import AsyncGate, WriterLock
 from tierd.meta.pg_cache import ReadCache
 from tierd.meta.pg_changes import ChangeFeed, FeedCallback, start_feed
@@ -315,6 +315,10 @@ class PgTxn(KVTxn):
         start = bytes(start)
         if end is not None and end <= start:
             return
+        known = self._complete_scan(start, end)
+        if known is not None:
+            yield from (reversed(known) if reverse else known)
+            return
         limit, hi = _SCAN_FIRST, end
         lo: bytes | None = None  # forward: the last key returned (resume after it)
         while not self._done:
@@ -332,6 +336,27 @@ class PgTxn(KVTxn):
             else:
                 lo = bytes(rows[-1][0])
             limit = min(limit * 2, _SCAN_MAX)
+
+    def _complete_scan(self, start: bytes, end: bytes | None,
+                       ) -> list[tuple[bytes, bytes]] | None:
+        """A scan of a whole complete prefix (a new inode's attributes, listed by its
+        unlink) answered from the cache and this transaction's writes, or None."""
+        if not self._cached or end is None or end != prefix_end(start):
+            return None
+        rows = self._store.cache.under(self.seq, start)
+        if rows is None:
+            return None
+        if self.write and self._written:
+            mine = {k: v for k, v in self._written.items() if k.startswith(start)}
+            if mine:
+                merged = dict(rows)
+                for k, v in mine.items():
+                    if v is None:
+                        merged.pop(k, None)
+                    else:
+                        merged[k] = v
+                rows = sorted(merged.items())
+        return rows
 
     def commit(self) -> None:
         if self._done:

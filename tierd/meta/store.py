@@ -215,13 +215,19 @@ class MetaTxn(UploadRecords):
     # -- directory entries -----------------------------------------------------------------
     def new_inode(self, ino: int, is_dir: bool) -> None:
         """``ino`` is an inode this transaction creates (its number was never used): it has
-        no extended attributes and, a directory, no entries but those this transaction
-        writes (a hint for the engine's read cache, :meth:`KVTxn.empty_prefix`), and no
-        record or queue mark yet (:meth:`KVTxn.absent`: over PostgreSQL, ``put_inode`` and
-        the persister's queue learn so without a round trip)."""
+        no extended attributes, cold record, intention or open mark and, a directory, no
+        entries but those this transaction writes (a hint for the engine's read cache,
+        :meth:`KVTxn.empty_prefix`), and no record or queue mark yet
+        (:meth:`KVTxn.absent`: over PostgreSQL, ``put_inode`` and the persister's queue
+        learn so without a round trip)."""
         self.kv.absent(b"I" + _u64(ino))
         self.kv.absent(b"Q" + _u64(ino))
         self.kv.empty_prefix(b"X" + _u64(ino))
+        # nor a cold record, an intention or an open mark: the rename, unlink or first
+        # write that looks for them later costs no round trip either
+        for key in (b"R" + _u64(ino), b"V" + _u64(ino), self._scoped(b"V", ino),
+                    self._scoped(b"O", ino)):
+            self.kv.empty_prefix(key)
         if is_dir:
             self.kv.empty_prefix(b"D" + _u64(ino))
 
