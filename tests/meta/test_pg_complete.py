@@ -88,6 +88,25 @@ def test_the_feed_applying_this_nodes_commit_first_keeps_the_prefix_complete() -
     assert cache.lookup(13, P + b"zz") == (False, None)
 
 
+def test_a_scan_of_a_complete_prefix_lists_what_it_holds() -> None:
+    """``ReadCache.under``: a complete prefix's keys with their values, in order, kept by
+    this node's commits (also when the feed applied one first and the writer gave the
+    completeness back: the keys it held before stay listed); None at another seq, under a
+    prefix that is not complete, and once another node's commit named a key under it."""
+    cache = _cache()
+    assert cache.under(11, P) == [(P + b"a", b"A")]
+    assert cache.under(10, P) is None and cache.under(11, b"D") is None
+    cache.committed(11, 12, {P + b"c": b"C"})
+    cache.apply(13, [P + b"b"], own=True)
+    assert cache.under(13, P) is None  # meanwhile: not complete
+    cache.committed(12, 13, {P + b"b": b"B"})
+    assert cache.under(13, P) == [(P + b"a", b"A"), (P + b"b", b"B"), (P + b"c", b"C")]
+    cache.committed(13, 14, {P + b"a": None})
+    assert cache.under(14, P) == [(P + b"b", b"B"), (P + b"c", b"C")]
+    cache.advance(14, 15, [(15, [P + b"d"])])  # another node's
+    assert cache.under(15, P) is None
+
+
 def test_a_complete_prefix_alone_is_still_brought_up_to_date() -> None:
     """A cache whose entries all went, with a complete prefix left that holds no key (a new
     file's attributes): a transaction still fetches the log rows after it, and a commit the
@@ -254,16 +273,7 @@ def test_a_create_and_a_put_read_nothing_of_the_inode_they_number(
     metas, (ns1, _ns2), loop = two_nodes
     run = loop.run_until_complete
     bkt = run(ns1.create_bucket(ROOT, "bkt"))
-    asked: list[bytes] = []
-    real = PgTxn._query
-
-    def query(self: PgTxn, q: bytes, params: tuple[object, ...], doing: str, *,
-              send_writes: bool = False) -> list[object]:
-        for p in params:
-            asked.extend(p if isinstance(p, list) else [p] if isinstance(p, bytes) else [])
-        return real(self, q, params, doing, send_writes=send_writes)
-
-    monkeypatch.setattr(PgTxn, "_query", query)
+    asked = _keys_asked(monkeypatch)
     made = []
     for i in range(4):
         f, fh = run(ns1.create(ROOT, bkt.ino, b"c%d" % i, stat.S_IFREG | 0o644,
@@ -299,16 +309,7 @@ def test_a_rename_and_an_unlink_of_a_new_file_read_nothing_of_it(
         made.append(f.ino)
     e1 = metas[0].engine
     _wait(lambda: quiet_seq(e1) is not None, "the feed never caught up")
-    asked: list[bytes] = []
-    real = PgTxn._query
-
-    def query(self: PgTxn, q: bytes, params: tuple[object, ...], doing: str, *,
-              send_writes: bool = False) -> list[object]:
-        for p in params:
-            asked.extend(p if isinstance(p, list) else [p] if isinstance(p, bytes) else [])
-        return real(self, q, params, doing, send_writes=send_writes)
-
-    monkeypatch.setattr(PgTxn, "_query", query)
+    asked = _keys_asked(monkeypatch)
     for i in range(3):
         run(ns1.rename(ROOT, bkt.ino, b"f%d" % i, bkt.ino, b"g%d" % i))
     for i in range(2):
@@ -324,6 +325,21 @@ def test_a_rename_and_an_unlink_of_a_new_file_read_nothing_of_it(
     monkeypatch.undo()
     with metas[0].snapshot() as tx:
         assert not list(tx.list_xattrs(made[3]))
+
+
+def _keys_asked(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The keys every transaction's statements name from now on (they are still sent)."""
+    asked: list[bytes] = []
+    real = PgTxn._query
+
+    def query(self: PgTxn, q: bytes, params: tuple[object, ...], doing: str, *,
+              send_writes: bool = False) -> list[object]:
+        for p in params:
+            asked.extend(p if isinstance(p, list) else [p] if isinstance(p, bytes) else [])
+        return real(self, q, params, doing, send_writes=send_writes)
+
+    monkeypatch.setattr(PgTxn, "_query", query)
+    return asked
 
 
 async def _chunks(data: bytes) -> AsyncIterator[bytes]:

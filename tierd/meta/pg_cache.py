@@ -61,13 +61,15 @@ class ReadCache:
         self._bytes = 0
         #: the seq the entries are valid at (-1: never learned one; the cache is empty)
         self.seq = -1
-        #: prefixes whose every key is in the map (see the module doc), and their lengths
-        #: (a dict for its order: past ``max_entries`` the oldest go, which is always safe)
-        self._complete: dict[bytes, None] = {}
+        #: prefixes whose every key is in the map (see the module doc), each with its keys
+        #: that hold a value (a scan of the prefix lists them: :meth:`under`), and their
+        #: lengths (a dict for its order: past ``max_entries`` the oldest go, always safe)
+        self._complete: dict[bytes, set[bytes]] = {}
         self._lengths: set[int] = set()
-        #: (seq, prefixes) the feed took completeness from when it applied this node's own
-        #: commit ``seq`` before the writer's :meth:`committed` (which gives it back)
-        self._pending: tuple[int, set[bytes]] | None = None
+        #: (seq, prefixes with their keys) the feed took completeness from when it applied
+        #: this node's own commit ``seq`` before the writer's :meth:`committed` (which gives
+        #: it back)
+        self._pending: tuple[int, dict[bytes, set[bytes]]] | None = None
         # figures for status pages and the bench
         self.hits = 0
         self.misses = 0
@@ -119,8 +121,8 @@ class ReadCache:
         with self._lock:
             if self.seq == seq - 1:
                 keys = [bytes(k) for k in keys]
-                taken = {k[:n] for k in keys for n in self._lengths
-                         if k[:n] in self._complete} if own else set()
+                taken = {k[:n]: self._complete[k[:n]] for k in keys for n in self._lengths
+                         if k[:n] in self._complete} if own else {}
                 self._drop(keys)
                 self._pending = (seq, taken) if own else None
                 self.seq = seq
@@ -155,11 +157,11 @@ class ReadCache:
         """Every key under ``prefix`` with its value, in key order, when ``prefix`` is
         complete at exactly ``seq`` (a scan of it needs no round trip); else None."""
         with self._lock:
-            if self.seq != seq or prefix not in self._complete:
+            keys = self._complete.get(prefix) if self.seq == seq else None
+            if keys is None:
                 return None
             self.hits += 1
-            return sorted((k, v) for k, v in self._map.items()
-                          if k.startswith(prefix) and v is not None)
+            return sorted((k, v) for k in keys if (v := self._map.get(k)) is not None)
 
     def fill(self, seq: int, key: bytes, value: bytes | None) -> None:
         """Remember what the server said ``key`` holds at ``seq`` (ignored unless the cache
@@ -185,11 +187,19 @@ class ReadCache:
                 for key, value in writes.items():
                     self._set(key, value)
                 back = self._pending[1] if (
-                    self._pending is not None and self._pending[0] == after == self.seq) else set()
+                    self._pending is not None and self._pending[0] == after == self.seq) else {}
                 unkept = [k for k in writes if k not in self._map]  # too big, or evicted
                 for prefix in [*complete, *back]:
                     if not any(k.startswith(prefix) for k in unkept):
-                        self._complete[prefix] = None
+                        # its keys: those it had (given back), with this commit's writes
+                        keys = self._complete.get(prefix, back.get(prefix, set()))
+                        for k, v in writes.items():
+                            if k.startswith(prefix):
+                                if v is None:
+                                    keys.discard(k)
+                                else:
+                                    keys.add(k)
+                        self._complete[prefix] = keys
                         self._lengths.add(len(prefix))
                 while len(self._complete) > self.max_entries:
                     del self._complete[next(iter(self._complete))]
@@ -205,6 +215,14 @@ class ReadCache:
             return
         self._map[key] = value
         self._bytes += len(key) + len(value or b"")
+        if self._complete:  # a key under a complete prefix: its scan lists it (or not)
+            for n in self._lengths:
+                keys = self._complete.get(key[:n])
+                if keys is not None:
+                    if value is None:
+                        keys.discard(key)
+                    else:
+                        keys.add(key)
         while len(self._map) > self.max_entries or self._bytes > self.max_bytes:
             k, v = self._map.popitem(last=False)
             self._bytes -= len(k) + len(v or b"")
@@ -234,7 +252,7 @@ class ReadCache:
             for n in self._lengths:
                 self._complete.pop(key[:n], None)
                 if self._pending is not None:
-                    self._pending[1].discard(key[:n])
+                    self._pending[1].pop(key[:n], None)
 
     def _clear(self) -> None:
         if self._map:
