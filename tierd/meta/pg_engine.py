@@ -131,7 +131,7 @@ _BEGIN_WRITE = b"BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE tierd_lock"
 _SEQ_READ = b"EXECUTE tierd_seq"
 _SEQ_LOG_READ = b"EXECUTE tierd_seq_log(%d, %d)"
 _LOG_SINCE = b"; EXECUTE tierd_log(%d, %d)"
-_HOT_SINCE = b"; EXECUTE tierd_hot(%d, ARRAY[%s]::bytea[])"
+_HOT_SINCE = b"; EXECUTE tierd_hot(%d, %d, ARRAY[%s]::bytea[])"
 _BUMP = b"UPDATE meta_schema SET seq = %s"
 _LOG = b"INSERT INTO kv_log (seq, node, keys) VALUES (%s, %s, %s::bytea[])"
 _TRIM = b"DELETE FROM kv_log WHERE seq <= %d"
@@ -562,7 +562,7 @@ class PgStore(KVStore):
                 query = _BEGIN_WRITE + (b"" if frm is None else
                                         _LOG_SINCE % (frm, _LOG_FETCH_MAX))
                 if hot:
-                    query += _HOT_SINCE % (frm, self._hot)
+                    query += _HOT_SINCE % (frm, _LOG_FETCH_MAX, self._hot)
             else:
                 query = _BEGIN_READ + (_SEQ_READ if frm is None else
                                        _SEQ_LOG_READ % (frm, _LOG_FETCH_MAX))
