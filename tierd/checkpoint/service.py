@@ -194,6 +194,11 @@ class CheckpointService:
             run.scanned = True
             return
         seen: set[int] = set()
+        # on a cluster a published step missing from the listing was deleted by another
+        # node -- if it was published before the listing was read: a step of this node's
+        # whose publish ends while the listing is read (its state turns LOCAL meanwhile)
+        # may be missing from it, and is not gone
+        known = {n for n, s in run.steps.items() if s.state in (LOCAL, PERSISTED)}
         for name_b, inode in await self.ns.listdir(Identity.ROOT, d.ino):
             name = name_b.decode(errors="replace")
             n = parse_step_dir(name)
@@ -208,7 +213,7 @@ class CheckpointService:
                                               name)
         if self.shared:  # steps another node deleted are gone here too
             for n in [n for n, s in run.steps.items()
-                      if s.state in (LOCAL, PERSISTED) and n not in seen]:
+                      if s.state in (LOCAL, PERSISTED) and n in known and n not in seen]:
                 del run.steps[n]
         for s in run.steps.values():
             if s.state == LOCAL and not s.inos:
