@@ -294,6 +294,9 @@ class Parts:
             try:
                 await publish.remove_step_dir(self.svc.ns, Identity.ROOT, run.bucket,
                                               run.name, tmp_dir(s.step, s.save))
+            except FsError as e:  # (its files stay: an operator sees them under the run)
+                log.warning("could not remove the temporary directory of a dropped step",
+                            extra=kv(run=run.name, step=s.step, error=str(e)))
             finally:
                 self._release_hold(s)
 

@@ -147,19 +147,30 @@ async def _rename_step(ns: NamespaceAPI, ident: Identity, bucket: str, run: str,
     await ns.sync()
 
 
+#: looks a step directory's removal takes when entries keep arriving (ENOTEMPTY)
+REMOVE_TRIES = 8
+
+
 async def remove_step_dir(ns: NamespaceAPI, ident: Identity, bucket: str, run: str,
                           name: str) -> None:
     """Delete one step directory (or a crash's temporary one) and what it holds: the data
-    file or the parts held here, and the manifest."""
-    try:
-        d = await ns.resolve(ident, f"{bucket}/{run}/{name}")
-        for leaf, _inode in await ns.listdir(ident, d.ino):
-            await ns.delete_object(ident, bucket, f"{run}/{name}/{leaf.decode()}")
-        d = await ns.resolve(ident, f"{bucket}/{run}")
-        await ns.rmdir(ident, d.ino, name.encode())
-    except FsError as e:  # gone already (an implicit directory goes with its last key)
-        if e.errno not in (errno.ENOENT, errno.ENOTDIR):
-            raise
+    file or the parts held here, and the manifest.  A part whose write was cancelled as its
+    step was dropped may still land after the listing (the rmdir then finds the directory
+    not empty): the directory is listed and emptied again, a few times, before giving up."""
+    for attempt in range(REMOVE_TRIES):
+        try:
+            d = await ns.resolve(ident, f"{bucket}/{run}/{name}")
+            for leaf, _inode in await ns.listdir(ident, d.ino):
+                await ns.delete_object(ident, bucket, f"{run}/{name}/{leaf.decode()}")
+            d = await ns.resolve(ident, f"{bucket}/{run}")
+            await ns.rmdir(ident, d.ino, name.encode())
+            return
+        except FsError as e:  # gone already (an implicit directory goes with its last key)
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                return
+            if e.errno != errno.ENOTEMPTY or attempt + 1 == REMOVE_TRIES:
+                raise
+        await asyncio.sleep(0.05 * 2**attempt)
 
 
 async def read_manifest(ns: NamespaceAPI, ident: Identity, bucket: str, run: str,
