@@ -123,3 +123,12 @@ def test_a_new_save_supersedes_an_unfinished_one_and_late_commits_are_refused(
             coord.commit("run", 8, manifest([10, 10]), parts=2, save="x")
         assert e.value.errno == errno.EIO and "aborted by its writer" in str(e.value)
         assert steps(coord) == [7]
+        # a rank that had not heard of the drop stages its part of the same save: refused,
+        # not a fresh step 8 whose part would land in the directory being removed
+        with Checkpointer(tierd.socket) as late:
+            with pytest.raises(PoolRequestError) as e:
+                late.stage("run", 8, 10, part=1, parts=2, save="x")
+            assert e.value.errno == errno.EIO and "aborted" in str(e.value)
+        write_part(coord, 8, 0, "y", b"b" * 10, coordinator=True)  # a new save may
+        write_part(other, 8, 1, "y", b"c" * 10)
+        assert coord.commit("run", 8, manifest([10, 10]), parts=2, save="y") == "committed"

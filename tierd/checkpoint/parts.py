@@ -96,6 +96,9 @@ class Parts:
         save = check_save(msg.get("save"))
         coordinator = bool(msg.get("coordinator"))
         size = max(int(msg["size"]), 1)
+        if (n, save) in run.dropped:  # (its temporary directory is being removed)
+            raise FsError(errno.EIO, f"step {n} of run {run.name!r} was aborted: "
+                          f"{run.aborted.get(n, 'its save was dropped')}")
         s = run.steps.get(n)
         if s is not None and s.state == STAGING and s.parts and s.save != save:
             await self._supersede(run, s, save)
@@ -117,6 +120,9 @@ class Parts:
                 raise FsError(errno.EEXIST, f"part {part} of step {n} is already being saved")
         region = await self.svc.region_for(run, peer, size, part)
         s = run.steps.get(n)  # (the wait for a region let other requests in)
+        if (n, save) in run.dropped:
+            raise FsError(errno.EIO, f"step {n} of run {run.name!r} was aborted: "
+                          f"{run.aborted.get(n, 'its save was dropped')}")
         if s is None or s.state == FAILED:
             s = Step(n, peer.ident, STAGING, parts=parts, save=save)
             run.steps[n] = s
@@ -271,6 +277,9 @@ class Parts:
         run.aborted[s.step] = why
         while len(run.aborted) > 32:
             del run.aborted[next(iter(run.aborted))]
+        run.dropped[s.step, s.save] = None
+        while len(run.dropped) > 32:
+            del run.dropped[next(iter(run.dropped))]
         s.state, s.error = FAILED, why
         s.local.set()
         s.persisted.set()

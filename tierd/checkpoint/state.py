@@ -121,6 +121,9 @@ class Run:
     region_part: dict[int, int] = field(default_factory=dict)
     #: why recent multi-part steps were dropped (a late commit gets the reason)
     aborted: dict[int, str] = field(default_factory=dict)
+    #: the saves (step, save id) of the steps dropped lately: a part staged for one of them
+    #: later (a rank that had not heard yet) is refused instead of starting the step again
+    dropped: dict[tuple[int, str], None] = field(default_factory=dict)
     #: connections that saved to the run and are still open (the run is active)
     conns: set[int] = field(default_factory=set)
 
