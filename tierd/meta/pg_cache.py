@@ -184,23 +184,16 @@ class ReadCache:
             if writes is None:
                 self._clear()
             else:
-                for key, value in writes.items():
-                    self._set(key, value)
+                # the prefixes first (those given back with the keys they had), then the
+                # writes: _set keeps each prefix's keys, and a write it cannot keep (too
+                # big) or an entry it evicts takes the prefix's completeness again
                 back = self._pending[1] if (
                     self._pending is not None and self._pending[0] == after == self.seq) else {}
-                unkept = [k for k in writes if k not in self._map]  # too big, or evicted
-                for prefix in [*complete, *back]:
-                    if not any(k.startswith(prefix) for k in unkept):
-                        # its keys: those it had (given back), with this commit's writes
-                        keys = self._complete.get(prefix, back.get(prefix, set()))
-                        for k, v in writes.items():
-                            if k.startswith(prefix):
-                                if v is None:
-                                    keys.discard(k)
-                                else:
-                                    keys.add(k)
-                        self._complete[prefix] = keys
-                        self._lengths.add(len(prefix))
+                for prefix, keys in [*((p, set()) for p in complete), *back.items()]:
+                    self._complete.setdefault(prefix, keys)
+                    self._lengths.add(len(prefix))
+                for key, value in writes.items():
+                    self._set(key, value)
                 while len(self._complete) > self.max_entries:
                     del self._complete[next(iter(self._complete))]
             self._pending = None
