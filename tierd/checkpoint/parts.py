@@ -96,9 +96,7 @@ class Parts:
         save = check_save(msg.get("save"))
         coordinator = bool(msg.get("coordinator"))
         size = max(int(msg["size"]), 1)
-        if (n, save) in run.dropped:  # (its temporary directory is being removed)
-            raise FsError(errno.EIO, f"step {n} of run {run.name!r} was aborted: "
-                          f"{run.aborted.get(n, 'its save was dropped')}")
+        _refuse_dropped(run, n, save)  # (its temporary directory is being removed)
         s = run.steps.get(n)
         if s is not None and s.state == STAGING and s.parts and s.save != save:
             await self._supersede(run, s, save)
@@ -120,9 +118,7 @@ class Parts:
                 raise FsError(errno.EEXIST, f"part {part} of step {n} is already being saved")
         region = await self.svc.region_for(run, peer, size, part)
         s = run.steps.get(n)  # (the wait for a region let other requests in)
-        if (n, save) in run.dropped:
-            raise FsError(errno.EIO, f"step {n} of run {run.name!r} was aborted: "
-                          f"{run.aborted.get(n, 'its save was dropped')}")
+        _refuse_dropped(run, n, save)
         if s is None or s.state == FAILED:
             s = Step(n, peer.ident, STAGING, parts=parts, save=save)
             run.steps[n] = s
@@ -143,11 +139,9 @@ class Parts:
         part = msg.get("part")
         p = s.members.get(part) if s is not None and isinstance(part, int) else None
         if s is None or p is None or p.conn != peer.conn:
-            why = run.aborted.get(n)
-            raise FsError(errno.EIO if why else errno.ENOENT,
-                          f"step {n} of run {run.name!r} was aborted: {why}" if why else
-                          f"part {part} of step {n} of run {run.name!r} is not being staged "
-                          "by this connection")
+            _refuse_dropped(run, n)
+            raise FsError(errno.ENOENT, f"part {part} of step {n} of run {run.name!r} is not "
+                          "being staged by this connection")
         return s, p
 
     async def commit_part(self, peer: Peer, run: Run, n: int, msg: dict[str, Any]) -> Reply:
@@ -191,11 +185,9 @@ class Parts:
                                                                          PERSISTED):
             return Reply(state=s.state)
         if s is None or not s.parts or s.state != STAGING or s.save != save:
-            why = run.aborted.get(n)
-            raise FsError(errno.EIO if why else errno.ENOENT,
-                          f"step {n} of run {run.name!r} was aborted: {why}" if why else
-                          f"step {n} of run {run.name!r} (save {save!r}) is not being saved "
-                          "here")
+            _refuse_dropped(run, n)
+            raise FsError(errno.ENOENT, f"step {n} of run {run.name!r} (save {save!r}) is not "
+                          "being saved here")
         if s.ident.uid != peer.ident.uid:
             raise FsError(errno.EACCES, f"step {n} of run {run.name!r} is another user's")
         self._commit(run, s, check_global_manifest(msg.get("manifest"), s.parts))
@@ -274,12 +266,9 @@ class Parts:
         """Forget a step that will never be committed here, and remove its parts."""
         if run.steps.get(s.step) is s:
             del run.steps[s.step]
-        run.aborted[s.step] = why
+        run.aborted[s.step] = (s.save, why)
         while len(run.aborted) > 32:
             del run.aborted[next(iter(run.aborted))]
-        run.dropped[s.step, s.save] = None
-        while len(run.dropped) > 32:
-            del run.dropped[next(iter(run.dropped))]
         s.state, s.error = FAILED, why
         s.local.set()
         s.persisted.set()
@@ -448,6 +437,14 @@ class Parts:
         s.tasks.add(t)
         t.add_done_callback(s.tasks.discard)
         self.svc.track(t)
+
+
+def _refuse_dropped(run: Run, n: int, save: str | None = None) -> None:
+    """EIO with the reason when step ``n`` was dropped lately (and ``save`` is given: when
+    it was that save of it)."""
+    dropped = run.aborted.get(n)
+    if dropped is not None and save in (None, dropped[0]):
+        raise FsError(errno.EIO, f"step {n} of run {run.name!r} was aborted: {dropped[1]}")
 
 
 def manifest_parts(manifest: dict[str, Any] | None) -> bool:

@@ -119,11 +119,9 @@ class Run:
     used_at: float = field(default_factory=time.monotonic)
     #: which part a region last held (a rank gets its own region back: its mapping is warm)
     region_part: dict[int, int] = field(default_factory=dict)
-    #: why recent multi-part steps were dropped (a late commit gets the reason)
-    aborted: dict[int, str] = field(default_factory=dict)
-    #: the saves (step, save id) of the steps dropped lately: a part staged for one of them
-    #: later (a rank that had not heard yet) is refused instead of starting the step again
-    dropped: dict[tuple[int, str], None] = field(default_factory=dict)
+    #: recent multi-part steps dropped: step -> (its save, why); a late commit gets the
+    #: reason, and a late part of that save is refused instead of starting the step again
+    aborted: dict[int, tuple[str, str]] = field(default_factory=dict)
     #: connections that saved to the run and are still open (the run is active)
     conns: set[int] = field(default_factory=set)
 
