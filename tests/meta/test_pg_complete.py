@@ -170,18 +170,14 @@ def test_a_lookup_of_a_new_name_in_a_new_directory_costs_no_statement(
     assert caps >= 1
     # this node's creates keep it complete; another node's entry is found once the feed
     # delivered it, never answered absent
-    f, fh = run(ns1.create(ROOT, d.ino, b"mine", stat.S_IFREG | 0o644,
-                           os.O_WRONLY | os.O_CREAT))
-    run(ns1.release(fh))
-    assert run(ns1.lookup(ROOT, d.ino, b"mine", bounded=True)).ino == f.ino
-    theirs, fh2 = run(ns2.create(ROOT, d.ino, b"theirs", stat.S_IFREG | 0o600,
-                                 os.O_WRONLY | os.O_CREAT))
-    run(ns2.release(fh2))
+    mine = run(_new_file(ns1, d.ino, b"mine"))
+    assert run(ns1.lookup(ROOT, d.ino, b"mine", bounded=True)).ino == mine
+    theirs = run(_new_file(ns2, d.ino, b"theirs"))
     _wait(lambda: quiet_seq(e1) is not None and e1.cache.seq >= e2_seq(metas[1]),
           "the feed never caught up")
-    assert run(ns1.lookup(ROOT, d.ino, b"theirs", bounded=True)).ino == theirs.ino
+    assert run(ns1.lookup(ROOT, d.ino, b"theirs", bounded=True)).ino == theirs
     # and an exact read agrees
-    assert run(ns1.lookup(ROOT, d.ino, b"theirs")).ino == theirs.ino
+    assert run(ns1.lookup(ROOT, d.ino, b"theirs")).ino == theirs
 
 
 def test_a_key_hinted_absent_is_answered_by_the_transaction(pg_server: PgServer,
@@ -276,10 +272,7 @@ def test_a_create_and_a_put_read_nothing_of_the_inode_they_number(
     asked = _keys_asked(monkeypatch)
     made = []
     for i in range(4):
-        f, fh = run(ns1.create(ROOT, bkt.ino, b"c%d" % i, stat.S_IFREG | 0o644,
-                               os.O_WRONLY | os.O_CREAT))
-        run(ns1.release(fh))
-        made.append(f.ino)
+        made.append(run(_new_file(ns1, bkt.ino, b"c%d" % i)))
         made.append(run(ns1.put_object(ROOT, "bkt", f"p{i}", _body(b"x" * 10))).ino)
     monkeypatch.undo()
     own = {kind + ino.to_bytes(8, "big") for ino in made for kind in (b"I", b"Q")}
@@ -301,12 +294,7 @@ def test_a_rename_and_an_unlink_of_a_new_file_read_nothing_of_it(
     metas, (ns1, ns2), loop = two_nodes
     run = loop.run_until_complete
     bkt = run(ns1.create_bucket(ROOT, "bkt"))
-    made = []
-    for i in range(4):
-        f, fh = run(ns1.create(ROOT, bkt.ino, b"f%d" % i, stat.S_IFREG | 0o644,
-                               os.O_WRONLY | os.O_CREAT))
-        run(ns1.release(fh))
-        made.append(f.ino)
+    made = [run(_new_file(ns1, bkt.ino, b"f%d" % i)) for i in range(4)]
     e1 = metas[0].engine
     _wait(lambda: quiet_seq(e1) is not None, "the feed never caught up")
     asked = _keys_asked(monkeypatch)
@@ -340,6 +328,13 @@ def _keys_asked(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
     monkeypatch.setattr(PgTxn, "_query", query)
     return asked
+
+
+async def _new_file(ns: Namespace, parent: int, name: bytes) -> int:
+    """Create ``name`` in ``parent`` and close it; its inode number."""
+    f, fh = await ns.create(ROOT, parent, name, stat.S_IFREG | 0o644, os.O_WRONLY | os.O_CREAT)
+    await ns.release(fh)
+    return f.ino
 
 
 async def _chunks(data: bytes) -> AsyncIterator[bytes]:
