@@ -230,9 +230,10 @@ class Placement(Uploading):
                 if self._not_before.get(ino, 0) > now:
                     continue
                 self._active[ino] = asyncio.create_task(self._one(ino))
+            held = self._held.earliest()
             waits = [t - now for t in (self._not_before.earliest(), self._later.earliest(),
-                                       self._held.earliest()) if t is not None]
-            if self._held.earliest() is not None:  # they go at the burst's first pause
+                                       held) if t is not None]
+            if held is not None:  # they go at the burst's first pause
                 waits.append(self.queued_lately + BUSY_QUIET - now)
             if self._deferred:  # a writer's close does not always queue the file again
                 waits.append(DEFERRED_POLL)
