@@ -618,7 +618,7 @@ class Config:
                          help="How long a written file waits before write-back uploads it "
                          "(from when it was first changed, like the kernel's dirty expiry): "
                          "files removed or rewritten within it never reach the cold store. "
-                         "0: at once. While files keep being written it waits for a "
+                         "0: at once. While files keep being written or removed it waits for a "
                          "pause, at most as long again. No wait for write-through, persist "
                          "--wait, or when dirty data passes half of dirty_limit."),
     )

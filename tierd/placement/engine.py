@@ -85,8 +85,8 @@ class PlacementCore(Importing):
         # from the enqueue that wrote the token (and read from the queue for files queued
         # elsewhere), so a burst of creates costs the persister no read per file
         self._queued_at: dict[int, int] = {}
-        self.queued_lately = 0.0  # monotonic time of the last queueing: the persister's
-        # write-back waits a little longer while files keep coming (placement.py)
+        self.changed_lately = 0.0  # monotonic time of the last queueing or removal: the
+        # persister's write-back waits a little longer while a burst goes on (placement.py)
         # keys this node deleted while listings ran (import must not bring them back)
         self.recent = RecentDeletes()
         self.importer = Importer(meta, cold, s.import_ttl,
@@ -395,7 +395,7 @@ class PlacementCore(Importing):
         token = queue_token(tx.queued(ino))
         tx.enqueue(ino, token)
         self._queued_at[ino] = int.from_bytes(token[:8], "big")
-        self.queued_lately = time.monotonic()
+        self.changed_lately = time.monotonic()
         self.hints.add(ino)  # the persister rescans the whole queue only now and then
 
     @staticmethod
@@ -461,7 +461,10 @@ class PlacementCore(Importing):
         """An inode lost its last name: its cold objects go (pending deletes, committed
         with the change), an upload of it in flight is cancelled, its record is dropped by
         the persister -- or here, on a single node, when nothing of it is on its way to
-        cold and no handle ``held`` it (an open file's reads keep the persister's rules)."""
+        cold and no handle ``held`` it (an open file's reads keep the persister's rules).
+        A removal counts as activity for the persister's burst hold as a queueing does:
+        uploads of files a burst of unlinks is about to remove are wasted work."""
+        self.changed_lately = time.monotonic()
         self._intend_deletes(tx, ino)
         self.gone(ino)
         rec = tx.get_cold(ino)

@@ -234,7 +234,7 @@ class Placement(Uploading):
             waits = [t - now for t in (self._not_before.earliest(), self._later.earliest(),
                                        held) if t is not None]
             if held is not None:  # they go at the burst's first pause
-                waits.append(self.queued_lately + BUSY_QUIET - now)
+                waits.append(self.changed_lately + BUSY_QUIET - now)
             if self._deferred:  # a writer's close does not always queue the file again
                 waits.append(DEFERRED_POLL)
             timeout = min([*waits, 5.0, self.settings.probe_interval / 2])
@@ -329,7 +329,7 @@ class Placement(Uploading):
         return bool(self._hurry) or self.dirty_bytes > self.settings.dirty_limit // 2
 
     def _busy(self, now: float) -> bool:
-        return now - self.queued_lately < BUSY_QUIET
+        return now - self.changed_lately < BUSY_QUIET
 
     async def _past_delay(self, queue: list[int], now: float) -> list[int]:
         """The queued inodes whose persist delay is over (the rest wait in ``_later``).
