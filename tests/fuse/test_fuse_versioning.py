@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,17 +15,18 @@ from typing import Any
 
 import pytest
 from conftest import Daemon, run
+from test_fuse_kernel import fuse_reads
 
 pytestmark = pytest.mark.timeout(120)
 
 
 
 @pytest.fixture
-def vbucket(daemon: Daemon, s3: Any) -> Iterator[tuple[str, Path]]:
-    """A versioned bucket of its own (the session's bucket stays unversioned)."""
+def ubucket(daemon: Daemon, s3: Any) -> Iterator[tuple[str, Path]]:
+    """A bucket of its own, not versioned yet (the session's bucket stays unversioned);
+    every version in it is deleted with it."""
     name = f"fv-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(Bucket=name)
-    s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
     yield name, daemon.mnt / name
     for page in s3.get_paginator("list_object_versions").paginate(Bucket=name):
         objs = [{"Key": v["Key"], "VersionId": v["VersionId"]}
@@ -32,6 +34,14 @@ def vbucket(daemon: Daemon, s3: Any) -> Iterator[tuple[str, Path]]:
         if objs:
             s3.delete_objects(Bucket=name, Delete={"Objects": objs})
     s3.delete_bucket(Bucket=name)
+
+
+@pytest.fixture
+def vbucket(ubucket: tuple[str, Path], s3: Any) -> tuple[str, Path]:
+    """A versioned bucket of its own."""
+    s3.put_bucket_versioning(Bucket=ubucket[0],
+                             VersioningConfiguration={"Status": "Enabled"})
+    return ubucket
 
 
 def history(s3: Any, bucket: str, key: str) -> list[tuple[str, bool, bool]]:
@@ -212,7 +222,8 @@ def test_every_fsync_of_one_open_writer_is_a_version_kept(
     """One descriptor writes, fsyncs, writes again and fsyncs: in an Enabled bucket each
     committed state is a version S3 keeps, as on the WRITE path.  (Write passthrough
     cannot keep them -- the kernel rewrites the bytes a version names without telling the
-    daemon -- so files of versioned buckets are not passed through.)"""
+    daemon -- so files of versioned buckets are not passed through, except by a writer
+    that joins passthrough readers opened before versioning was set: the next test.)"""
     bucket, root = vbucket
     v0 = s3.put_object(Bucket=bucket, Key="w", Body=OLD)["VersionId"]
     fd = os.open(root / "w", os.O_RDWR)
@@ -229,3 +240,37 @@ def test_every_fsync_of_one_open_writer_is_a_version_kept(
     for vid, head in ((v0, b"0123456789"), (v1, b"A" * 10), (hist[0][0], b"B" * 10)):
         body = s3.get_object(Bucket=bucket, Key="w", VersionId=vid)["Body"].read()
         assert body[:10] == head and body[10:] == OLD[10:], vid
+
+
+def test_versioning_enabled_while_a_reader_is_open(daemon: Daemon, s3: Any,
+                                                   ubucket: tuple[str, Path]) -> None:
+    """A reader opened before the bucket's versioning was enabled passes through and holds
+    the file's backing file, which the kernel lets no other writer bypass: a writer then
+    joins it (before: it waited 2 s for the reader and got ``ETXTBSY``).  The version
+    committed before the writer opened is kept, and the reader sees the write at once."""
+    bucket, root = ubucket
+    f = root / "f"
+    f.write_bytes(OLD)
+    time.sleep(0.3)  # the writer's RELEASE (after its close) ends its backing file
+    reads = fuse_reads(daemon, "read")
+    with open(f, "rb", buffering=0) as reader:
+        assert reader.read(10) == OLD[:10]
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        t0 = time.monotonic()
+        fd = os.open(f, os.O_RDWR)  # an in-place writer
+        try:
+            os.pwrite(fd, b"A" * 10, 0)
+        finally:
+            os.close(fd)
+        assert time.monotonic() - t0 < 1.5, "the writer waited for the reader"
+        reader.seek(0)
+        assert reader.read(10) == b"A" * 10
+    assert fuse_reads(daemon, "read") == reads, "the reader was not passthrough"
+    hist = history(s3, bucket, "f")
+    assert [h[0] for h in hist][1:] == ["null"] and hist[0][2] is True, hist
+    null = s3.get_object(Bucket=bucket, Key="f", VersionId="null")
+    assert null["Body"].read() == OLD and null["ETag"] == _etag(OLD)
+    want = b"A" * 10 + OLD[10:]
+    cur = s3.get_object(Bucket=bucket, Key="f")
+    assert cur["Body"].read() == want and cur["ETag"] == _etag(want)
+    assert f.read_bytes() == want

@@ -83,11 +83,14 @@ class TieringOps(NamespaceBase):
         memory tier's files (the pool's copy would go stale), a cluster's files (other
         nodes learn of changes from commits the kernel's writes would not make), files with
         set-id bits (a write by another user must clear them, and no write is seen) --
-        unless ``join``: passthrough readers already hold the inode (the bits, or the
-        memory-tier policy, were set while they were open), the kernel lets no other
-        writer in, and the door clears the bits after the kernel's writes as it does for a
-        chmod made while writers are open (fuse/files.py ``pt_watch_privs``), rather than
-        the open failing ``ETXTBSY``."""
+        unless ``join``: passthrough readers already hold the inode (the bits, the
+        memory-tier policy or the bucket's versioning were set while they were open), the
+        kernel lets no other writer in, and the door clears the bits after the kernel's
+        writes as it does for a chmod made while writers are open (fuse/files.py
+        ``pt_watch_privs``), rather than the open failing ``ETXTBSY``.  A joining writer
+        of a versioned file keeps the version committed before it opened (``_intend``
+        above); the states its own fsyncs commit are not kept as versions of their own,
+        as they are on the WRITE path (:meth:`_pt_refused`)."""
         h = self._handles.get(fh)
         if h is None or not h.writable:
             return None
@@ -135,8 +138,9 @@ class TieringOps(NamespaceBase):
         an ``Enabled`` bucket every commit's version is kept before the next in-place
         write changes its bytes (:mod:`tierd.namespace.keepversion`, at the WRITE path's
         first write after each commit), and the kernel's writes pass no such point (a
-        ``Suspended`` bucket may be enabled while a writer is open); ``join``: see
-        :meth:`passthrough_open`."""
+        ``Suspended`` bucket may be enabled while a writer is open).  ``join``: see
+        :meth:`passthrough_open`; it lifts the set-id, memory-tier and versioning refusals,
+        where the writer would otherwise wait for the readers and fail ``ETXTBSY``."""
         if self.meta.node or self.meta.engine.remote or (of.privs and not join):
             return True
         if not self.placement.hot_complete(of.ino):
@@ -151,7 +155,7 @@ class TieringOps(NamespaceBase):
         async with self.meta.asnapshot() as tx:
             if not versions.in_use(tx):
                 self._unversioned_at = marks
-            elif versions.configured(tx, of.ino):
+            elif versions.configured(tx, of.ino) and not join:
                 return True
             # a memory-tier file's writer joins readers already passing through: the
             # pool keeps a copy of the committed version only (each commit drops it, and
