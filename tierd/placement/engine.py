@@ -384,7 +384,7 @@ class PlacementCore(Importing):
             for b in range(bitmap.nblocks(inode.size)):
                 self.hotc.add(inode.ino, b)
             self._set_dirty(inode.ino, inode.size)
-        self.wake()
+        self.nudge()
 
     def _queue(self, tx: MetaTxn, ino: int) -> None:
         """Queue ``ino`` with a fresh token and hint the persister, keeping the token's
@@ -418,6 +418,9 @@ class PlacementCore(Importing):
 
     def wake(self) -> None:  # the persister overrides this
         pass
+
+    def nudge(self) -> None:  # the persister overrides this: a wake it may put off
+        self.wake()
 
     def _intend_deletes(self, tx: MetaTxn, ino: int) -> None:
         """Inside the namespace's transaction that removed names of ``ino``: every cold key

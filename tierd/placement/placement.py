@@ -96,6 +96,7 @@ class Placement(Uploading):
 
     _task: asyncio.Task[None] | None = None
     _wake_ev: asyncio.Event | None = None
+    _asleep = False  # the loop waits for a wake or its timeout (nudge)
 
     async def start(self) -> None:
         hot = await asyncio.to_thread(self.hot.inventory)
@@ -161,6 +162,18 @@ class Placement(Uploading):
     def wake(self) -> None:
         if self._wake_ev is not None:
             self._wake_ev.set()
+
+    def nudge(self) -> None:
+        """A file was queued (:meth:`enqueue`): wake the persister, unless it sleeps (it
+        then looks at the new hints within half the persist delay: :meth:`_loop` sleeps no
+        longer, and a hint is due only a whole delay after its stamp) and nobody waits for
+        persistence nor is dirty data past half its limit.  A burst of creates woke it once
+        per file, each wake a round of the loop that only filed the new hint under
+        ``_later``: 11.5% of the event loop's busy time while one process created files
+        through the mount."""
+        if self._asleep and self.settings.persist_delay > 0 and not self._hurrying():
+            return
+        self.wake()
 
     # -- the loop ----------------------------------------------------------------------
     async def _loop(self) -> None:
@@ -238,8 +251,14 @@ class Placement(Uploading):
             if self._deferred:  # a writer's close does not always queue the file again
                 waits.append(DEFERRED_POLL)
             timeout = min([*waits, 5.0, self.settings.probe_interval / 2])
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake_ev.wait(), timeout=max(timeout, 0.01))
+            if self.settings.persist_delay > 0:  # new hints wake it only when hurried
+                timeout = min(timeout, self.settings.persist_delay / 2)
+            self._asleep = True
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake_ev.wait(), timeout=max(timeout, 0.01))
+            finally:
+                self._asleep = False
 
     # -- the store's health --------------------------------------------------------------
     def _watch(self) -> None:
