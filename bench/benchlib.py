@@ -35,6 +35,21 @@ def drop_caches() -> bool:
     return True
 
 
+def idle_state() -> dict[str, str | None]:
+    """How this machine's idle CPUs wait: the cpuidle governor, and on a KVM guest the
+    haltpoll driver's ``guest_halt_poll_ns`` (0: an idle vCPU halts at once, so every
+    wake-up of a process on the other vCPU -- a FUSE request, its reply -- goes through the
+    host, ~50 us here: docs/fuse.md, "Round trips on this VM").  None where absent."""
+    def read(path: str) -> str | None:
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+    return {"cpuidle_governor": read("/sys/devices/system/cpu/cpuidle/current_governor"),
+            "guest_halt_poll_ns": read("/sys/module/haltpoll/parameters/guest_halt_poll_ns")}
+
+
 def emit(result: dict[str, Any], out: Path | None) -> None:
     """Print a benchmark's JSON document, and write it to ``out`` when given."""
     text = json.dumps(result, indent=2)

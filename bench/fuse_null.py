@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pyfuse3
+from benchlib import idle_state
 from tierd_fuse.kdev import KernelSession
 from tierd_fuse.mount import kernel_device, mount_options, unmount
 
@@ -181,6 +182,7 @@ def main() -> None:
                            capture_output=True, text=True, check=True)
         res["create_tmpfs_raw"] = json.loads(r.stdout)
     res["load_average"] = os.getloadavg()
+    res["idle"] = idle_state()
     print(json.dumps(res, indent=2))
 
 
