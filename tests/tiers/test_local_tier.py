@@ -155,6 +155,21 @@ async def test_descriptor_cache_is_bounded_and_safe(tmp_path: Path) -> None:
     assert not t._fds
 
 
+async def test_descriptor_cache_closes_the_least_recently_used_idle_ones(
+        tmp_path: Path) -> None:
+    """Past the bound the oldest descriptors no one holds are closed, and only as many as
+    the bound asks: a held one is skipped, the recently used stay."""
+    t = LocalTier(tmp_path / "hot", max_open=3)
+    async with t.fd(1, create=True):  # held: the oldest, never closed under its user
+        for ino in (2, 3, 4, 5):
+            await t.write(ino, 0, b"x")
+        assert list(t._fds) == [1, 4, 5]  # 2 and 3 went, oldest first
+        await t.read(4, 0, 1)  # used again: the most recent
+        await t.write(6, 0, b"x")
+        assert list(t._fds) == [1, 4, 6]
+    await t.close()
+
+
 async def test_concurrent_block_writes(hot: LocalTier) -> None:
     blocks = {i: pattern(B // 4, i) for i in range(0, 16, 2)}
     await asyncio.gather(*(hot.write(9, i * (B // 4), d) for i, d in blocks.items()))

@@ -143,8 +143,8 @@ class TieringOps(NamespaceBase):
         where the writer would otherwise wait for the readers and fail ``ETXTBSY``."""
         if self.meta.node or self.meta.engine.remote or (of.privs and not join):
             return True
-        if not self.placement.hot_complete(of.ino):
-            return True
+        if of.size and not self.placement.hot_complete(of.ino):  # (empty: nothing to
+            return True  # fetch, and no metadata read for each new file a create opens)
         mem = self.placement.mem_policies()
         marks = versions.marks()
         if not mem and self._unversioned_at == marks:
