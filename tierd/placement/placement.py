@@ -166,7 +166,8 @@ class Placement(Uploading):
     def nudge(self) -> None:
         """A file was queued (:meth:`enqueue`): wake the persister, unless it sleeps (it
         then looks at the new hints within half the persist delay: :meth:`_loop` sleeps no
-        longer, and a hint is due only a whole delay after its stamp) and nobody waits for
+        longer, and a new file is due only a whole delay after its stamp; a file queued
+        again after its delay waits at most half a delay more) and nobody waits for
         persistence nor is dirty data past half its limit.  A burst of creates woke it once
         per file, each wake a round of the loop that only filed the new hint under
         ``_later``: 11.5% of the event loop's busy time while one process created files
