@@ -41,7 +41,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the cluster harness and its servers
 
-from benchlib import emit, stop_mounted  # noqa: E402
+from benchlib import emit, idle_state, stop_mounted  # noqa: E402
 from cluster.clusterlib import running_cluster  # noqa: E402
 from fuse_fio import DATA_DIR, fuse_requests  # noqa: E402
 from juicefs_peer import juicefs_version, start_juicefs  # noqa: E402
@@ -145,7 +145,7 @@ def main() -> None:
         "bench": "cluster_latency", "mode": args.mode, "files": args.files,
         "nodes": args.nodes, "base": args.base,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_avg_1m_start": os.getloadavg()[0]},
+                    "load_avg_1m_start": os.getloadavg()[0], **idle_state()},
         "runs": {"this": [], **({"base": []} if args.base else {}),
                  **({"juicefs": []} if args.juicefs else {})},
     }

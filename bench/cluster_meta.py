@@ -45,7 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the cluster harness and its servers
 
-from benchlib import stop_mounted  # noqa: E402
+from benchlib import idle_state, stop_mounted  # noqa: E402
 from cluster.clusterlib import running_cluster  # noqa: E402
 from durability.coldlib import Cold, Tierd, running  # noqa: E402
 from juicefs_peer import juicefs_version, start_juicefs  # noqa: E402
@@ -359,7 +359,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "bench": "cluster_meta", "clients": args.clients, "files_per_client": args.files,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_avg_1m_start": os.getloadavg()[0]},
+                    "load_avg_1m_start": os.getloadavg()[0], **idle_state()},
     }
     try:
         with running_moto() as moto, tempfile.TemporaryDirectory(prefix="tierd-bench-") as base:
