@@ -758,6 +758,24 @@ def test_orphans(store: MetaStore) -> None:
         assert tx.get_inode(256) is not None  # removing the orphan mark keeps the inode
 
 
+@pytest.mark.parametrize("node", ["", "n1"])
+def test_an_intention_and_an_open_mark_go_with_their_inode(engine: KVStore,
+                                                           node: str) -> None:
+    """On one node and on a cluster node alike (whose ``V`` and ``O`` keys carry its name),
+    deleting an inode deletes this node's intention and open mark of it."""
+    store = MetaStore(engine, node=node)
+    with store.write() as tx:
+        for ino in (7, 8):
+            tx.put_inode(reg(ino, 10, state=STATE_CLEAN))
+            tx.add_intent(ino, kernel=True)
+            tx.add_orphan(ino)
+    with store.write() as tx:
+        tx.delete_inode(7)
+    with store.read() as tx:
+        assert tx.list_intents() == [8] and tx.list_intents(kernel=True) == [8]
+        assert tx.list_orphans() == [8]
+
+
 def test_open_lmdb_closes_the_environment_on_schema_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

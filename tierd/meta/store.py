@@ -203,7 +203,7 @@ class MetaTxn(UploadRecords):
         for name, _ in list(self.list_xattrs(ino)):
             self.kv.delete(b"X" + _u64(ino) + name)
         self.kv.delete(self._scoped(b"O", ino))
-        self.kv.delete(b"V" + _u64(ino))
+        self.kv.delete(self._scoped(b"V", ino))  # this node's intention (add_intent's key)
 
     def iter_inodes(self) -> Iterator[Inode]:
         for _, raw in self.kv.scan(b"I", prefix_end(b"I")):
@@ -225,8 +225,7 @@ class MetaTxn(UploadRecords):
         self.kv.empty_prefix(b"X" + _u64(ino))
         # nor a cold record, an intention or an open mark: the rename, unlink or first
         # write that looks for them later costs no round trip either
-        for key in (b"R" + _u64(ino), b"V" + _u64(ino), self._scoped(b"V", ino),
-                    self._scoped(b"O", ino)):
+        for key in (b"R" + _u64(ino), self._scoped(b"V", ino), self._scoped(b"O", ino)):
             self.kv.empty_prefix(key)
         if is_dir:
             self.kv.empty_prefix(b"D" + _u64(ino))
