@@ -38,8 +38,8 @@ from tierd.tiers import InvalidKey, KeyRejected, TierError, TierThrottled, TierU
 log = logging.getLogger("tierd.placement")
 
 FULL_SCAN_INTERVAL = 5.0  # seconds; in between, only newly queued inodes are looked at
-#: the namespace counts as busy while a file was queued this recently: write-back of files
-#: past their persist delay then waits for a pause (at most one more persist delay)
+#: the namespace counts as busy while a file was queued or removed this recently: write-back
+#: of files past their persist delay then waits for a pause (at most one more persist delay)
 BUSY_QUIET = 0.2
 DEFERRED_POLL = 0.05  # seconds between looks at files left queued because they were busy
 
@@ -361,13 +361,13 @@ class Placement(Uploading):
         still persisted.  No delay while someone waits for persistence or dirty data
         passes half its limit.
 
-        While files keep being queued (a burst: the last less than :data:`BUSY_QUIET`
-        ago), a file whose delay is over waits in ``_held`` for the burst's first pause,
-        for at most one more delay.  On two cores the uploads of a burst's first files
-        halved the rate of the creates still coming (10,000 files through the mount: ~950
-        creates/s until the persister started, ~400/s after); a burst no longer than the
-        delay now ends before its uploads begin, and a longer one still has each file sent
-        within twice the delay.
+        While files keep being queued or removed (a burst: the last less than
+        :data:`BUSY_QUIET` ago), a file whose delay is over waits in ``_held`` for the
+        burst's first pause, for at most one more delay. On two cores the uploads of a
+        burst's first files halved the rate of the creates still coming (10,000 files
+        through the mount: ~950 creates/s until the persister started, ~400/s after); a
+        burst no longer than the delay now ends before its uploads begin, and a longer one
+        still has each file sent within twice the delay.
 
         The stamp of each inode is read from the queue once and kept (``_queued_at``) until
         the inode leaves the queue: a burst of creates woke this for every file, and reading
