@@ -87,9 +87,9 @@ def fs_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         metrics: Metrics | None = getattr(args[0], "metrics", None) if args else None
-        gauge = metrics.in_flight_of["fuse"] if metrics is not None else None
-        if gauge is not None:
-            gauge.inc()
+        stats = metrics.requests if metrics is not None else None
+        if stats is not None:
+            stats.begin("fuse")
         start = time.monotonic()
         err = errno.EINTR  # cancelled: the kernel interrupted the request
         try:
@@ -110,10 +110,8 @@ def fs_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, 
             err = errno.EIO
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
-            if gauge is not None and metrics is not None:
-                gauge.dec()
-                metrics.observe_request("fuse", op, errno_status(err),
-                                        time.monotonic() - start)
+            if stats is not None:
+                stats.end("fuse", op, errno_status(err), time.monotonic() - start)
 
     return wrapper
 

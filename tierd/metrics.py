@@ -6,8 +6,10 @@ library that registers into the default registry must not end up in tierd's expo
 
 Two kinds of metrics live here:
 
-* **events** the doors report as they happen -- requests per door and operation
-  (:meth:`Metrics.observe_request`), requests in flight, checkpoint phase durations
+* **events** the doors report as they happen -- requests per door and operation, and
+  requests in flight (:class:`tierd.reqstats.RequestStats`, ``Metrics.requests``: every
+  request pays for it, so it keeps plain dictionaries the loop writes, without
+  prometheus_client's locks), checkpoint phase durations
   (:meth:`Metrics.observe_checkpoint`);
 * **state** read at scrape time by :class:`StateCollector` from the objects that already keep
   it (the placement engine's ``stats``, a :class:`~tierd.placement.stats.PlacementStats`,
@@ -36,12 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from tierd.logs import REQUEST_ID, new_request_id, request_id_var
+from tierd.reqstats import RequestStats
 
 if TYPE_CHECKING:
     from tierd.mempool.pool import MemPool
@@ -92,17 +95,10 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self.requests = Counter(
-            "tierd_requests", "Requests answered, per door, operation and status class",
-            ["door", "operation", "status"], registry=r)
-        self.request_seconds = Histogram(
-            "tierd_request_duration_seconds",
-            "Time from a request's arrival to its handler's return, per door and operation",
-            ["door", "operation"], buckets=REQUEST_BUCKETS, registry=r)
-        self.in_flight = Gauge(
-            "tierd_requests_in_flight",
-            "Requests being handled now, per door (door=fuse: outstanding FUSE requests)",
-            ["door"], registry=r)
+        #: requests per door, operation and status, their latencies, and those in flight:
+        #: written on the loop only, without prometheus_client's locks (tierd.reqstats)
+        self.requests = RequestStats(DOORS, REQUEST_BUCKETS)
+        r.register(self.requests)
         self.checkpoint_seconds = Histogram(
             "tierd_checkpoint_duration_seconds",
             "Checkpoint phases: stall = stage to commit (training waits), local = commit to "
@@ -113,15 +109,9 @@ class Metrics:
             "What the lifecycle job did: action = expire (current objects deleted), "
             "abort_upload, expire_noncurrent (versions and delete markers removed), skipped "
             "(changed after the scan, or an upload completed meanwhile)", ["action"], registry=r)
-        #: every event metric above (render() formats them off the loop): a new one goes here
-        self.events: list[Collector] = [self.requests, self.request_seconds, self.in_flight,
-                                        self.checkpoint_seconds, self.lifecycle]
-        #: door -> its in-flight gauge child; (door, operation[, status]) -> children.
-        #: ``labels()`` takes a lock and builds a key on every call: cached, a request's
-        #: accounting costs a few microseconds instead of a dozen.
-        self.in_flight_of = {door: self.in_flight.labels(door) for door in DOORS}
-        self._counters: dict[tuple[str, str, str], Any] = {}
-        self._timers: dict[tuple[str, str], Any] = {}
+        #: the event metrics above that prometheus_client keeps (thread-safe: render()
+        #: formats them off the loop as they are): a new one goes here
+        self.events: list[Collector] = [self.checkpoint_seconds, self.lifecycle]
         self.state = StateCollector()
         r.register(self.state)
 
@@ -132,17 +122,9 @@ class Metrics:
 
     # -- events ---------------------------------------------------------------------------
     def observe_request(self, door: str, operation: str, status: str, seconds: float) -> None:
-        """One answered request (``status``: :func:`status_class` or :func:`errno_status`)."""
-        key = (door, operation, status)
-        counter = self._counters.get(key)
-        if counter is None:
-            counter = self._counters[key] = self.requests.labels(door, operation, status)
-        counter.inc()
-        timer = self._timers.get((door, operation))
-        if timer is None:
-            timer = self._timers[(door, operation)] = self.request_seconds.labels(door,
-                                                                                operation)
-        timer.observe(max(seconds, 0.0))
+        """One answered request (``status``: :func:`status_class` or :func:`errno_status`),
+        not counted in flight (the doors call ``requests.begin`` and ``requests.end``)."""
+        self.requests.observe(door, operation, status, seconds)
 
     def observe_lifecycle(self, action: str, count: int) -> None:
         """``count`` lifecycle actions of kind ``action`` (tierd.namespace.lifecycle)."""
@@ -155,15 +137,7 @@ class Metrics:
     # -- reading back (tierctl status through the admin API) ------------------------------
     def request_counts(self) -> dict[str, dict[str, dict[str, int]]]:
         """door -> operation -> status -> requests answered since start (only non-zero)."""
-        out: dict[str, dict[str, dict[str, int]]] = {}
-        for family in self.requests.collect():
-            for s in family.samples:
-                if not s.name.endswith("_total") or not s.value:
-                    continue
-                lb = s.labels
-                ops = out.setdefault(lb["door"], {})
-                ops.setdefault(lb["operation"], {})[lb["status"]] = int(s.value)
-        return out
+        return self.requests.frozen().request_counts()
 
     def door_totals(self) -> dict[str, int]:
         """door -> requests answered since start (every door, zeros included)."""
@@ -184,12 +158,14 @@ class Metrics:
     async def render(self) -> bytes:
         """The text exposition of every metric (what ``GET /metrics`` answers).
 
-        Only the state the loop owns is read on the loop (a few dictionaries); copying the
-        request histograms and formatting take ~10 ms with every operation seen, so they
-        run in a worker thread (prometheus_client's metrics are thread-safe)."""
+        Only the state the loop owns is read on the loop: a few dictionaries, and a copy
+        of the request figures; formatting takes ~10 ms with every operation seen, so it
+        runs in a worker thread (prometheus_client's own metrics are thread-safe)."""
         await self.refresh()
         state = list(self.state.collect())
-        return await asyncio.to_thread(generate_latest, _Frozen(self.events, state))
+        requests = self.requests.frozen()
+        return await asyncio.to_thread(generate_latest,
+                                       _Frozen([requests, *self.events], state))
 
 
 class _Frozen(Collector):
@@ -373,9 +349,9 @@ def request_middleware(metrics: Metrics | None, door: str,
         token = request_id_var.set(rid)
         start = time.monotonic()
         status = 500
-        gauge = None if metrics is None else metrics.in_flight_of[door]
-        if gauge is not None:
-            gauge.inc()
+        stats = None if metrics is None else metrics.requests
+        if stats is not None:
+            stats.begin(door)
         try:
             resp = await handler(request)
             status = resp.status
@@ -392,9 +368,8 @@ def request_middleware(metrics: Metrics | None, door: str,
             raise
         finally:
             request_id_var.reset(token)
-            if metrics is not None and gauge is not None:
-                gauge.dec()
-                metrics.observe_request(door, operation(request), status_class(status),
-                                        time.monotonic() - start)
+            if stats is not None:
+                stats.end(door, operation(request), status_class(status),
+                          time.monotonic() - start)
 
     return observe

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -50,3 +51,31 @@ def test_status_labels() -> None:
     assert status_class(42) == "other"
     assert errno_status(None) == "ok" and errno_status(13) == "EACCES"
     assert errno_status(100000) == "EOTHER"
+
+
+def test_request_histogram_buckets_and_in_flight() -> None:
+    """The loop-only request figures (tierd.reqstats) expose what prometheus_client's
+    Counter, Histogram and Gauge did: ``le`` buckets are cumulative and inclusive, a time
+    past the last bound counts only in +Inf, a negative one as 0, and a scrape's copy does
+    not move with later requests."""
+    m = Metrics()
+    for seconds in (0.0005, 0.0004, 0.003, 100.0, -1.0):
+        m.requests.begin("fuse")
+        m.requests.end("fuse", "create", "ok", seconds)
+    m.requests.begin("s3")  # still being handled
+    frozen = m.requests.frozen()
+    m.observe_request("fuse", "create", "ok", 0.0001)  # after the copy
+    fams = {f.name: f for f in text_string_to_metric_families(
+        generate_latest(frozen).decode())}
+    buckets = {s.labels["le"]: s.value for s in fams["tierd_request_duration_seconds"].samples
+               if s.name.endswith("_bucket")}
+    assert buckets["0.0005"] == 3  # 0.0005 itself, 0.0004 and the negative one
+    assert buckets["0.0025"] == 3 and buckets["0.005"] == 4
+    assert buckets["60.0"] == 4 and buckets["+Inf"] == 5
+    total = [s.value for s in fams["tierd_request_duration_seconds"].samples
+             if s.name.endswith("_sum")]
+    assert total == [pytest.approx(100.0039)]
+    assert [s.value for s in fams["tierd_requests"].samples if s.name.endswith("_total")] == [5]
+    flight = {s.labels["door"]: s.value for s in fams["tierd_requests_in_flight"].samples}
+    assert flight == {"s3": 1, "admin": 0, "fuse": 0}
+    assert m.request_counts()["fuse"] == {"create": {"ok": 6}}
