@@ -3,12 +3,11 @@
 Every FUSE request and every HTTP request is counted and timed (:mod:`tierd.metrics`:
 ``tierd_requests_total``, ``tierd_request_duration_seconds``, ``tierd_requests_in_flight``).
 prometheus_client's metric objects are thread-safe: each ``inc``, ``dec`` and ``observe``
-takes a lock, and a histogram observation looks its bucket up in Python; a request paid
-about 2 us on a quiet machine for the four calls, five times that in the daemon during a
-create burst, where the FUSE door answers five requests per file created (docs/fuse.md,
-"Compiled modules and other event loops").  Every request is answered on the event loop,
-so nothing here needs a lock: a request's accounting is a few dictionary updates and one
-``bisect``.
+takes a lock, and a histogram observation looks its bucket up in Python; the four calls
+cost a request about 2 us in a loop of their own, and the FUSE door answers five requests
+per file created (~2% of the daemon's CPU per create: docs/fuse.md, "Compiled modules and
+other event loops").  Every request is answered on the event loop, so nothing here needs a
+lock: a request's accounting is a few dictionary updates and one ``bisect`` (~0.3 us).
 
 A scrape must not format these on the loop (docs/observability.md): :meth:`RequestStats.frozen`
 copies the dictionaries on the loop (a few hundred entries at most, bounded like the label
