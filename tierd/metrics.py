@@ -121,11 +121,6 @@ class Metrics:
         self.state.placement, self.state.pool = placement, pool
 
     # -- events ---------------------------------------------------------------------------
-    def observe_request(self, door: str, operation: str, status: str, seconds: float) -> None:
-        """One answered request (``status``: :func:`status_class` or :func:`errno_status`),
-        not counted in flight (the doors call ``requests.begin`` and ``requests.end``)."""
-        self.requests.observe(door, operation, status, seconds)
-
     def observe_lifecycle(self, action: str, count: int) -> None:
         """``count`` lifecycle actions of kind ``action`` (tierd.namespace.lifecycle)."""
         self.lifecycle.labels(action).inc(count)
@@ -137,7 +132,7 @@ class Metrics:
     # -- reading back (tierctl status through the admin API) ------------------------------
     def request_counts(self) -> dict[str, dict[str, dict[str, int]]]:
         """door -> operation -> status -> requests answered since start (only non-zero)."""
-        return self.requests.frozen().request_counts()
+        return self.requests.request_counts()
 
     def door_totals(self) -> dict[str, int]:
         """door -> requests answered since start (every door, zeros included)."""

@@ -57,7 +57,8 @@ class RequestStats(Collector):
         self.observe(door, operation, status, seconds)
 
     def observe(self, door: str, operation: str, status: str, seconds: float) -> None:
-        """One answered request (not counted in flight)."""
+        """One answered request (``status``: ``tierd.metrics.status_class`` or
+        ``errno_status``), not counted in flight."""
         seconds = max(seconds, 0.0)
         count = self.counts.get((door, operation, status))
         if count is None:
@@ -69,6 +70,14 @@ class RequestStats(Collector):
             timing = self.timings[(door, operation)] = [0] * n + [0.0, time.time()]
         timing[bisect_left(self.buckets, seconds)] += 1
         timing[-2] += seconds
+
+    def request_counts(self) -> dict[str, dict[str, dict[str, int]]]:
+        """door -> operation -> status -> requests answered (only non-zero)."""
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        for (door, op, status), (n, _) in self.counts.items():
+            if n:
+                out.setdefault(door, {}).setdefault(op, {})[status] = int(n)
+        return out
 
     def frozen(self) -> FrozenRequests:
         """A copy of the figures now (on the loop), to be formatted elsewhere."""
@@ -120,11 +129,3 @@ class FrozenRequests(Collector):
         for door, n in self.in_flight.items():
             flight.add_metric([door], n)
         yield flight
-
-    def request_counts(self) -> dict[str, dict[str, dict[str, int]]]:
-        """door -> operation -> status -> requests answered (only non-zero)."""
-        out: dict[str, dict[str, dict[str, int]]] = {}
-        for (door, op, status), (n, _) in self.counts.items():
-            if n:
-                out.setdefault(door, {}).setdefault(op, {})[status] = int(n)
-        return out

@@ -18,7 +18,7 @@ def names(text: bytes) -> set[str]:
 
 def test_render_has_every_registered_family() -> None:
     m = Metrics()
-    m.observe_request("s3", "GetObject", "2xx", 0.01)
+    m.requests.observe("s3", "GetObject", "2xx", 0.01)
     m.observe_checkpoint("stall", 0.2)
     rendered = asyncio.run(m.render())
     assert names(rendered) == names(generate_latest(m.registry))
@@ -28,7 +28,7 @@ def test_render_has_every_registered_family() -> None:
 
 def test_two_daemons_do_not_share_a_registry() -> None:
     a, b = Metrics(), Metrics()
-    a.observe_request("admin", "GET /v1/status", "2xx", 0.001)
+    a.requests.observe("admin", "GET /v1/status", "2xx", 0.001)
     assert a.request_counts() == {"admin": {"GET /v1/status": {"2xx": 1}}}
     assert b.request_counts() == {}
     assert b.door_totals() == {"s3": 0, "admin": 0, "fuse": 0}
@@ -37,9 +37,9 @@ def test_two_daemons_do_not_share_a_registry() -> None:
 def test_counts_read_back_per_door() -> None:
     m = Metrics()
     for status in ("2xx", "2xx", "4xx"):
-        m.observe_request("s3", "PutObject", status, 0.01)
-    m.observe_request("fuse", "lookup", errno_status(2), 0.0001)
-    m.observe_request("fuse", "lookup", errno_status(0), 0.0001)
+        m.requests.observe("s3", "PutObject", status, 0.01)
+    m.requests.observe("fuse", "lookup", errno_status(2), 0.0001)
+    m.requests.observe("fuse", "lookup", errno_status(0), 0.0001)
     assert m.request_counts()["s3"] == {"PutObject": {"2xx": 2, "4xx": 1}}
     assert m.request_counts()["fuse"] == {"lookup": {"ENOENT": 1, "ok": 1}}
     assert m.door_totals() == {"s3": 3, "admin": 0, "fuse": 2}
@@ -64,7 +64,7 @@ def test_request_histogram_buckets_and_in_flight() -> None:
         m.requests.end("fuse", "create", "ok", seconds)
     m.requests.begin("s3")  # still being handled
     frozen = m.requests.frozen()
-    m.observe_request("fuse", "create", "ok", 0.0001)  # after the copy
+    m.requests.observe("fuse", "create", "ok", 0.0001)  # after the copy
     fams = {f.name: f for f in text_string_to_metric_families(
         generate_latest(frozen).decode())}
     buckets = {s.labels["le"]: s.value for s in fams["tierd_request_duration_seconds"].samples
