@@ -147,10 +147,65 @@ def _pids(proc: subprocess.Popen[bytes] | None) -> Callable[[], list[int]]:
     return lambda: [proc.pid] if proc is not None else []
 
 
+class LockMeter:
+    """How busy the cluster's writer lock was during a phase: a thread samples the server's
+    ``pg_stat_activity`` every 10 ms (one query on a connection of its own) and the
+    machine's ``/proc/stat``.  A tierd write transaction is given a transaction id when it
+    takes the lock (``SELECT ... FOR UPDATE``) and reads take none, so a sample with a
+    backend holding an id is one where a writer held the lock; a backend waiting on a lock
+    is a writer of another node queued for it.  Shares of samples: ``writer_held``,
+    ``waiting`` (at least one waiter), ``waiters`` (their mean count), and ``cpu_idle``
+    (the machine's idle and iowait time between samples)."""
+
+    _QUERY = ("SELECT count(*) FILTER (WHERE backend_xid IS NOT NULL), "
+              "count(*) FILTER (WHERE wait_event_type = 'Lock') FROM pg_stat_activity "
+              "WHERE datname IS NOT NULL AND pid <> pg_backend_pid()")
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self._stop = threading.Event()
+        self._rows: list[tuple[int, int, float]] = []
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def _cpu() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]
+
+    def _run(self) -> None:
+        last = self._cpu()
+        while not self._stop.wait(0.01):
+            row = self.conn.execute(self._QUERY).fetchone()
+            now = self._cpu()
+            total, idle = now[0] - last[0], now[1] - last[1]
+            last = now
+            if row is not None:
+                self._rows.append((int(row[0]), int(row[1]), idle / total if total else 0.0))
+
+    def start(self) -> None:
+        self._rows, self._stop = [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        rows, n = self._rows, max(1, len(self._rows))
+        return {"samples": len(rows),
+                "writer_held": round(sum(1 for r in rows if r[0]) / n, 3),
+                "waiting": round(sum(1 for r in rows if r[1]) / n, 3),
+                "waiters": round(sum(r[1] for r in rows) / n, 2),
+                "cpu_idle": round(sum(r[2] for r in rows) / n, 3)}
+
+
 class Statements:
     """The statements the server ran per operation of a phase (``pg_stat_statements``,
-    loaded at the server's start by ``--statements``): calls per operation of each, the
-    top 12, and all statements together."""
+    loaded at the server's start by ``--statements``): calls per operation of each and
+    its mean time in the server (ms), the top 12, and all statements together."""
 
     def __init__(self, url: str) -> None:
         import psycopg
@@ -167,17 +222,19 @@ class Statements:
             "WHERE query NOT LIKE '%pg_stat_statements%' ORDER BY calls DESC").fetchall()
         return {"all": round(sum(r[0] for r in rows) / ops, 2),
                 "exec_ms": round(sum(r[1] for r in rows) / ops, 3),
-                "top": [[round(c / ops, 2), " ".join(q.split())[:100]]
-                        for c, _t, q in rows[:12]]}
+                "top": [[round(c / ops, 2), round(t / c, 3) if c else 0.0,
+                         " ".join(q.split())[:100]] for c, t, q in rows[:12]]}
 
 
 def _workload(mounts: list[Path], clients: int, files: int, tag: str,
               spy: list[int] | None = None, cpu: CpuMeter | None = None,
-              profile: bool = False, stmts: Statements | None = None) -> dict[str, Any]:
+              profile: bool = False, stmts: Statements | None = None,
+              lock: LockMeter | None = None) -> dict[str, Any]:
     """The four phases with ``clients`` clients, client k on ``mounts[k % len(mounts)]``;
     with ``spy`` (daemons' pids) py-spy samples those daemons during the creates (only
     their running threads with ``profile``); with
-    ``cpu`` each phase's CPU per operation of each process group (ms)."""
+    ``cpu`` each phase's CPU per operation of each process group (ms); with ``lock`` how
+    busy the writer lock was (:class:`LockMeter`)."""
     dirs = []
     for k in range(clients):
         d = mounts[k % len(mounts)] / "bench" / f"{tag}-c{k}"
@@ -189,6 +246,8 @@ def _workload(mounts: list[Path], clients: int, files: int, tag: str,
         if stmts is not None:
             stmts.reset()
         before = cpu.read() if cpu is not None else {}
+        if lock is not None:
+            lock.start()
         began = time.time()
         if spy and name == "create":
             with contextlib.ExitStack() as stack:
@@ -199,6 +258,8 @@ def _workload(mounts: list[Path], clients: int, files: int, tag: str,
         else:
             out[name] = round(_phase(dirs, files, op), 1)
         out[f"{name}_wall"] = [round(began, 2), round(time.time(), 2)]  # (to match logs)
+        if lock is not None:
+            out[f"{name}_lock"] = lock.stop()
         if cpu is not None:
             out[f"{name}_cpu_ms"] = cpu.spent(before, clients * files)
         if stmts is not None:
@@ -342,6 +403,9 @@ def main() -> None:
                     "past the run; tierd's own is 5, which uploads every file meanwhile)")
     ap.add_argument("--statements", action="store_true",
                     help="the database statements per operation (pg_stat_statements)")
+    ap.add_argument("--lock", action="store_true",
+                    help="how busy the cluster's writer lock was in each phase, and the "
+                    "machine's idle CPU (pg_stat_activity and /proc/stat every 10 ms)")
     ap.add_argument("--skip-lmdb", action="store_true", help="only the PostgreSQL runs")
     ap.add_argument("--juicefs", action="store_true",
                     help="also JuiceFS over the same PostgreSQL, three mounts of one volume "
@@ -389,10 +453,11 @@ def main() -> None:
                     cpu = CpuMeter(groups)
                 spy = daemons if args.spy or args.profile else None
                 stmts = Statements(cluster.meta_url) if args.statements else None
+                lock = LockMeter(cluster.meta_url) if args.lock else None
                 result["pg_3_nodes"] = _workload(mounts, args.clients, args.files, "p", spy,
-                                                 cpu, args.profile, stmts)
+                                                 cpu, args.profile, stmts, lock)
                 result["pg_1_node"] = _workload(mounts[:1], args.clients, args.files, "p1",
-                                                cpu=cpu, stmts=stmts)
+                                                cpu=cpu, stmts=stmts, lock=lock)
             if args.juicefs:
                 result["juicefs"] = juicefs_version()
                 result.update(_juicefs_runs(pg, Path(base) / "juicefs", args))

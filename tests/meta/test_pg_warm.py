@@ -57,6 +57,22 @@ def _put(meta: MetaStore, items: dict[bytes, bytes]) -> None:
             tx.kv.put(k, v)
 
 
+def _group(meta: MetaStore, second: Callable[[], Any], seen: dict[str, Any]) -> None:
+    """A writer that puts ``a`` and, while it holds the writers' turn, ``second``: a
+    coroutine that joins its group (``seen["first_seq"]`` for the caller to check)."""
+    async def first() -> None:
+        async with meta.awrite() as tx:
+            seen["first_seq"] = getattr(tx.kv, "seq")  # noqa: B009
+            tx.kv.put(b"a", b"first")
+
+    async def run() -> None:
+        t1 = asyncio.create_task(first())
+        await asyncio.sleep(0)  # the first takes the turn; the second waits to join
+        t2 = asyncio.create_task(second())
+        await asyncio.gather(t1, t2)
+    asyncio.run(run())
+
+
 def test_named_keys_are_read_in_the_begin_thread(
         metas: Callable[[str], MetaStore], on_loop: list[str]) -> None:
     meta = metas("n1")
@@ -148,11 +164,6 @@ def test_a_member_joining_a_group_prefetches_and_sees_the_group(
     _put(other, {b"b": b"1"})  # this node's cached "b" is dropped
     seen: dict[str, Any] = {}
 
-    async def first() -> None:
-        async with meta.awrite() as tx:
-            seen["first_seq"] = getattr(tx.kv, "seq")  # noqa: B009
-            tx.kv.put(b"a", b"first")
-
     async def second() -> None:
         def warm(tx: MetaTxn) -> None:
             tx.kv.get(b"a")
@@ -164,13 +175,7 @@ def test_a_member_joining_a_group_prefetches_and_sees_the_group(
             seen["values"] = [tx.kv.get(k) for k in (b"a", b"b", b"gone", b"c")]
             seen["queries"] = on_loop[before:]
             tx.kv.put(b"c", b"second")
-
-    async def run() -> None:
-        t1 = asyncio.create_task(first())
-        await asyncio.sleep(0)  # the first takes the turn; the second waits to join
-        t2 = asyncio.create_task(second())
-        await asyncio.gather(t1, t2)
-    asyncio.run(run())
+    _group(meta, second, seen)
     assert seen["first_seq"] == seen["second_seq"], "not one group: the test proves nothing"
     assert seen["values"] == [b"first", b"1", None, None]
     assert seen["queries"] == []
@@ -225,3 +230,65 @@ def test_an_answer_the_cache_gave_the_warm_pass_outlives_the_cache(
             assert tx.kv.get(b"k") == b"v1"
             assert on_loop == []
     asyncio.run(run())
+
+
+def test_a_member_the_group_and_the_cache_answer_joins_without_a_hop(
+        metas: Callable[[str], MetaStore], on_loop: list[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every key of a joining member's pass is the group's write or in the node's cache at
+    the group's seq: the member reads them on the loop, with no thread and no statement
+    while the group holds the writer lock, and sees exactly what a fetch would have."""
+    monkeypatch.setattr(pg_group, "GROUP_S", 60.0)
+    meta = metas("n1")
+    _put(meta, {b"a": b"0", b"b": b"0"})
+    with meta.snapshot() as tx:
+        assert (tx.kv.get(b"a"), tx.kv.get(b"b"), tx.kv.get(b"gone")) == (b"0", b"0", None)
+    gate = getattr(meta.engine, "_async")  # noqa: B009
+    before = gate.stat()["write_members_cached"]
+    seen: dict[str, Any] = {}
+
+    async def second() -> None:
+        def warm(tx: MetaTxn) -> None:
+            for k in (b"a", b"b", b"gone"):
+                tx.kv.get(k)
+        async with meta.awrite(warm=warm) as tx:
+            seen["second_seq"] = getattr(tx.kv, "seq")  # noqa: B009
+            on_loop.clear()
+            seen["values"] = [tx.kv.get(k) for k in (b"a", b"b", b"gone")]
+            seen["queries"] = list(on_loop)
+            tx.kv.put(b"b", b"second")
+    _group(meta, second, seen)
+    assert seen["first_seq"] == seen["second_seq"], "not one group: the test proves nothing"
+    assert seen["values"] == [b"first", b"0", None]
+    assert seen["queries"] == []
+    assert gate.stat()["write_members_cached"] == before + 1
+    with metas("n2").snapshot() as tx:
+        assert (tx.kv.get(b"a"), tx.kv.get(b"b")) == (b"first", b"second")
+
+
+def test_a_member_whose_pass_the_cache_lacks_still_fetches_it(
+        metas: Callable[[str], MetaStore], on_loop: list[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other side: a key another node changed is not in this node's cache, so the
+    joining member's pass is read in a thread, not answered on the loop."""
+    monkeypatch.setattr(pg_group, "GROUP_S", 60.0)
+    meta = metas("n1")
+    other = metas("n2")
+    _put(meta, {b"a": b"0", b"b": b"0"})
+    with meta.snapshot() as tx:
+        assert tx.kv.get(b"b") == b"0"
+    _put(other, {b"b": b"1"})  # this node's cached "b" is dropped at its next begin
+    gate = getattr(meta.engine, "_async")  # noqa: B009
+    before = gate.stat()["write_members_cached"]
+    seen: dict[str, Any] = {}
+
+    async def second() -> None:
+        async with meta.awrite(warm=lambda tx: tx.kv.get(b"b")) as tx:
+            seen["second_seq"] = getattr(tx.kv, "seq")  # noqa: B009
+            on_loop.clear()
+            seen["b"] = tx.kv.get(b"b")
+            seen["queries"] = list(on_loop)
+    _group(meta, second, seen)
+    assert seen["first_seq"] == seen["second_seq"], "not one group: the test proves nothing"
+    assert (seen["b"], seen["queries"]) == (b"1", [])
+    assert gate.stat()["write_members_cached"] == before

@@ -197,6 +197,8 @@ class AsyncGate:
         self.reading_peak = 0
         self.groups = 0  # write groups committed or rolled back, and their members
         self.grouped = 0
+        #: members whose prefetch the group's answers and the cache gave on the loop
+        self.members_cached = 0
 
     def _gate(self, loop: asyncio.AbstractEventLoop) -> _LoopGate:
         gate = self._gates.get(loop)
@@ -302,10 +304,20 @@ class AsyncGate:
 
     async def _warm_member(self, loop: asyncio.AbstractEventLoop, gate: _LoopGate,
                            group: Group, warm: Warm) -> None:
-        """Prefetch for a writer joining ``group`` (:func:`~tierd.meta.pg_warm.warm_member`:
-        a read transaction of its own, in a thread, counted as an async reader).  Cancelled
+        """Prefetch for a writer joining ``group``: on the loop when the group's answers and
+        the node's cache at exactly its seq answer the whole pass (``member_reads``
+        without fetching: what the thread would read first, in memory) -- no thread hop
+        and no statement while the group holds the cluster's writer lock; else in a thread
+        (:func:`~tierd.meta.pg_quiet.member_reads`, or a read transaction of its own,
+        :func:`~tierd.meta.pg_warm.warm_member`), counted as an async reader.  Cancelled
         meanwhile, the writer hands the group on as a writer that ended its body does."""
         txn = group.txn
+        from tierd.meta.pg_quiet import member_reads
+        answers = member_reads(self.store, txn, warm, fetching=False)
+        if answers is not None:  # the group and the cache answered: no hop, no statement
+            self.members_cached += 1
+            absorb(txn, answers)
+            return
         try:
             await gate.readers.acquire()
         except asyncio.CancelledError:
@@ -334,7 +346,8 @@ class AsyncGate:
         """The sizes (module doc) and how many async readers were open at most."""
         return {"async_readers_max": self.readers, "async_readers_peak": self.reading_peak,
                 "begin_threads": self.threads, "write_groups": self.groups,
-                "write_group_members": self.grouped}
+                "write_group_members": self.grouped,
+                "write_members_cached": self.members_cached}
 
     async def end(self, txn: PgTxn, commit: bool) -> None:
         """Commit (or abort) ``txn``: a reader's end sends nothing and stays on the loop; a

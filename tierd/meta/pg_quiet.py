@@ -196,7 +196,8 @@ def _still_cached(txn: CachedTxn) -> bool:
     return True
 
 
-def member_reads(store: PgStore, group: PgTxn, warm: Warm) -> dict[bytes, bytes | None] | None:
+def member_reads(store: PgStore, group: PgTxn, warm: Warm, *,
+                 fetching: bool = True) -> dict[bytes, bytes | None] | None:
     """A writer's prefetch when it joins the open write ``group`` (in a begin thread,
     :mod:`tierd.meta.pg_async`): the group's own answers first, then the cache at the
     group's seq, then one statement per round for the rest (:func:`fetch`), with no read
@@ -204,7 +205,9 @@ def member_reads(store: PgStore, group: PgTxn, warm: Warm) -> dict[bytes, bytes 
     this member's body has run, so nothing commits meanwhile and a statement outside any
     transaction reads the state the group's transaction reads for keys it has not written
     (:func:`tierd.meta.pg_warm.warm_member` checked the same with a read transaction's
-    seq, three statements more).  None when the pass scans (that member reads as before)."""
+    seq, three statements more).  None when the pass scans (that member reads as before);
+    without ``fetching`` (on the event loop: no statement, no thread), None also when the
+    group's answers and the cache do not answer the whole pass."""
     txn = CachedTxn(store, group.seq)
     read = txn.read
     assert read is not None
@@ -214,6 +217,8 @@ def member_reads(store: PgStore, group: PgTxn, warm: Warm) -> dict[bytes, bytes 
             return None
         if not missed:
             break
+        if not fetching:
+            return None
         found = fetch(store, missed)
         if found is None:
             return {}  # (the body reads what it needs itself)
