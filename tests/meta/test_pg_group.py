@@ -288,3 +288,35 @@ def test_a_group_ends_at_its_caps(meta: MetaStore, monkeypatch: pytest.MonkeyPat
     else:
         assert len(set(out)) == 4, out
         assert _seq(meta) == before + 4
+
+
+def test_a_group_commit_reaches_the_server_before_the_commit_thread_runs(
+        pg_server: PgServer, meta: MetaStore) -> None:
+    """The loop sends a group's commit as the group closes; the commit thread only waits
+    for its outcome. With that thread held busy, the write is already committed on the
+    server (another connection reads it), and the members get the outcome once it runs."""
+    import threading
+
+    import psycopg
+
+    engine = meta.engine
+    assert isinstance(engine, PgStore)
+    busy, seen = threading.Event(), threading.Event()
+    engine._async._commits.submit(busy.wait, 30)  # the commit thread: held
+
+    def look() -> None:  # the server's view, from a connection of its own, for 10 s
+        with psycopg.connect(engine.url, autocommit=True) as conn:
+            for _ in range(1000):
+                if conn.execute("SELECT 1 FROM kv WHERE k = %s", (b"sent",)).fetchone():
+                    seen.set()
+                    break
+                busy.wait(0.01)
+        busy.set()  # (the commit thread goes on either way)
+
+    async def run() -> list[BaseException | int]:
+        threading.Thread(target=look, daemon=True).start()
+        return await _writers(meta, [lambda tx: tx.kv.put(b"sent", b"v")])
+
+    out = asyncio.run(run())
+    assert seen.is_set(), "the commit waited for the commit thread"
+    assert isinstance(out[0], int) and _get(meta, b"sent") == [b"v"]

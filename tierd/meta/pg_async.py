@@ -19,7 +19,10 @@ Sizes (the engine's pool holds ``pool_size`` connections, 16 by default):
 * begins run in ``pool_size - RESERVE + 1`` threads (every admitted transaction a thread,
   so none waits behind another's round trip); write commits and rollbacks run in a thread
   of their own (one writer at a time holds the lock, and a commit must never queue behind
-  begins that wait for that very lock).
+  begins that wait for that very lock).  A group's commit that fits one message is sent
+  by the loop as the group closes (``PgTxn.send_commit``: a send on the non-blocking
+  connection, no wait), and the commit thread only waits for its outcome: the server
+  starts on it without waiting for that thread to wake, while the lock is held.
 
 A ``fresh`` read transaction begun while a write commit is in flight waits for it (a
 synchronous one always does, in ``PgStore.begin``): a coroutine that saw the in-memory
@@ -397,6 +400,8 @@ class AsyncGate:
             gate.group = None
         self.groups += 1
         self.grouped += group.members
+        if group.members:
+            group.txn.send_commit()  # (the server starts now; the thread waits for it)
         cf = self._commits.submit(group.run_commit)
         self.store.committing = cf  # what a synchronous reader waits for (PgStore.begin)
         group.done.add_done_callback(functools.partial(self._committed, gate))
