@@ -343,3 +343,43 @@ async def _chunks(data: bytes) -> AsyncIterator[bytes]:
 
 def _body(data: bytes) -> AsyncIterator[bytes]:
     return _chunks(data)
+
+
+def test_a_reader_between_a_commit_and_its_reply_leaves_the_writer_its_values() -> None:
+    """The writer announces its commit (``expect``) before it sends it.  A transaction
+    whose snapshot includes the commit begins before the writer's reply: it reads the
+    server instead of moving the cache past the commit, and the change feed's rows wait;
+    then the writer's values and the prefix it made complete stand, and the feed's rows
+    after the commit are applied.  Without ``expect`` the reader moved the cache on and
+    the writer's values were lost, and the prefixes with them (the last lines)."""
+    cache = _cache()
+    q = b"D" + (9).to_bytes(8, "big")  # a directory the commit makes
+    cache.expect(12)
+    assert not cache.advance(11, 13, [(12, [P + b"b", b"I9"]), (13, [b"other"])])
+    assert cache.seq == 11
+    cache.apply(12, [P + b"b", b"I9"], own=True)  # the feed: held
+    cache.apply(13, [b"other"])
+    assert cache.seq == 11
+    cache.committed(11, 12, {P + b"b": b"B", b"I9": b"dir"}, [q])
+    assert cache.seq == 13  # the held row after it
+    assert cache.lookup(13, P + b"b") == (True, b"B")
+    assert cache.lookup(13, q + b"new") == (True, None)
+    assert cache.lookup(13, P + b"zz") == (True, None)  # (no drop took it: still complete)
+    assert cache.advance(13, 14, [(14, [b"more"])])  # and it moves on as before
+    old = _cache()  # no expect: the reader moves the cache on, the writer's reply is late
+    assert old.advance(11, 13, [(12, [P + b"b", b"I9"]), (13, [b"other"])])
+    old.committed(11, 12, {P + b"b": b"B", b"I9": b"dir"}, [q])
+    assert old.lookup(13, q + b"new") == (False, None)
+    assert old.lookup(13, P + b"zz") == (False, None)
+
+
+def test_a_failed_commit_lets_the_cache_move_on_without_it() -> None:
+    cache = _cache()
+    cache.expect(12)
+    assert not cache.advance(11, 12, [(12, [P + b"x"])])
+    cache.apply(12, [P + b"x"])
+    cache.abandon(12)  # (seq 12 is another node's commit after all)
+    assert cache.seq == 11
+    assert cache.advance(11, 12, [(12, [P + b"x"])])
+    assert cache.lookup(12, P + b"zz") == (False, None)
+    assert cache.lookup(12, P + b"a") == (True, b"A")

@@ -320,3 +320,41 @@ def test_a_group_commit_reaches_the_server_before_the_commit_thread_runs(
     out = asyncio.run(run())
     assert seen.is_set(), "the commit waited for the commit thread"
     assert isinstance(out[0], int) and _get(meta, b"sent") == [b"v"]
+
+
+def test_a_read_begun_before_the_commits_reply_leaves_the_cache_to_the_writer(
+        meta: MetaStore) -> None:
+    """A read transaction of the same node begins after the server committed a group but
+    before the commit thread took the reply: its snapshot includes the commit, so it reads
+    the written key from the server, and the node's cache then holds the writer's value
+    at the commit's seq (the reader did not move the cache past it)."""
+    import threading
+
+    import psycopg
+
+    engine = meta.engine
+    assert isinstance(engine, PgStore)
+    _get(meta, b"warm")  # (the cache knows something: a reader would advance it)
+    busy = threading.Event()
+    engine._async._commits.submit(busy.wait, 30)  # the commit thread: held
+    seen: dict[str, object] = {}
+
+    async def run() -> None:
+        writer = asyncio.create_task(_writers(meta, [lambda tx: tx.kv.put(b"w", b"v")]))
+        with psycopg.connect(engine.url, autocommit=True) as conn:  # the server's view
+            for _ in range(1000):
+                if conn.execute("SELECT 1 FROM kv WHERE k = %s", (b"w",)).fetchone():
+                    break
+                await asyncio.sleep(0.01)
+        async with meta.asnapshot() as tx:  # (not fresh: it does not wait for the commit)
+            seen["read"] = tx.kv.get(b"w")
+            seen["cached"] = getattr(tx.kv, "_cached")  # noqa: B009
+        busy.set()
+        seen["out"] = await writer
+
+    asyncio.run(run())
+    assert seen["read"] == b"v" and seen["cached"] is False
+    out = seen["out"]
+    assert isinstance(out, list) and isinstance(out[0], int)
+    cache = engine.cache
+    assert cache.lookup(cache.seq, b"w") == (True, b"v")

@@ -70,6 +70,12 @@ class ReadCache:
         #: this node's own commit ``seq`` before the writer's :meth:`committed` (which gives
         #: it back)
         self._pending: tuple[int, dict[bytes, set[bytes]]] | None = None
+        #: the seq of this node's write commit in flight (:meth:`expect`, until
+        #: :meth:`committed` or :meth:`abandon`): the cache does not move to it or past it
+        #: meanwhile, so the writer's :meth:`committed` always finds it just before its
+        #: commit; and the change feed's rows held back meanwhile, applied after it
+        self._own: int | None = None
+        self._held: list[tuple[int, list[bytes]]] = []
         # figures for status pages and the bench
         self.hits = 0
         self.misses = 0
@@ -84,6 +90,27 @@ class ReadCache:
         with self._lock:
             return self.seq if self._knows() else None
 
+    def expect(self, seq: int) -> None:
+        """This node's writer is about to send its commit, which will be seq ``seq``.
+
+        Until its :meth:`committed` (or :meth:`abandon`), another transaction of this node
+        whose snapshot includes that commit reads the server (:meth:`advance` says False),
+        and the change feed's rows from ``seq`` on wait: otherwise a reader beginning
+        between the server's commit and the writer's :meth:`committed` moved the cache past
+        it, and the writer's values and the prefixes it made complete (a new directory's
+        entries) were lost -- on a busy cluster, for most commits."""
+        with self._lock:
+            self._own = seq
+            self._held = []
+
+    def abandon(self, seq: int) -> None:
+        """The commit :meth:`expect` announced failed (or its outcome is unknown): the
+        cache moves on without it, from the server's log."""
+        with self._lock:
+            if self._own == seq:
+                self._own = None
+                self._held = []
+
     def advance(self, frm: int | None, to: int,
                 rows: Iterable[tuple[int, Iterable[bytes]]] | None) -> bool:
         """Bring the cache to seq ``to``, given the log ``rows`` (seq, keys) after ``frm``
@@ -94,7 +121,7 @@ class ReadCache:
         with self._lock:
             if self.seq == to:
                 return True
-            if self.seq > to:
+            if self.seq > to or (self._own is not None and to >= self._own):
                 return False
             if not self._knows():
                 self.seq = to
@@ -119,15 +146,22 @@ class ReadCache:
         writer's :meth:`committed` will put its values back, and with them the
         completeness of the prefixes this drop takes."""
         with self._lock:
-            if self.seq == seq - 1:
-                keys = [bytes(k) for k in keys]
-                taken = {k[:n]: self._complete[k[:n]] for k in keys for n in self._lengths
-                         if k[:n] in self._complete} if own else {}
-                self._drop(keys)
-                self._pending = (seq, taken) if own else None
-                self.seq = seq
-            elif self.seq < seq - 1 and not self._knows():
-                self.seq = seq
+            if self._own is not None and seq >= self._own:
+                if self._held or seq == self._own:  # (in order from the writer's own)
+                    self._held.append((seq, [bytes(k) for k in keys]))
+                return
+            self._apply(seq, keys, own)
+
+    def _apply(self, seq: int, keys: Iterable[bytes], own: bool) -> None:
+        if self.seq == seq - 1:
+            keys = [bytes(k) for k in keys]
+            taken = {k[:n]: self._complete[k[:n]] for k in keys for n in self._lengths
+                     if k[:n] in self._complete} if own else {}
+            self._drop(keys)
+            self._pending = (seq, taken) if own else None
+            self.seq = seq
+        elif self.seq < seq - 1 and not self._knows():
+            self.seq = seq
 
     def drop_all(self, at: int) -> None:
         """Forget everything and stand at seq ``at`` (the feed lost the log: a trim)."""
@@ -179,25 +213,35 @@ class ReadCache:
         the commit first (its notification can arrive before the commit's reply): with the
         cache at ``after`` the writes are still exactly what the keys hold there."""
         with self._lock:
-            if self.seq != before and (self.seq != after or writes is None):
-                return  # someone already moved the cache on (dropping these keys)
-            if writes is None:
-                self._clear()
-            else:
-                # the prefixes first (those given back with the keys they had), then the
-                # writes: _set keeps each prefix's keys, and a write it cannot keep (too
-                # big) or an entry it evicts takes the prefix's completeness again
-                back = self._pending[1] if (
-                    self._pending is not None and self._pending[0] == after == self.seq) else {}
-                for prefix, keys in [*((p, set()) for p in complete), *back.items()]:
-                    self._complete.setdefault(prefix, keys)
-                    self._lengths.add(len(prefix))
-                for key, value in writes.items():
-                    self._set(key, value)
-                while len(self._complete) > self.max_entries:
-                    del self._complete[next(iter(self._complete))]
-            self._pending = None
-            self.seq = after
+            held, self._held = self._held, []
+            if self._own == after:
+                self._own = None
+            self._committed(before, after, writes, complete)
+            for seq, keys in held:  # the feed's rows after it (its own row: skipped)
+                self._apply(seq, keys, False)
+
+    def _committed(self, before: int, after: int,
+                   writes: Mapping[bytes, bytes | None] | None,
+                   complete: Iterable[bytes]) -> None:
+        if self.seq != before and (self.seq != after or writes is None):
+            return  # someone already moved the cache on (dropping these keys)
+        if writes is None:
+            self._clear()
+        else:
+            # the prefixes first (those given back with the keys they had), then the
+            # writes: _set keeps each prefix's keys, and a write it cannot keep (too
+            # big) or an entry it evicts takes the prefix's completeness again
+            back = self._pending[1] if (
+                self._pending is not None and self._pending[0] == after == self.seq) else {}
+            for prefix, keys in [*((p, set()) for p in complete), *back.items()]:
+                self._complete.setdefault(prefix, keys)
+                self._lengths.add(len(prefix))
+            for key, value in writes.items():
+                self._set(key, value)
+            while len(self._complete) > self.max_entries:
+                del self._complete[next(iter(self._complete))]
+        self._pending = None
+        self.seq = after
 
     def _set(self, key: bytes, value: bytes | None) -> None:
         old = self._map.pop(key, _MISSING)

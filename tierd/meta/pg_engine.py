@@ -374,11 +374,15 @@ class PgTxn(KVTxn):
         query = self._commit_message(written)
         if query is None:
             return
+        changed = written is None or bool(written)
+        if changed:
+            self._store.cache.expect(self.seq + 1)
         try:
             pgconn = self._conn.pgconn
             pgconn.send_query(query)
             pgconn.flush()  # (what a full socket buffer keeps, commit() sends)
         except psycopg.Error:
+            self._store.cache.abandon(self.seq + 1)
             return
         self._unsent = {}
         self._sent = True
@@ -413,6 +417,8 @@ class PgTxn(KVTxn):
         written = self._written
         changed = written is None or bool(written)
         new = self.seq + 1
+        if changed and not self._sent:
+            store.cache.expect(new)  # (the cache waits for this commit: ReadCache.expect)
         try:
             if self._sent:
                 self._sent_outcome()
@@ -430,6 +436,7 @@ class PgTxn(KVTxn):
                         conn.execute(_TRIM % (new - store.log_keep,))
                     conn.execute(b"COMMIT")
         except psycopg.Error as e:
+            store.cache.abandon(new)
             self._fail()
             why = "committing"
             if isinstance(e, psycopg.OperationalError):
