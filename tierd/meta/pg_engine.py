@@ -132,7 +132,7 @@ _BEGIN_WRITE = b"BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE tierd_lock"
 _SEQ_READ = b"EXECUTE tierd_seq"
 _SEQ_LOG_READ = b"EXECUTE tierd_seq_log(%d, %d)"
 _LOG_SINCE = b"; EXECUTE tierd_log(%d, %d)"
-_HOT_SINCE = b"; EXECUTE tierd_hot(%d, %d, ARRAY[%s]::bytea[])"
+_HOT = b"; EXECUTE tierd_hot(ARRAY[%s]::bytea[])"
 _BUMP = b"UPDATE meta_schema SET seq = %s"
 _LOG = b"INSERT INTO kv_log (seq, node, keys) VALUES (%s, %s, %s::bytea[])"
 _TRIM = b"DELETE FROM kv_log WHERE seq <= %d"
@@ -507,9 +507,9 @@ class PgStore(KVStore):
         self.node = node
         self.cache = ReadCache(cache_entries)
         #: keys nearly every writer reads (the metadata's counters): a writer's begin also
-        #: fetches those another node changed since the cache's seq, in the same message,
-        #: instead of its body's first read fetching them under the lock in a round trip
-        #: of its own -- on several nodes every create paid one
+        #: fetches them as they are after the lock, in the same message, instead of its
+        #: body's first read fetching them under the lock in a round trip of its own --
+        #: on several nodes every create paid one
         self._hot = b",".join(b"'\\x%s'" % k.hex().encode() for k in hot)
         self.log_keep = max(1, log_keep)
         #: a writer trims the log when its seq is a multiple of this (about 1 in 1000)
@@ -613,7 +613,7 @@ class PgStore(KVStore):
                 query = _BEGIN_WRITE + (b"" if frm is None else
                                         _LOG_SINCE % (frm, _LOG_FETCH_MAX))
                 if hot:
-                    query += _HOT_SINCE % (frm, _LOG_FETCH_MAX, self._hot)
+                    query += _HOT % self._hot
             else:
                 query = _BEGIN_READ + (_SEQ_READ if frm is None else
                                        _SEQ_LOG_READ % (frm, _LOG_FETCH_MAX))

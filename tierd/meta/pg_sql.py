@@ -32,12 +32,10 @@ PREPARE = (
     b"PREPARE tierd_lock AS SELECT seq FROM meta_schema FOR UPDATE; "
     b"PREPARE tierd_log(bigint, int) AS "
     b"SELECT seq, keys FROM kv_log WHERE seq > $1 ORDER BY seq LIMIT $2; "
-    # of the keys $2, those a commit after $1 changed, as they are now (a writer's begin);
-    # only the log rows tierd_log returns are looked at (further behind, the cache is
-    # dropped anyway, and what is not fetched here is read when needed)
-    b"PREPARE tierd_hot(bigint, int, bytea[]) AS SELECT k, v FROM kv WHERE k = ANY($3) "
-    b"AND EXISTS (SELECT 1 FROM (SELECT keys FROM kv_log WHERE seq > $1 ORDER BY seq "
-    b"LIMIT $2) l WHERE k = ANY(l.keys))")
+    # the keys $1 as they are now (a writer's begin, after the lock): a handful of small
+    # counters, read whether or not a commit changed them -- picking the changed ones out
+    # by the log rows took the server 0.15-0.24 ms, while the writer lock was held
+    b"PREPARE tierd_hot(bytea[]) AS SELECT k, v FROM kv WHERE k = ANY($1)")
 
 
 #: a range scan's page (pg_engine: PgTxn.scan), by (reverse, resuming after a key, bounded)
