@@ -383,3 +383,20 @@ def test_a_failed_commit_lets_the_cache_move_on_without_it() -> None:
     assert cache.advance(11, 12, [(12, [P + b"x"])])
     assert cache.lookup(12, P + b"zz") == (False, None)
     assert cache.lookup(12, P + b"a") == (True, b"A")
+
+
+def test_the_feed_rows_held_back_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the bound the feed's rows are left to the next transaction's log rows: the
+    cache stays behind meanwhile, and then catches up exactly."""
+    from tierd.meta import pg_cache
+    monkeypatch.setattr(pg_cache, "_HELD_MAX", 3)
+    cache = _cache()
+    cache.expect(12)
+    for seq in range(12, 18):
+        cache.apply(seq, [P + b"own"] if seq == 12 else [b"k%d" % seq], own=seq == 12)
+    cache.committed(11, 12, {P + b"own": b"O"})
+    assert cache.seq == 14  # 12 (its own), 13 and 14 held; 15-17 not
+    assert cache.lookup(14, P + b"own") == (True, b"O")
+    assert cache.advance(14, 17, [(15, [P + b"x"]), (16, [b"k16"]), (17, [b"k17"])])
+    assert cache.lookup(17, P + b"own") == (True, b"O")
+    assert cache.lookup(17, P + b"zz") == (False, None)  # 15 named a key under P

@@ -48,6 +48,8 @@ VALUE_MAX = 64 << 10
 #: a log row with no keys: the commit changed too many keys to list (a ``tierd meta load``)
 EVERYTHING: Final[tuple[bytes, ...]] = ()
 _MISSING: Final = object()
+#: the change feed's rows held back while this node's commit is in flight, at most
+_HELD_MAX = 4096
 
 
 class ReadCache:
@@ -147,7 +149,9 @@ class ReadCache:
         completeness of the prefixes this drop takes."""
         with self._lock:
             if self._own is not None and seq >= self._own:
-                if self._held or seq == self._own:  # (in order from the writer's own)
+                # in order from the writer's own; past _HELD_MAX the rest are left to the
+                # next transaction's log rows (the cache stays behind meanwhile: exact)
+                if (self._held or seq == self._own) and len(self._held) < _HELD_MAX:
                     self._held.append((seq, [bytes(k) for k in keys]))
                 return
             self._apply(seq, keys, own)

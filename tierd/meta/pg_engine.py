@@ -442,6 +442,9 @@ class PgTxn(KVTxn):
             if isinstance(e, psycopg.OperationalError):
                 why += " (if the connection broke during COMMIT it may have been applied)"
             raise _io_error(e, why) from e
+        except BaseException:
+            store.cache.abandon(new)  # (no commit this node's cache could wait for)
+            raise
         if changed:
             store.cache.committed(self.seq, new, written, self.empty)
             store.local_seq = max(store.local_seq, new)
