@@ -155,18 +155,25 @@ class LockMeter:
     backend holding an id is one where a writer held the lock; a backend waiting on a lock
     is a writer of another node queued for it.  Shares of samples: ``writer_held``,
     ``waiting`` (at least one waiter), ``waiters`` (their mean count), and ``cpu_idle``
-    (the machine's idle and iowait time between samples)."""
+    (the machine's idle and iowait time between samples); and of the samples where the
+    lock was held, what its holder did: ``holder_client`` (idle in its transaction: the
+    writer's own process has the turn), ``holder_io`` (the server writing or flushing,
+    mostly the commit's WAL flush), ``holder_running`` (the server running a statement)."""
 
-    _QUERY = ("SELECT count(*) FILTER (WHERE backend_xid IS NOT NULL), "
-              "count(*) FILTER (WHERE wait_event_type = 'Lock') FROM pg_stat_activity "
-              "WHERE datname IS NOT NULL AND pid <> pg_backend_pid()")
+    _QUERY = ("SELECT count(*) FILTER (WHERE state LIKE 'idle in%'), "
+              "count(*) FILTER (WHERE state NOT LIKE 'idle%' AND wait_event_type = 'IO'), "
+              "count(*) FILTER (WHERE state NOT LIKE 'idle%' AND wait_event_type IS "
+              "DISTINCT FROM 'IO'), "
+              "(SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock') "
+              "FROM pg_stat_activity WHERE backend_xid IS NOT NULL "
+              "AND wait_event_type IS DISTINCT FROM 'Lock' AND pid <> pg_backend_pid()")
 
     def __init__(self, url: str) -> None:
         import psycopg
 
         self.conn = psycopg.connect(url, autocommit=True)
         self._stop = threading.Event()
-        self._rows: list[tuple[int, int, float]] = []
+        self._rows: list[tuple[int, int, int, int, float]] = []
         self._thread: threading.Thread | None = None
 
     @staticmethod
@@ -183,7 +190,9 @@ class LockMeter:
             total, idle = now[0] - last[0], now[1] - last[1]
             last = now
             if row is not None:
-                self._rows.append((int(row[0]), int(row[1]), idle / total if total else 0.0))
+                client, io, running, waiters = (int(x) for x in row[:4])
+                self._rows.append((client, io, running, waiters,
+                                   idle / total if total else 0.0))
 
     def start(self) -> None:
         self._rows, self._stop = [], threading.Event()
@@ -195,11 +204,16 @@ class LockMeter:
         if self._thread is not None:
             self._thread.join()
         rows, n = self._rows, max(1, len(self._rows))
+        held = [r for r in rows if r[0] + r[1] + r[2]]
+        h = max(1, len(held))
         return {"samples": len(rows),
-                "writer_held": round(sum(1 for r in rows if r[0]) / n, 3),
-                "waiting": round(sum(1 for r in rows if r[1]) / n, 3),
-                "waiters": round(sum(r[1] for r in rows) / n, 2),
-                "cpu_idle": round(sum(r[2] for r in rows) / n, 3)}
+                "writer_held": round(len(held) / n, 3),
+                "waiting": round(sum(1 for r in rows if r[3]) / n, 3),
+                "waiters": round(sum(r[3] for r in rows) / n, 2),
+                "cpu_idle": round(sum(r[4] for r in rows) / n, 3),
+                "holder_client": round(sum(1 for r in held if r[0]) / h, 3),
+                "holder_io": round(sum(1 for r in held if r[1]) / h, 3),
+                "holder_running": round(sum(1 for r in held if r[2]) / h, 3)}
 
 
 class Statements:
