@@ -184,7 +184,7 @@ class LockMeter:
 
     def _run(self) -> None:
         last = self._cpu()
-        while not self._stop.wait(0.01):
+        while True:  # (a sample at once: even a phase of a few ms has one)
             row = self.conn.execute(self._QUERY).fetchone()
             now = self._cpu()
             total, idle = now[0] - last[0], now[1] - last[1]
@@ -193,6 +193,8 @@ class LockMeter:
                 client, io, running, waiters = (int(x) for x in row[:4])
                 self._rows.append((client, io, running, waiters,
                                    idle / total if total else 0.0))
+            if self._stop.wait(0.01):
+                return
 
     def start(self) -> None:
         self._rows, self._stop = [], threading.Event()
