@@ -73,13 +73,14 @@ def test_a_prefix_stops_being_complete_when_its_keys_may_have_changed_unseen(
         assert cache.lookup(seq, P + b"big") == (False, None)
 
 
-def test_the_feed_applying_this_nodes_commit_first_keeps_the_prefix_complete() -> None:
-    """The feed may apply this node's own commit (from its notification) before the
-    writer's reply: it drops the keys, and the writer's values put them -- and the prefix's
-    completeness -- back.  Meanwhile the prefix answers nothing."""
+def test_the_feeds_row_of_this_nodes_commit_waits_for_the_writer() -> None:
+    """The feed may hear this node's own commit (from its notification) before the
+    writer's reply: the row waits, so the cache stays before the commit, and the writer's
+    values -- and the prefix's completeness -- stand once it replies."""
     cache = _cache()
-    cache.apply(12, [P + b"b"], own=True)
-    assert cache.lookup(12, P + b"zz") == (False, None)
+    cache.expect(12)
+    cache.apply(12, [P + b"b"])
+    assert cache.seq == 11 and cache.lookup(12, P + b"zz") == (False, None)
     cache.committed(11, 12, {P + b"b": b"B"})
     assert cache.lookup(12, P + b"b") == (True, b"B")
     assert cache.lookup(12, P + b"zz") == (True, None)
@@ -90,15 +91,16 @@ def test_the_feed_applying_this_nodes_commit_first_keeps_the_prefix_complete() -
 
 def test_a_scan_of_a_complete_prefix_lists_what_it_holds() -> None:
     """``ReadCache.under``: a complete prefix's keys with their values, in order, kept by
-    this node's commits (also when the feed applied one first and the writer gave the
-    completeness back: the keys it held before stay listed); None at another seq, under a
-    prefix that is not complete, and once another node's commit named a key under it."""
+    this node's commits (also when the feed heard one first: the keys it held before stay
+    listed); None at another seq, under a prefix that is not complete, and once another
+    node's commit named a key under it."""
     cache = _cache()
     assert cache.under(11, P) == [(P + b"a", b"A")]
     assert cache.under(10, P) is None and cache.under(11, b"D") is None
     cache.committed(11, 12, {P + b"c": b"C"})
-    cache.apply(13, [P + b"b"], own=True)
-    assert cache.under(13, P) is None  # meanwhile: not complete
+    cache.expect(13)
+    cache.apply(13, [P + b"b"])
+    assert cache.under(13, P) is None  # meanwhile: the cache stands at 12
     cache.committed(12, 13, {P + b"b": b"B"})
     assert cache.under(13, P) == [(P + b"a", b"A"), (P + b"b", b"B"), (P + b"c", b"C")]
     cache.committed(13, 14, {P + b"a": None})
@@ -357,7 +359,7 @@ def test_a_reader_between_a_commit_and_its_reply_leaves_the_writer_its_values() 
     cache.expect(12)
     assert not cache.advance(11, 13, [(12, [P + b"b", b"I9"]), (13, [b"other"])])
     assert cache.seq == 11
-    cache.apply(12, [P + b"b", b"I9"], own=True)  # the feed: held
+    cache.apply(12, [P + b"b", b"I9"])  # the feed: held
     cache.apply(13, [b"other"])
     assert cache.seq == 11
     cache.committed(11, 12, {P + b"b": b"B", b"I9": b"dir"}, [q])
@@ -393,7 +395,7 @@ def test_the_feed_rows_held_back_are_bounded(monkeypatch: pytest.MonkeyPatch) ->
     cache = _cache()
     cache.expect(12)
     for seq in range(12, 18):
-        cache.apply(seq, [P + b"own"] if seq == 12 else [b"k%d" % seq], own=seq == 12)
+        cache.apply(seq, [P + b"own"] if seq == 12 else [b"k%d" % seq])
     cache.committed(11, 12, {P + b"own": b"O"})
     assert cache.seq == 14  # 12 (its own), 13 and 14 held; 15-17 not
     assert cache.lookup(14, P + b"own") == (True, b"O")

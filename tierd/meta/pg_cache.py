@@ -16,7 +16,8 @@ bumped in the commit) and logs the keys each one changed (``kv_log``); see
 * the writer (who holds the database's writer lock, so nothing else commits meanwhile) hands
   its own writes over after its commit (:meth:`committed`): the cache moves from the writer's
   seq to the commit's seq with those values in place, and this node's next read of a key it
-  just wrote costs no round trip.
+  just wrote costs no round trip.  From before the commit is sent until then the cache does
+  not move to it or past it (:meth:`ReadCache.expect`).
 
 A key the cache does not hold is unknown, except under a **complete prefix**: one that
 every key of the store starting with it is in the cache (:meth:`committed`'s ``complete``:
@@ -68,10 +69,6 @@ class ReadCache:
         #: lengths (a dict for its order: past ``max_entries`` the oldest go, always safe)
         self._complete: dict[bytes, set[bytes]] = {}
         self._lengths: set[int] = set()
-        #: (seq, prefixes with their keys) the feed took completeness from when it applied
-        #: this node's own commit ``seq`` before the writer's :meth:`committed` (which gives
-        #: it back)
-        self._pending: tuple[int, dict[bytes, set[bytes]]] | None = None
         #: the seq of this node's write commit in flight (:meth:`expect`, until
         #: :meth:`committed` or :meth:`abandon`): the cache does not move to it or past it
         #: meanwhile, so the writer's :meth:`committed` always finds it just before its
@@ -141,12 +138,11 @@ class ReadCache:
             self.seq = to
             return True
 
-    def apply(self, seq: int, keys: Iterable[bytes], own: bool = False) -> None:
+    def apply(self, seq: int, keys: Iterable[bytes]) -> None:
         """One log row, from the change feed, applied if the cache is just before it (the
         feed reads the log in order; a cache further behind waits for the next transaction
-        to bring it up with the whole stretch).  ``own``: a commit of this node, whose
-        writer's :meth:`committed` will put its values back, and with them the
-        completeness of the prefixes this drop takes."""
+        to bring it up with the whole stretch).  This node's own commit, and the rows after
+        it, wait for its writer's :meth:`committed` (:meth:`expect`)."""
         with self._lock:
             if self._own is not None and seq >= self._own:
                 # in order from the writer's own; past _HELD_MAX the rest are left to the
@@ -154,15 +150,11 @@ class ReadCache:
                 if (self._held or seq == self._own) and len(self._held) < _HELD_MAX:
                     self._held.append((seq, [bytes(k) for k in keys]))
                 return
-            self._apply(seq, keys, own)
+            self._apply(seq, keys)
 
-    def _apply(self, seq: int, keys: Iterable[bytes], own: bool) -> None:
+    def _apply(self, seq: int, keys: Iterable[bytes]) -> None:
         if self.seq == seq - 1:
-            keys = [bytes(k) for k in keys]
-            taken = {k[:n]: self._complete[k[:n]] for k in keys for n in self._lengths
-                     if k[:n] in self._complete} if own else {}
-            self._drop(keys)
-            self._pending = (seq, taken) if own else None
+            self._drop([bytes(k) for k in keys])
             self.seq = seq
         elif self.seq < seq - 1 and not self._knows():
             self.seq = seq
@@ -213,38 +205,35 @@ class ReadCache:
                   complete: Iterable[bytes] = ()) -> None:
         """The writer that began at ``before`` committed seq ``after`` with ``writes`` (None:
         too many to keep: forget everything), after which no key of the store starts with
-        a prefix of ``complete`` but those in ``writes``.  The change feed may have applied
-        the commit first (its notification can arrive before the commit's reply): with the
-        cache at ``after`` the writes are still exactly what the keys hold there."""
+        a prefix of ``complete`` but those in ``writes``.  The cache waited for it
+        (:meth:`expect`): the change feed's rows from ``after`` on, held meanwhile, follow
+        (its own row is skipped: these writes are what it changed)."""
         with self._lock:
             held, self._held = self._held, []
             if self._own == after:
                 self._own = None
             self._committed(before, after, writes, complete)
-            for seq, keys in held:  # the feed's rows after it (its own row: skipped)
-                self._apply(seq, keys, False)
+            for seq, keys in held:
+                self._apply(seq, keys)
 
     def _committed(self, before: int, after: int,
                    writes: Mapping[bytes, bytes | None] | None,
                    complete: Iterable[bytes]) -> None:
-        if self.seq != before and (self.seq != after or writes is None):
-            return  # someone already moved the cache on (dropping these keys)
+        if self.seq not in (before, after):
+            return  # moved on without it (dropped everything past it: a trim, a restart)
         if writes is None:
             self._clear()
         else:
-            # the prefixes first (those given back with the keys they had), then the
-            # writes: _set keeps each prefix's keys, and a write it cannot keep (too
-            # big) or an entry it evicts takes the prefix's completeness again
-            back = self._pending[1] if (
-                self._pending is not None and self._pending[0] == after == self.seq) else {}
-            for prefix, keys in [*((p, set()) for p in complete), *back.items()]:
-                self._complete.setdefault(prefix, keys)
+            # the prefixes first, then the writes: _set keeps each prefix's keys, and a
+            # write it cannot keep (too big) or an entry it evicts takes the prefix's
+            # completeness again
+            for prefix in complete:
+                self._complete.setdefault(prefix, set())
                 self._lengths.add(len(prefix))
             for key, value in writes.items():
                 self._set(key, value)
             while len(self._complete) > self.max_entries:
                 del self._complete[next(iter(self._complete))]
-        self._pending = None
         self.seq = after
 
     def _set(self, key: bytes, value: bytes | None) -> None:
@@ -289,16 +278,13 @@ class ReadCache:
         return any(key[:n] in self._complete for n in self._lengths)
 
     def _uncomplete(self, key: bytes) -> None:
-        if self._complete or self._pending:
+        if self._complete:
             for n in self._lengths:
                 self._complete.pop(key[:n], None)
-                if self._pending is not None:
-                    self._pending[1].pop(key[:n], None)
 
     def _clear(self) -> None:
         if self._map:
             self.dropped_all += 1
         self._map.clear()
         self._complete.clear()
-        self._pending = None
         self._bytes = 0

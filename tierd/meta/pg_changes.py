@@ -195,7 +195,7 @@ class ChangeFeed:
     def _row(self, seq: int, node: str, names: list[bytes]) -> None:
         """One commit, the next after the cursor: to the cache, then to the callback."""
         if self.cache is not None:
-            self.cache.apply(seq, names, own=node == self.node)
+            self.cache.apply(seq, names)
         if node != self.node:
             self._deliver(seq, names or None)
         self.cursor = seq
