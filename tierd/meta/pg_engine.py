@@ -374,15 +374,14 @@ class PgTxn(KVTxn):
         query = self._commit_message(written)
         if query is None:
             return
-        changed = written is None or bool(written)
-        if changed:
+        if written:  # (None never fits one message) a seq the cache waits for
             self._store.cache.expect(self.seq + 1)
         try:
             pgconn = self._conn.pgconn
             pgconn.send_query(query)
             pgconn.flush()  # (what a full socket buffer keeps, commit() sends)
         except psycopg.Error:
-            self._store.cache.abandon(self.seq + 1)
+            self._store.cache.abandon(self.seq + 1)  # (a no-op without expect)
             return
         self._unsent = {}
         self._sent = True
