@@ -11,8 +11,15 @@ what no change to the namespace can beat on this machine.  Measured here:
 * ``write``: sequential 1 MiB writes of ``--write-mib`` MiB (WRITE requests whose payload is
   dropped), MB/s; and the same on a tmpfs file as the raw figure of the page-cache copy.
 
+``--c``: the same creates through ``bench/fuse_null_c.c`` too, libfuse's low-level API in C
+over handlers that do nothing, built here with gcc (libfuse3-dev): the floor of the round
+trips without Python, on the same machine in the same run.  ``--rounds N`` repeats each
+measurement N times, alternating (the figures of this VM vary from round to round with where
+the scheduler puts the client and the daemon).
+
 Usage (root: the mount is made with mount(2)):
-``python bench/fuse_null.py [--files 5000] [--write-mib 2048]``; prints one JSON document.
+``python bench/fuse_null.py [--files 5000] [--write-mib 2048] [--c] [--rounds 3]``; prints one
+JSON document.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pyfuse3
-from benchlib import idle_state
+from benchlib import idle_state, wait_mounted
 from tierd_fuse.kdev import KernelSession
 from tierd_fuse.mount import kernel_device, mount_options, unmount
 
@@ -163,17 +170,65 @@ async def serve(mnt: Path, work: list[tuple[str, int]],
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--files", type=int, default=5000)
-    ap.add_argument("--write-mib", type=int, default=2048)
-    args = ap.parse_args()
+C_SOURCE = Path(__file__).with_name("fuse_null_c.c")
+
+
+def build_c(tmp: Path) -> Path:
+    """``fuse_null_c.c`` compiled against libfuse3 (gcc and libfuse3-dev are needed)."""
+    flags = subprocess.run(["pkg-config", "fuse3", "--cflags", "--libs"], capture_output=True,
+                           text=True, check=True).stdout.split()
+    exe = tmp / "fuse_null_c"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(C_SOURCE), *flags], check=True)
+    return exe
+
+
+def c_creates(exe: Path, tmp: Path, files: int) -> dict[str, Any]:
+    """Creates per second through the C daemon (the client of the Python rounds)."""
+    mnt = tmp / "mnt-c"
+    mnt.mkdir(exist_ok=True)
+    log = tmp / "fuse_null_c.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(exe), str(mnt)], stdout=out, stderr=out)
+    try:
+        wait_mounted(cast(Any, proc), mnt, log, "fuse_null_c")
+        r = subprocess.run([sys.executable, "-c", CLIENT, "create", str(mnt), str(files)],
+                           capture_output=True, text=True, check=True)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+        proc.wait(30)
+    return cast(dict[str, Any], json.loads(r.stdout))
+
+
+def python_round(files: int, write_mib: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tierd-null-") as tmp:
         mnt = Path(tmp) / "mnt"
         mnt.mkdir()
         cpu0 = time.process_time()
-        res = asyncio.run(serve(mnt, [("create", args.files), ("write", args.write_mib)]))
+        work = [("create", files)] + ([("write", write_mib)] if write_mib else [])
+        res = asyncio.run(serve(mnt, work))
         res["server_cpu_s"] = round(time.process_time() - cpu0, 2)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--files", type=int, default=5000)
+    ap.add_argument("--write-mib", type=int, default=2048)
+    ap.add_argument("--c", action="store_true",
+                    help="also the creates through the C daemon (bench/fuse_null_c.c)")
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args()
+    rounds: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="tierd-null-c-") as ctmp:
+        exe = build_c(Path(ctmp)) if args.c else None
+        for _ in range(args.rounds):
+            one = python_round(args.files, args.write_mib)
+            if exe is not None:
+                one["create_c"] = c_creates(exe, Path(ctmp), args.files)
+            rounds.append(one)
+    res: dict[str, Any] = dict(rounds[0])
+    if args.rounds > 1:
+        res["rounds"] = rounds
     with tempfile.TemporaryDirectory(prefix="tierd-null-raw-", dir="/dev/shm") as shm:
         r = subprocess.run([sys.executable, "-c", CLIENT, "write", shm, str(args.write_mib)],
                            capture_output=True, text=True, check=True)

@@ -1,0 +1,164 @@
+/* The round-trip floor of this machine's FUSE, without Python: libfuse's low-level API over
+ * handlers that do nothing, in one thread (fuse_session_loop), mounted with
+ * default_permissions as tierd's door is (POSIX ACLs imply it), so a create costs the same
+ * five requests it costs tierd: LOOKUP, CREATE, FLUSH, RELEASE and the parent's GETATTR.
+ *
+ * Built and run by bench/fuse_null.py --c (gcc and libfuse3-dev); by hand:
+ *   gcc -O2 -o /tmp/fuse_null_c bench/fuse_null_c.c $(pkg-config fuse3 --cflags --libs)
+ *   /tmp/fuse_null_c MOUNTPOINT      (foreground; unmount to stop it)
+ */
+#define FUSE_USE_VERSION 34
+#include <fuse_lowlevel.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define MAXFILES (1 << 20)
+static char *names[MAXFILES]; /* ino - 2 -> name; a flat directory */
+static off_t sizes[MAXFILES];
+static fuse_ino_t next_ino = 2;
+
+static void attrs(fuse_ino_t ino, struct stat *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->st_ino = ino;
+    st->st_mode = ino == 1 ? (S_IFDIR | 0777) : (S_IFREG | 0644);
+    st->st_nlink = ino == 1 ? 2 : 1;
+    st->st_size = ino == 1 ? 0 : sizes[ino - 2];
+    st->st_blksize = 1 << 20;
+}
+
+static void reply_entry(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    struct fuse_entry_param e;
+    memset(&e, 0, sizeof(e));
+    e.ino = ino;
+    e.attr_timeout = e.entry_timeout = 300;
+    attrs(ino, &e.attr);
+    if (fi)
+        fuse_reply_create(req, &e, fi);
+    else
+        fuse_reply_entry(req, &e);
+}
+
+#define HSIZE (MAXFILES * 2) /* open addressing, name -> ino */
+static fuse_ino_t table[HSIZE];
+
+static void slot(const char *name, fuse_ino_t **at)
+{
+    size_t h = 1469598103934665603ULL;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+    for (h %= HSIZE;; h = (h + 1) % HSIZE)
+        if (!table[h] || strcmp(names[table[h] - 2], name) == 0) {
+            *at = &table[h];
+            return;
+        }
+}
+
+static fuse_ino_t find(const char *name)
+{
+    fuse_ino_t *at;
+    slot(name, &at);
+    return *at;
+}
+
+static void nl_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    (void)parent;
+    fuse_ino_t ino = find(name);
+    if (!ino)
+        fuse_reply_err(req, ENOENT);
+    else
+        reply_entry(req, ino, NULL);
+}
+
+static void nl_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    (void)fi;
+    struct stat st;
+    attrs(ino, &st);
+    fuse_reply_attr(req, &st, 300);
+}
+
+static void nl_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+                      struct fuse_file_info *fi)
+{
+    (void)parent; (void)mode;
+    fuse_ino_t ino = find(name);
+    if (!ino) {
+        if (next_ino - 2 >= MAXFILES) {
+            fuse_reply_err(req, ENOSPC);
+            return;
+        }
+        fuse_ino_t *at;
+        slot(name, &at);
+        ino = *at = next_ino++;
+        names[ino - 2] = strdup(name);
+    }
+    sizes[ino - 2] = 0;
+    fi->fh = ino;
+    reply_entry(req, ino, fi);
+}
+
+static void nl_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    fi->fh = ino;
+    fuse_reply_open(req, fi);
+}
+
+static void nl_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+                     struct fuse_file_info *fi)
+{
+    (void)buf; (void)fi;
+    if (ino >= 2 && off + (off_t)size > sizes[ino - 2])
+        sizes[ino - 2] = off + size;
+    fuse_reply_write(req, size);
+}
+
+static void nl_ok(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    (void)ino; (void)fi;
+    fuse_reply_err(req, 0);
+}
+
+static void nl_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+                       struct fuse_file_info *fi)
+{
+    (void)fi;
+    if ((to_set & FUSE_SET_ATTR_SIZE) && ino >= 2)
+        sizes[ino - 2] = attr->st_size;
+    nl_getattr(req, ino, NULL);
+}
+
+static void nl_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+{
+    (void)ino; (void)name; (void)size;
+    fuse_reply_err(req, ENODATA);
+}
+
+static const struct fuse_lowlevel_ops ops = {
+    .lookup = nl_lookup, .getattr = nl_getattr, .create = nl_create, .open = nl_open,
+    .write = nl_write, .flush = nl_ok, .release = nl_ok, .setattr = nl_setattr,
+    .getxattr = nl_getxattr,
+};
+
+int main(int argc, char *argv[])
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s MOUNTPOINT\n", argv[0]);
+        return 2;
+    }
+    char *fargv[] = {argv[0], "-o", "default_permissions,allow_other,fsname=fuse_null_c",
+                     NULL};
+    struct fuse_args args = FUSE_ARGS_INIT(3, fargv);
+    struct fuse_session *se = fuse_session_new(&args, &ops, sizeof(ops), NULL);
+    if (!se || fuse_session_mount(se, argv[1]) != 0)
+        return 1;
+    int ret = fuse_session_loop(se);
+    fuse_session_unmount(se);
+    fuse_session_destroy(se);
+    return ret ? 1 : 0;
+}
