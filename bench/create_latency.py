@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import emit
+from benchlib import emit, idle_state
 from fuse_fio import start_daemon
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -48,7 +48,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
 
 def one_round(tree: str | None, args: argparse.Namespace) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix="tierd-bench-create-"))
-    proc, _, mnt, _ = start_daemon(base, ["--fuse-backend", "kernel"], tree)
+    proc, _, mnt, _ = start_daemon(base, ["--fuse-backend", "kernel", *args.serve_arg], tree)
     try:
         d = mnt / "bench" / "create"
         d.mkdir(parents=True)
@@ -85,6 +85,9 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--base", default=None, metavar="TREE",
                     help="also measure the daemons of this tree, alternating")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="an argument for `tierd serve` (repeat: --serve-arg=--fuse-poll-us "
+                    "--serve-arg=0)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if os.path.exists("tierd") and args.base:
@@ -99,6 +102,7 @@ def main() -> None:
             runs["base"].append(one_round(args.base, args))
     result = {
         "bench": "create_latency", "files": args.files, "warmup": args.warmup,
+        "serve_args": args.serve_arg, "idle": idle_state(),
         "base": args.base, "load_average": os.getloadavg(),
         "runs": runs,
         "median_creates_per_s": {k: statistics.median(r["creates_per_s"] for r in v)

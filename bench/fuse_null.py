@@ -13,13 +13,16 @@ what no change to the namespace can beat on this machine.  Measured here:
 
 ``--c``: the same creates through ``bench/fuse_null_c.c`` too, libfuse's low-level API in C
 over handlers that do nothing, built here with gcc (libfuse3-dev): the floor of the round
-trips without Python, on the same machine in the same run.  ``--rounds N`` repeats each
-measurement N times, alternating (the figures of this VM vary from round to round with where
-the scheduler puts the client and the daemon).
+trips without Python, on the same machine in the same run; ``--c-backing DIR`` adds the
+same C daemon making one local file per create under ``DIR`` -- the least a create with
+write passthrough needs (its backing file), on the file system that would hold it.
+``--poll-us``: the request loop polls the device before it sleeps (``fuse_poll_us``).
+``--rounds N`` repeats each measurement N times, alternating (the figures of this VM vary
+from round to round with where the scheduler puts the client and the daemon).
 
 Usage (root: the mount is made with mount(2)):
-``python bench/fuse_null.py [--files 5000] [--write-mib 2048] [--c] [--rounds 3]``; prints one
-JSON document.
+``python bench/fuse_null.py [--files 5000] [--write-mib 2048] [--c [--c-backing DIR]]
+[--poll-us 100] [--rounds 3]``; prints one JSON document.
 """
 
 from __future__ import annotations
@@ -145,10 +148,11 @@ class NullOps:
 
 
 async def serve(mnt: Path, work: list[tuple[str, int]],
-                session_class: type[KernelSession] = KernelSession) -> dict[str, Any]:
+                session_class: type[KernelSession] = KernelSession,
+                poll_us: int = 0) -> dict[str, Any]:
     ops = NullOps()
     fd = await asyncio.to_thread(kernel_device, mnt, mount_options(True))
-    session = session_class(cast(Any, ops), fd)
+    session = session_class(cast(Any, ops), fd, poll_us=poll_us)
     served = asyncio.create_task(session.serve())
     out: dict[str, Any] = {}
     try:
@@ -182,13 +186,17 @@ def build_c(tmp: Path) -> Path:
     return exe
 
 
-def c_creates(exe: Path, tmp: Path, files: int) -> dict[str, Any]:
-    """Creates per second through the C daemon (the client of the Python rounds)."""
+def c_creates(exe: Path, tmp: Path, files: int, backing: Path | None = None,
+              ) -> dict[str, Any]:
+    """Creates per second through the C daemon (the client of the Python rounds); with
+    ``backing`` each new file also gets a local file made there, as a passthrough create
+    needs its backing file."""
     mnt = tmp / "mnt-c"
     mnt.mkdir(exist_ok=True)
     log = tmp / "fuse_null_c.log"
+    extra = [] if backing is None else [str(backing)]
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(exe), str(mnt)], stdout=out, stderr=out)
+        proc = subprocess.Popen([str(exe), str(mnt), *extra], stdout=out, stderr=out)
     try:
         wait_mounted(cast(Any, proc), mnt, log, "fuse_null_c")
         r = subprocess.run([sys.executable, "-c", CLIENT, "create", str(mnt), str(files)],
@@ -199,13 +207,13 @@ def c_creates(exe: Path, tmp: Path, files: int) -> dict[str, Any]:
     return cast(dict[str, Any], json.loads(r.stdout))
 
 
-def python_round(files: int, write_mib: int) -> dict[str, Any]:
+def python_round(files: int, write_mib: int, poll_us: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tierd-null-") as tmp:
         mnt = Path(tmp) / "mnt"
         mnt.mkdir()
         cpu0 = time.process_time()
         work = [("create", files)] + ([("write", write_mib)] if write_mib else [])
-        res = asyncio.run(serve(mnt, work))
+        res = asyncio.run(serve(mnt, work, poll_us=poll_us))
         res["server_cpu_s"] = round(time.process_time() - cpu0, 2)
     return res
 
@@ -216,15 +224,25 @@ def main() -> None:
     ap.add_argument("--write-mib", type=int, default=2048)
     ap.add_argument("--c", action="store_true",
                     help="also the creates through the C daemon (bench/fuse_null_c.c)")
+    ap.add_argument("--c-backing", type=Path, default=None, metavar="DIR",
+                    help="with --c: also the C daemon making a local file per create in a "
+                    "fresh directory under DIR (the hot tier's file system, say)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--poll-us", type=int, default=0,
+                    help="the loop's device polling window (fuse_poll_us; 0: sleep at once)")
     args = ap.parse_args()
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tierd-null-c-") as ctmp:
         exe = build_c(Path(ctmp)) if args.c else None
         for _ in range(args.rounds):
-            one = python_round(args.files, args.write_mib)
+            one = python_round(args.files, args.write_mib, args.poll_us)
             if exe is not None:
                 one["create_c"] = c_creates(exe, Path(ctmp), args.files)
+            if exe is not None and args.c_backing is not None:
+                with tempfile.TemporaryDirectory(prefix="tierd-null-c-backing-",
+                                                 dir=args.c_backing) as backing:
+                    one["create_c_backing"] = c_creates(exe, Path(ctmp), args.files,
+                                                        Path(backing))
             rounds.append(one)
     res: dict[str, Any] = dict(rounds[0])
     if args.rounds > 1:
@@ -236,6 +254,7 @@ def main() -> None:
         r = subprocess.run([sys.executable, "-c", CLIENT, "create", shm, str(args.files)],
                            capture_output=True, text=True, check=True)
         res["create_tmpfs_raw"] = json.loads(r.stdout)
+    res["poll_us"] = args.poll_us
     res["load_average"] = os.getloadavg()
     res["idle"] = idle_state()
     print(json.dumps(res, indent=2))

@@ -14,11 +14,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #define MAXFILES (1 << 20)
 static char *names[MAXFILES]; /* ino - 2 -> name; a flat directory */
 static off_t sizes[MAXFILES];
 static fuse_ino_t next_ino = 2;
+static int backing_dir = -1; /* with a second argument: each new file gets a local file there */
+static int backing_fd[MAXFILES];
 
 static void attrs(fuse_ino_t ino, struct stat *st)
 {
@@ -97,6 +101,18 @@ static void nl_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
         slot(name, &at);
         ino = *at = next_ino++;
         names[ino - 2] = strdup(name);
+        if (backing_dir >= 0) {
+            /* what a passthrough create needs at least: the local file, open (tierd makes
+             * it ahead in a worker thread; here it is made inline) */
+            char local[32];
+            snprintf(local, sizeof(local), "%lx", (unsigned long)ino);
+            backing_fd[ino - 2] = openat(backing_dir, local, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
+                                         0600);
+            if (backing_fd[ino - 2] < 0) {
+                fuse_reply_err(req, errno);
+                return;
+            }
+        }
     }
     sizes[ino - 2] = 0;
     fi->fh = ino;
@@ -124,6 +140,16 @@ static void nl_ok(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fuse_reply_err(req, 0);
 }
 
+static void nl_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    (void)fi;
+    if (backing_dir >= 0 && ino >= 2 && backing_fd[ino - 2] > 0) {
+        close(backing_fd[ino - 2]);
+        backing_fd[ino - 2] = 0;
+    }
+    fuse_reply_err(req, 0);
+}
+
 static void nl_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
                        struct fuse_file_info *fi)
 {
@@ -141,15 +167,19 @@ static void nl_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 
 static const struct fuse_lowlevel_ops ops = {
     .lookup = nl_lookup, .getattr = nl_getattr, .create = nl_create, .open = nl_open,
-    .write = nl_write, .flush = nl_ok, .release = nl_ok, .setattr = nl_setattr,
+    .write = nl_write, .flush = nl_ok, .release = nl_release, .setattr = nl_setattr,
     .getxattr = nl_getxattr,
 };
 
 int main(int argc, char *argv[])
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s MOUNTPOINT\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s MOUNTPOINT [BACKING_DIR]\n", argv[0]);
         return 2;
+    }
+    if (argc == 3 && (backing_dir = open(argv[2], O_DIRECTORY | O_RDONLY)) < 0) {
+        perror(argv[2]);
+        return 1;
     }
     char *fargv[] = {argv[0], "-o", "default_permissions,allow_other,fsname=fuse_null_c",
                      NULL};

@@ -31,6 +31,7 @@ import pyfuse3
 
 from . import kproto as K
 from .kpass import Passthrough
+from .kpoll import DevicePoll
 from .kstructs import DirToken, KContext, KSetattrFields, attr_out, entry_out
 
 if TYPE_CHECKING:
@@ -104,12 +105,15 @@ class KernelSession:
     """One mount's conversation with the kernel over a ``/dev/fuse`` descriptor."""
 
     def __init__(self, ops: TierdOps, fd: int, *, passthrough: bool = False,
-                 passthrough_writes: bool = False, max_tasks: int = MAX_TASKS) -> None:
+                 passthrough_writes: bool = False, max_tasks: int = MAX_TASKS,
+                 poll_us: int = 0) -> None:
         self.ops = ops
         self.fd = fd
         self.max_tasks = max_tasks
         self.want_passthrough = passthrough
         self.passthrough_writes = passthrough_writes
+        #: the device read again for ``poll_us`` before the loop sleeps (kpoll.py); None: off
+        self.poll = DevicePoll(poll_us) if poll_us > 0 else None
         self.pt: Passthrough | None = None
         self.minor = 0
         self.flags = 0
@@ -165,14 +169,31 @@ class KernelSession:
             self._reading = False
 
     def _readable(self) -> None:
-        """Read every request the device has now (it returns one per read)."""
+        """Read every request the device has now (it returns one per read), and with
+        ``fuse_poll_us`` those that come within a window after (:mod:`tierd_fuse.kpoll`)."""
+        poll = self.poll
+        deadline = 0
+        if poll is not None:
+            poll.woke()
         while len(self._tasks) < self.max_tasks:
             buf = self._free.pop() if self._free else bytearray(BUF_SIZE)
             try:
                 n = os.readv(self.fd, [buf])
             except (BlockingIOError, InterruptedError):
                 self._free.append(buf)
-                return
+                if poll is None:
+                    return
+                if self._tasks:  # a request waits for a result that comes through the loop
+                    poll.busy()
+                    return
+                poll.empty()
+                if not deadline:
+                    deadline = poll.deadline()
+                    if not deadline:
+                        return
+                elif poll.expired(deadline):
+                    return
+                continue
             except OSError as e:
                 self._free.append(buf)
                 if e.errno == errno.ENOENT:  # the request was interrupted meanwhile
@@ -181,6 +202,8 @@ class KernelSession:
                     log.warning("reading /dev/fuse failed: %s; the FUSE session ends", e)
                 self._finish()  # ENODEV: unmounted
                 return
+            if poll is not None:
+                poll.found()
             self._dispatch(buf, n)
         self._pause()  # resumed when a task finishes
 

@@ -316,6 +316,7 @@ class FuseDoor:
         backend: str = "pyfuse3",
         passthrough: bool = False,
         passthrough_writes: bool = False,
+        poll_us: int = 0,
     ) -> None:
         self.ns = ns
         self.mountpoint = Path(os.path.abspath(mountpoint))
@@ -329,6 +330,7 @@ class FuseDoor:
         self.backend = backend
         self.passthrough = passthrough
         self.passthrough_writes = passthrough_writes
+        self.poll_us = poll_us  # the kernel backend's device polling (kpoll.py)
         self._kernel: KernelSession | None = None
         self._session = False
         self._stopping = False
@@ -344,7 +346,8 @@ class FuseDoor:
                 fd = await asyncio.to_thread(kernel_device, self.mountpoint, opts)
                 self._kernel = KernelSession(self.ops, fd, passthrough=self.passthrough,
                                              passthrough_writes=self.passthrough_writes,
-                                             max_tasks=self.max_tasks)
+                                             max_tasks=self.max_tasks,
+                                             poll_us=self.poll_us)
                 self.invalidator.notifier = self._kernel
             else:
                 pyfuse3.asyncio.enable()

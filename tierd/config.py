@@ -191,6 +191,17 @@ class Config:
             metavar="BOOL",
         ),
     )
+    fuse_poll_us: int = field(
+        default=100,
+        metadata=setting(
+            parse=parse_int(0, 10_000),
+            help="With fuse_backend = kernel: microseconds the request loop reads /dev/fuse "
+            "again before it sleeps, so the next request of a file operation is taken "
+            "without a wake-up (on VMs whose idle vCPUs halt, each costs more than the wait); "
+            "stops by itself while requests come further apart; 0: off (docs/fuse.md).",
+            metavar="MICROSECONDS",
+        ),
+    )
     log_level: str = field(
         default="info",
         metadata=setting(

@@ -434,7 +434,8 @@ class Daemon:
         door = FuseDoor(self.namespace, mountpoint, on_unmounted=self._on_unmounted,
                         metrics=self.metrics, backend=self.config.fuse_backend,
                         passthrough=self.config.fuse_passthrough,
-                        passthrough_writes=self.config.fuse_passthrough_writes)
+                        passthrough_writes=self.config.fuse_passthrough_writes,
+                        poll_us=self.config.fuse_poll_us)
         await door.start()
         self.fuse = door
         if self.bound:  # serving already: tools read the mount from endpoints.json

@@ -20,13 +20,12 @@ import sys
 from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pyfuse3
 import pytest
-from public_dir import public_tempdir
+from kdev_mount import kernel_session
 from tierd_fuse.kdev import KernelSession
-from tierd_fuse.mount import kernel_device, mount_options, unmount
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -103,22 +102,9 @@ for name in sys.argv[2:]:
 
 @pytest.fixture
 def mounted() -> Iterator[tuple[Path, LoopOps, KernelSession, asyncio.AbstractEventLoop]]:
-    with public_tempdir("tierd-kdev-loop-") as tmp:
-        mnt = tmp / "mnt"
-        mnt.mkdir()
-        loop = asyncio.new_event_loop()
-        ops = LoopOps()
-        fd = kernel_device(mnt, mount_options(True))
-        session = KernelSession(cast(Any, ops), fd)
-        served = loop.create_task(session.serve())
-        try:
-            yield mnt, ops, session, loop
-        finally:
-            unmount(mnt, lazy=True)
-            session.terminate()
-            loop.run_until_complete(served)
-            session.close()
-            loop.close()
+    ops = LoopOps()
+    with kernel_session(ops, "tierd-kdev-loop-") as (mnt, session, loop):
+        yield mnt, ops, session, loop
 
 
 def test_answers_with_and_without_waiting(
