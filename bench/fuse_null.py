@@ -16,7 +16,8 @@ over handlers that do nothing, built here with gcc (libfuse3-dev): the floor of 
 trips without Python, on the same machine in the same run; ``--c-backing DIR`` adds the
 same C daemon making one local file per create under ``DIR`` -- the least a create with
 write passthrough needs (its backing file), on the file system that would hold it.
-``--poll-us``: the request loop polls the device before it sleeps (``fuse_poll_us``).
+``--poll-us``: the request loop polls the device before it sleeps (``fuse_poll_us``), and so
+does the C daemon's (a fixed window).
 ``--rounds N`` repeats each measurement N times, alternating (the figures of this VM vary
 from round to round with where the scheduler puts the client and the daemon).
 
@@ -187,7 +188,7 @@ def build_c(tmp: Path) -> Path:
 
 
 def c_creates(exe: Path, tmp: Path, files: int, backing: Path | None = None,
-              ) -> dict[str, Any]:
+              poll_us: int = 0) -> dict[str, Any]:
     """Creates per second through the C daemon (the client of the Python rounds); with
     ``backing`` each new file also gets a local file made there, as a passthrough create
     needs its backing file."""
@@ -195,8 +196,11 @@ def c_creates(exe: Path, tmp: Path, files: int, backing: Path | None = None,
     mnt.mkdir(exist_ok=True)
     log = tmp / "fuse_null_c.log"
     extra = [] if backing is None else [str(backing)]
+    env = dict(os.environ)
+    if poll_us > 0:  # the C loop polls the device as the Python one does
+        env["FUSE_NULL_POLL_US"] = str(poll_us)
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(exe), str(mnt), *extra], stdout=out, stderr=out)
+        proc = subprocess.Popen([str(exe), str(mnt), *extra], stdout=out, stderr=out, env=env)
     try:
         wait_mounted(cast(Any, proc), mnt, log, "fuse_null_c")
         r = subprocess.run([sys.executable, "-c", CLIENT, "create", str(mnt), str(files)],
@@ -237,12 +241,12 @@ def main() -> None:
         for _ in range(args.rounds):
             one = python_round(args.files, args.write_mib, args.poll_us)
             if exe is not None:
-                one["create_c"] = c_creates(exe, Path(ctmp), args.files)
+                one["create_c"] = c_creates(exe, Path(ctmp), args.files, poll_us=args.poll_us)
             if exe is not None and args.c_backing is not None:
                 with tempfile.TemporaryDirectory(prefix="tierd-null-c-backing-",
                                                  dir=args.c_backing) as backing:
                     one["create_c_backing"] = c_creates(exe, Path(ctmp), args.files,
-                                                        Path(backing))
+                                                        Path(backing), args.poll_us)
             rounds.append(one)
     res: dict[str, Any] = dict(rounds[0])
     if args.rounds > 1:

@@ -5,7 +5,10 @@
  *
  * Built and run by bench/fuse_null.py --c (gcc and libfuse3-dev); by hand:
  *   gcc -O2 -o /tmp/fuse_null_c bench/fuse_null_c.c $(pkg-config fuse3 --cflags --libs)
- *   /tmp/fuse_null_c MOUNTPOINT      (foreground; unmount to stop it)
+ *   /tmp/fuse_null_c MOUNTPOINT [BACKING_DIR]   (foreground; unmount to stop it)
+ * With FUSE_NULL_POLL_US set (microseconds) the loop reads the device again for that long
+ * before it sleeps in poll(2), as tierd's kernel backend does (fuse_poll_us, fuse/kpoll.py;
+ * a fixed window here).
  */
 #define FUSE_USE_VERSION 34
 #include <fuse_lowlevel.h>
@@ -16,6 +19,8 @@
 #include <sys/stat.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <poll.h>
+#include <time.h>
 
 #define MAXFILES (1 << 20)
 static char *names[MAXFILES]; /* ino - 2 -> name; a flat directory */
@@ -171,6 +176,45 @@ static const struct fuse_lowlevel_ops ops = {
     .getxattr = nl_getxattr,
 };
 
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* fuse_session_loop, but reading the non-blocking device again for window_ns after it
+ * found it empty, before it sleeps in poll(2) */
+static int polling_loop(struct fuse_session *se, long long window_ns)
+{
+    int fd = fuse_session_fd(se);
+    struct fuse_buf buf = {.mem = NULL};
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    while (!fuse_session_exited(se)) {
+        int n = fuse_session_receive_buf(se, &buf);
+        if (n == -EAGAIN || n == -EINTR) {
+            long long end = now_ns() + window_ns;
+            do
+                n = fuse_session_receive_buf(se, &buf);
+            while ((n == -EAGAIN || n == -EINTR) && now_ns() < end);
+            if (n == -EAGAIN || n == -EINTR) {
+                struct pollfd p = {.fd = fd, .events = POLLIN};
+                poll(&p, 1, -1);
+                continue;
+            }
+        }
+        if (n <= 0) {
+            if (n == -ENODEV || n == 0)
+                break;
+            free(buf.mem);
+            return 1;
+        }
+        fuse_session_process_buf(se, &buf);
+    }
+    free(buf.mem);
+    return 0;
+}
+
 int main(int argc, char *argv[])
 {
     if (argc != 2 && argc != 3) {
@@ -187,7 +231,8 @@ int main(int argc, char *argv[])
     struct fuse_session *se = fuse_session_new(&args, &ops, sizeof(ops), NULL);
     if (!se || fuse_session_mount(se, argv[1]) != 0)
         return 1;
-    int ret = fuse_session_loop(se);
+    const char *poll_us = getenv("FUSE_NULL_POLL_US");
+    int ret = poll_us ? polling_loop(se, atol(poll_us) * 1000) : fuse_session_loop(se);
     fuse_session_unmount(se);
     fuse_session_destroy(se);
     return ret ? 1 : 0;
