@@ -15,7 +15,9 @@ what no change to the namespace can beat on this machine.  Measured here:
 over handlers that do nothing, built here with gcc (libfuse3-dev): the floor of the round
 trips without Python, on the same machine in the same run; ``--c-backing DIR`` adds the
 same C daemon making one local file per create under ``DIR`` -- the least a create with
-write passthrough needs (its backing file), on the file system that would hold it.
+write passthrough needs (its backing file), on the file system that would hold it -- as it
+creates (``create_c_backing``) and ahead of the creates in a second thread
+(``create_c_ahead``, as tierd's spares are made).
 ``--poll-us``: the request loop polls the device before it sleeps (``fuse_poll_us``), and so
 does the C daemon's (a fixed window).
 ``--rounds N`` repeats each measurement N times, alternating (the figures of this VM vary
@@ -183,15 +185,17 @@ def build_c(tmp: Path) -> Path:
     flags = subprocess.run(["pkg-config", "fuse3", "--cflags", "--libs"], capture_output=True,
                            text=True, check=True).stdout.split()
     exe = tmp / "fuse_null_c"
-    subprocess.run(["gcc", "-O2", "-o", str(exe), str(C_SOURCE), *flags], check=True)
+    subprocess.run(["gcc", "-O2", "-pthread", "-o", str(exe), str(C_SOURCE), *flags],
+                   check=True)
     return exe
 
 
 def c_creates(exe: Path, tmp: Path, files: int, backing: Path | None = None,
-              poll_us: int = 0) -> dict[str, Any]:
+              poll_us: int = 0, ahead: bool = False) -> dict[str, Any]:
     """Creates per second through the C daemon (the client of the Python rounds); with
     ``backing`` each new file also gets a local file made there, as a passthrough create
-    needs its backing file."""
+    needs its backing file -- made by a second thread ahead of the creates with ``ahead``,
+    as tierd's spares are."""
     mnt = tmp / "mnt-c"
     mnt.mkdir(exist_ok=True)
     log = tmp / "fuse_null_c.log"
@@ -199,6 +203,8 @@ def c_creates(exe: Path, tmp: Path, files: int, backing: Path | None = None,
     env = dict(os.environ)
     if poll_us > 0:  # the C loop polls the device as the Python one does
         env["FUSE_NULL_POLL_US"] = str(poll_us)
+    if ahead:
+        env["FUSE_NULL_AHEAD"] = "1"
     with open(log, "wb") as out:
         proc = subprocess.Popen([str(exe), str(mnt), *extra], stdout=out, stderr=out, env=env)
     try:
@@ -242,11 +248,13 @@ def main() -> None:
             one = python_round(args.files, args.write_mib, args.poll_us)
             if exe is not None:
                 one["create_c"] = c_creates(exe, Path(ctmp), args.files, poll_us=args.poll_us)
-            if exe is not None and args.c_backing is not None:
+            for ahead in (False, True):
+                if exe is None or args.c_backing is None:
+                    break
                 with tempfile.TemporaryDirectory(prefix="tierd-null-c-backing-",
                                                  dir=args.c_backing) as backing:
-                    one["create_c_backing"] = c_creates(exe, Path(ctmp), args.files,
-                                                        Path(backing), args.poll_us)
+                    one["create_c_ahead" if ahead else "create_c_backing"] = c_creates(
+                        exe, Path(ctmp), args.files, Path(backing), args.poll_us, ahead)
             rounds.append(one)
     res: dict[str, Any] = dict(rounds[0])
     if args.rounds > 1:

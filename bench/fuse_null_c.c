@@ -4,11 +4,12 @@
  * five requests it costs tierd: LOOKUP, CREATE, FLUSH, RELEASE and the parent's GETATTR.
  *
  * Built and run by bench/fuse_null.py --c (gcc and libfuse3-dev); by hand:
- *   gcc -O2 -o /tmp/fuse_null_c bench/fuse_null_c.c $(pkg-config fuse3 --cflags --libs)
+ *   gcc -O2 -pthread -o /tmp/fuse_null_c bench/fuse_null_c.c $(pkg-config fuse3 --cflags --libs)
  *   /tmp/fuse_null_c MOUNTPOINT [BACKING_DIR]   (foreground; unmount to stop it)
  * With FUSE_NULL_POLL_US set (microseconds) the loop reads the device again for that long
  * before it sleeps in poll(2), as tierd's kernel backend does (fuse_poll_us, fuse/kpoll.py;
- * a fixed window here).
+ * a fixed window here).  With FUSE_NULL_AHEAD set too (and a BACKING_DIR), a second thread
+ * makes the local files ahead, as tierd's spares do (tierd/namespace/spares.py).
  */
 #define FUSE_USE_VERSION 34
 #include <fuse_lowlevel.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 #include <poll.h>
 #include <time.h>
+#include <pthread.h>
 
 #define MAXFILES (1 << 20)
 static char *names[MAXFILES]; /* ino - 2 -> name; a flat directory */
@@ -28,6 +30,55 @@ static off_t sizes[MAXFILES];
 static fuse_ino_t next_ino = 2;
 static int backing_dir = -1; /* with a second argument: each new file gets a local file there */
 static int backing_fd[MAXFILES];
+
+/* files made ahead by a second thread: a ring of open descriptors */
+#define AHEAD 64
+static int ahead_fd[AHEAD];
+static unsigned ahead_head, ahead_tail; /* taken at head, made at tail */
+static pthread_mutex_t ahead_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ahead_cv = PTHREAD_COND_INITIALIZER;
+static int ahead_on;
+
+static int make_local(unsigned long id)
+{
+    char local[32];
+    snprintf(local, sizeof(local), "%lx", id);
+    return openat(backing_dir, local, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+}
+
+static void *ahead_thread(void *arg)
+{
+    (void)arg;
+    unsigned long id = 1UL << 40; /* names apart from the inline ones */
+    for (;;) {
+        pthread_mutex_lock(&ahead_mu);
+        while (ahead_tail - ahead_head >= AHEAD)
+            pthread_cond_wait(&ahead_cv, &ahead_mu);
+        pthread_mutex_unlock(&ahead_mu);
+        int fd = make_local(id++);
+        if (fd < 0)
+            return NULL;
+        pthread_mutex_lock(&ahead_mu);
+        ahead_fd[ahead_tail++ % AHEAD] = fd;
+        pthread_mutex_unlock(&ahead_mu);
+    }
+}
+
+static int take_local(fuse_ino_t ino)
+{
+    if (ahead_on) {
+        int fd = -1;
+        pthread_mutex_lock(&ahead_mu);
+        if (ahead_tail != ahead_head) {
+            fd = ahead_fd[ahead_head++ % AHEAD];
+            pthread_cond_signal(&ahead_cv);
+        }
+        pthread_mutex_unlock(&ahead_mu);
+        if (fd >= 0)
+            return fd;
+    }
+    return make_local(ino);
+}
 
 static void attrs(fuse_ino_t ino, struct stat *st)
 {
@@ -109,10 +160,7 @@ static void nl_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
         if (backing_dir >= 0) {
             /* what a passthrough create needs at least: the local file, open (tierd makes
              * it ahead in a worker thread; here it is made inline) */
-            char local[32];
-            snprintf(local, sizeof(local), "%lx", (unsigned long)ino);
-            backing_fd[ino - 2] = openat(backing_dir, local, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
-                                         0600);
+            backing_fd[ino - 2] = take_local(ino);
             if (backing_fd[ino - 2] < 0) {
                 fuse_reply_err(req, errno);
                 return;
@@ -231,6 +279,12 @@ int main(int argc, char *argv[])
     struct fuse_session *se = fuse_session_new(&args, &ops, sizeof(ops), NULL);
     if (!se || fuse_session_mount(se, argv[1]) != 0)
         return 1;
+    pthread_t maker;
+    if (backing_dir >= 0 && getenv("FUSE_NULL_AHEAD")) {
+        ahead_on = 1;
+        pthread_create(&maker, NULL, ahead_thread, NULL);
+        pthread_detach(maker);
+    }
     const char *poll_us = getenv("FUSE_NULL_POLL_US");
     int ret = poll_us ? polling_loop(se, atol(poll_us) * 1000) : fuse_session_loop(se);
     fuse_session_unmount(se);

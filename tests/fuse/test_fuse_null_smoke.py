@@ -29,7 +29,7 @@ def test_the_null_loop_and_its_c_floor_run_and_report(tmp_path: Path) -> None:
     assert len(doc["rounds"]) == 2
     for one in doc["rounds"]:
         assert one["create"]["per_s"] > 0 and one["create_c"]["per_s"] > 0
-        assert one["create_c_backing"]["per_s"] > 0
+        assert one["create_c_backing"]["per_s"] > 0 and one["create_c_ahead"]["per_s"] > 0
         assert one["write"]["MBps"] > 0 and one["write"]["mean_request_bytes"] > 0
     assert set(doc["idle"]) == {"cpuidle_governor", "guest_halt_poll_ns"}
     assert doc["poll_us"] == 100
