@@ -7,7 +7,7 @@ to send the next.  When the loop goes back to ``epoll_wait`` for that gap its CP
 idle, and the next request must wake it.  On a virtual machine whose idle vCPUs halt at
 once (``guest_halt_poll_ns`` 0, as this project's VMs boot) that wake goes through the
 host and costs more than the gap itself: the empty-handler loop (``bench/fuse_null.py``)
-makes ~3,400 creates/s so and ~19,000/s with the guest's halt polling on.  Reading the
+makes ~3,400 creates/s that way and ~19,000/s with the guest's halt polling on.  Reading the
 device again without sleeping for up to the window catches the next request as the
 kernel queues it; the caller's own wake-up still goes through the host.  Go's scheduler
 spins the same way before it parks an idle thread, which is why FUSE daemons written in
