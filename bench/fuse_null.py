@@ -150,12 +150,10 @@ class NullOps:
         return s
 
 
-async def serve(mnt: Path, work: list[tuple[str, int]],
-                session_class: type[KernelSession] = KernelSession,
-                poll_us: int = 0) -> dict[str, Any]:
+async def serve(mnt: Path, work: list[tuple[str, int]], poll_us: int = 0) -> dict[str, Any]:
     ops = NullOps()
     fd = await asyncio.to_thread(kernel_device, mnt, mount_options(True))
-    session = session_class(cast(Any, ops), fd, poll_us=poll_us)
+    session = KernelSession(cast(Any, ops), fd, poll_us=poll_us)
     served = asyncio.create_task(session.serve())
     out: dict[str, Any] = {}
     try:
