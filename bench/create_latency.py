@@ -9,7 +9,8 @@ archive`` of another revision with ``tierd_fuse`` linked to its ``fuse``, run fr
 with ``PYTHONPATH=TREE``) alternates on an otherwise idle machine.  Default settings
 (passthrough on, lmdb); per round ``--warmup`` files, then ``--files`` measured.  The daemon's
 CPU comes from ``/proc/PID/task/*/stat`` around the measured files: the loop's (the main
-thread's) and the other threads' together.  Prints one JSON document.
+thread's), the other threads' together and the child processes' (``helpers``).  Prints
+one JSON document.
 
     cd /tmp && python /work/main/bench/create_latency.py --pairs 3 --base /tmp/base
 """
@@ -32,17 +33,31 @@ from fuse_fio import start_daemon
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of the process's main thread (the event loop's: ``loop``) and of all its
-    other threads together (``threads``)."""
-    out = {"loop": 0.0, "threads": 0.0}
+def _children(pid: int) -> list[int]:
+    """The child processes of every thread of ``pid`` (each thread lists those it started)."""
+    out: list[int] = []
     for t in os.listdir(f"/proc/{pid}/task"):
         try:
-            stat = Path(f"/proc/{pid}/task/{t}/stat").read_text()
+            out += [int(c) for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
         except OSError:
-            continue  # the thread ended meanwhile
-        fields = stat.rsplit(")", 1)[1].split()
-        out["loop" if int(t) == pid else "threads"] += (int(fields[11]) + int(fields[12])) / TICK
+            continue
+    return out
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of the process's main thread (the event loop's: ``loop``), of all its
+    other threads together (``threads``) and of its child processes (``helpers``: the one
+    that makes spare data files, tierd/tiers/filemaker.py)."""
+    out = {"loop": 0.0, "threads": 0.0, "helpers": 0.0}
+    for proc in [pid, *_children(pid)]:
+        for t in os.listdir(f"/proc/{proc}/task") if os.path.exists(f"/proc/{proc}") else []:
+            try:
+                stat = Path(f"/proc/{proc}/task/{t}/stat").read_text()
+            except OSError:
+                continue  # the thread ended meanwhile
+            fields = stat.rsplit(")", 1)[1].split()
+            kind = "helpers" if proc != pid else "loop" if int(t) == pid else "threads"
+            out[kind] += (int(fields[11]) + int(fields[12])) / TICK
     return out
 
 

@@ -155,18 +155,18 @@ def test_a_full_disk_makes_no_spares_and_they_are_tried_again(
     from tierd.namespace import spares
 
     b = env.bucket()
-    real = env.ns.hot.open
+    real = env.ns.hot.make_files
 
-    def full(ino: int) -> int:
+    def full(inos: object) -> list[int]:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(env.ns.hot, "open", full)
+    monkeypatch.setattr(env.ns.hot, "make_files", full)
     first = _create(env, b, "a")  # starts a refill, which fails
     env.run(asyncio.sleep(0.2))
     assert len(env.ns.spares) == 0 and env.ns.spares._failed_at is not None
     second = _create(env, b, "b")  # its own number; no refill yet (RETRY s)
     assert second > first and env.ns.spares._refill is None
-    monkeypatch.setattr(env.ns.hot, "open", real)
+    monkeypatch.setattr(env.ns.hot, "make_files", real)
     monkeypatch.setattr(spares, "RETRY", 0.0)
     _create(env, b, "c")
     _spare_files_ready(env)

@@ -9,7 +9,9 @@ the file system (measured here with a 1 GiB ``dd ... conv=fsync`` beside the cre
 the thread, the interpreter lock handed back and forth, a wake-up of the loop -- that was a
 fifth of the create's latency (820 against 1,030 creates/s with the create made inline) and
 ~250 us of a second thread's CPU.  A spare costs the create one lookup of a file that
-exists, and a batch of :data:`BATCH` costs one hop.
+exists, and a batch of :data:`BATCH` costs one hop; the batch's files are made by a helper
+process (:mod:`tierd.tiers.filemaker`), so the thread takes the interpreter lock once per
+batch rather than twice per file.
 
 What keeps it safe:
 
@@ -35,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -92,7 +93,7 @@ class Spares:
         try:
             async with self.meta.awrite() as tx:
                 inos = tx.reserve_inos(BATCH)
-            made = await asyncio.to_thread(self._make, inos)
+            made = await asyncio.to_thread(self.hot.make_files, inos)
             if self._closed:
                 await asyncio.to_thread(self._remove, made)
             else:
@@ -106,20 +107,6 @@ class Spares:
             self._failed_at = time.monotonic()
         finally:
             self._refill = None
-
-    def _make(self, inos: range) -> list[int]:
-        """The numbers of ``inos`` whose empty data file this made (a thread)."""
-        made: list[int] = []
-        for ino in inos:
-            try:
-                os.close(self.hot.open(ino))
-            except OSError as e:
-                if not made:
-                    raise
-                log.warning("could not make a data file ahead (%s)", e)
-                break
-            made.append(ino)
-        return made
 
     def _remove(self, inos: list[int]) -> None:
         for ino in inos:

@@ -50,6 +50,11 @@ class HotDir:
         before its data, e.g. by mknod, or whose data was lost) is created empty."""
         return self.tier.open_file(ino, create=True)
 
+    def make_files(self, inos: Sequence[int]) -> list[int]:
+        """Empty data files for new numbers, made ahead by a helper process: the leading
+        numbers whose file was made (:meth:`LocalTier.make_files`; blocking, a thread)."""
+        return self.tier.make_files(inos)
+
     def pin(self, ino: int) -> tuple[int, Callable[[], None]]:
         """The tier's cached descriptor of the inode's data file (created empty when
         missing) and the call that lets go of it: an open file's descriptor, shared with

@@ -36,11 +36,12 @@ import errno
 import functools
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tierd.tiers import fileio
+from tierd.tiers.filemaker import FileMaker
 
 #: the unit of caching and placement (DESIGN.md: "addressed in fixed-size blocks")
 BLOCK_SIZE = 4 << 20
@@ -163,6 +164,7 @@ class LocalTier:
         self._max_open = max_open
         self._fds: OrderedDict[int, _Fd] = OrderedDict()
         self._new: set[int] = set()  # created since their directory was last fsynced
+        self._maker = FileMaker()  # empty files made ahead (:meth:`make_files`)
         self.root.mkdir(parents=True, exist_ok=True)
 
     def __repr__(self) -> str:
@@ -199,6 +201,15 @@ class LocalTier:
             return os.open(p, flags)
         self._new.add(ino)
         return fd
+
+    def make_files(self, inos: Sequence[int]) -> list[int]:
+        """Empty data files for ``inos``, numbers no file or inode has yet (the spares of
+        :mod:`tierd.namespace.spares`), made by a helper process
+        (:mod:`tierd.tiers.filemaker`): the leading numbers whose file was made, in order;
+        the ``OSError`` of the first when none could be.  Blocking: call in a thread."""
+        made = list(inos[:self._maker.make([os.fsencode(self.path(i)) for i in inos])])
+        self._new.update(made)  # their names are synced with their first fsync
+        return made
 
     def _acquire(self, ino: int, create: bool) -> _Fd:
         ent = self._fds.get(ino)
@@ -390,9 +401,11 @@ class LocalTier:
         return await asyncio.to_thread(_tree_allocated, str(self.root))
 
     async def close(self) -> None:
-        """Close cached descriptors (those in use close at their last release)."""
+        """Close cached descriptors (those in use close at their last release) and end the
+        helper process that makes files."""
         for ino in list(self._fds):
             self._drop(ino)
+        await asyncio.to_thread(self._maker.close)
 
 
 def _runs(sorted_blocks: list[int]) -> list[tuple[int, int]]:
