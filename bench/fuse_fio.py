@@ -26,10 +26,13 @@ it): a VM guest's memory is backed lazily by the host, and the first use of fres
 would otherwise slow whichever run needs new memory (writes at ~350 MB/s instead of GB/s on
 this machine kind).  Results go to ``bench/results/fuse_fio.json``.
 
-``--backend pyfuse3 kernel`` measures both FUSE backends (``fuse_backend``, docs/fuse.md) in
-the same run: one daemon per backend, each with its own mount, and every round runs raw,
-then each mount (raw A B, raw A B, ...); ``--passthrough`` turns on the kernel backend's
-read-only passthrough.  The raw baseline is the first daemon's hot-tier directory.
+The mount measured is the daemon's default, the kernel backend with read and write
+passthrough (``kernel`` in the results).  ``--backend pyfuse3 kernel`` measures both FUSE
+backends (``fuse_backend``, docs/fuse.md) in the same run: one daemon per backend, each with
+its own mount, and every round runs raw, then each mount (raw A B, raw A B, ...).
+``--passthrough`` and ``--passthrough-writes`` set what the daemon's defaults already are
+(kept for the commands of older runs).  The raw baseline is the first daemon's hot-tier
+directory.
 ``--fuse-from DIR`` adds a kernel-backend daemon running an earlier ``tierd_fuse`` (from
 DIR) in the same rounds, as ``kernel@base``: a change to the FUSE layer measured before and
 after on one machine state.
@@ -370,8 +373,10 @@ def main() -> None:
                     "(cache-only: nothing is persisted to the cold tier, which takes the "
                     "persister's work out of the measurement)")
     ap.add_argument("--backend", nargs="+", choices=("pyfuse3", "kernel"),
-                    default=["pyfuse3"], help="FUSE backends to measure, one daemon each "
-                    "(fuse_backend); several: all in the same run, against the same raw runs")
+                    default=["kernel"], help="FUSE backends to measure, one daemon each "
+                    "(fuse_backend; default: the daemon's own, kernel, with its defaults: "
+                    "read and write passthrough on); several: all in the same run, against "
+                    "the same raw runs")
     ap.add_argument("--passthrough", action="store_true",
                     help="fuse_passthrough = true for the kernel backend")
     ap.add_argument("--passthrough-writes", action="store_true",
