@@ -102,7 +102,14 @@ def test_a_dead_helper_is_replaced_by_the_thread_then_started_again(
     assert e.value.errno == errno.ENOTDIR
     monkeypatch.setattr(filemaker, "RESTART", 0.0)
     assert maker.make([os.fsencode(tmp_path / "e")]) == 1
-    assert maker.pid is not None and maker.pid != first
+    second = maker.pid
+    assert second is not None and second != first
+    caplog.clear()  # a helper that worked again and dies again is reported again
+    os.kill(second, signal.SIGKILL)
+    assert _gone(second)
+    with caplog.at_level(logging.WARNING, "tierd.tiers"):
+        assert maker.make([os.fsencode(tmp_path / "f")]) == 1
+    assert "not running" in caplog.text and (tmp_path / "f").exists()
 
 
 def test_close_ends_the_helper_and_later_files_are_made_here(

@@ -4,11 +4,11 @@ Why a process: the FUSE door's creates whose writes the kernel passes through ea
 empty hot data file, and ``tierd.namespace.spares`` has them made ahead, 32 at a time, off
 the event loop.  Made by a worker thread, each file was two system calls (``open`` with
 ``O_CREAT``, ``close``) after each of which the thread took the interpreter lock back from
-the event loop: on two vCPUs the loop lost ~50 us of CPU per create to those hand-overs,
-and the thread spent ~180 us per file, most of it waiting.  A helper process makes the same
-files with its own interpreter: one pipe message per batch, nothing shared with the loop
-(``bench/create_latency.py``: 1,535-1,570 creates/s against 1,251-1,372; docs/fuse.md,
-"Spare data files made by a helper process").
+the event loop: on two vCPUs the loop lost 40-70 us of CPU per create to those hand-overs,
+and the worker threads spent 130-190 us per file, much of it in hand-overs.  A helper
+process makes the same files with its own interpreter: one pipe message per batch, nothing
+shared with the loop (``bench/create_latency.py``: 1,724-1,781 creates/s against
+1,377-1,488; docs/fuse.md, "Spare data files made by a helper process").
 
 The helper is this module run as a script with ``-I -S`` (no site, no environment, nothing
 of tierd imported: it starts in a few tens of milliseconds and holds a few MB), started at
@@ -83,8 +83,8 @@ class FileMaker:
     """Makes empty files through one helper process (see the module doc); thread-safe,
     blocking: call :meth:`make` in a worker thread."""
 
-    def __init__(self, *, use_process: bool = True) -> None:
-        self._use_process = use_process and bool(sys.executable)
+    def __init__(self) -> None:
+        self._use_process = bool(sys.executable)  # (empty where Python is embedded)
         self._proc: subprocess.Popen[bytes] | None = None
         self._failed_at: float | None = None
         self._lock = threading.Lock()
@@ -110,6 +110,7 @@ class FileMaker:
                 except (OSError, ValueError) as e:
                     self._lost(f"it failed ({e})")
                 else:
+                    self._failed_at = None  # a later failure is logged again
                     if err:
                         failure = OSError(err, os.strerror(err), os.fsdecode(paths[made]))
                         if not made:
@@ -141,7 +142,7 @@ class FileMaker:
         if not reply:
             raise OSError("the helper exited")
         made, err = (int(x) for x in reply.split())
-        if not 0 <= made <= len(paths):
+        if not 0 <= made <= len(paths) or (err and made == len(paths)):
             raise ValueError(f"the helper answered {reply!r}")
         return made, err
 
