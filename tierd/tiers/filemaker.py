@@ -5,7 +5,7 @@ empty hot data file, and ``tierd.namespace.spares`` has them made ahead, 32 at a
 the event loop.  Made by a worker thread, each file was two system calls (``open`` with
 ``O_CREAT``, ``close``) after each of which the thread took the interpreter lock back from
 the event loop: on two vCPUs the loop lost 40-70 us of CPU per create to those hand-overs,
-and the worker threads spent 130-190 us per file, much of it in hand-overs.  A helper
+and the worker threads spent 170-200 us per file, much of it in hand-overs.  A helper
 process makes the same files with its own interpreter: one pipe message per batch, nothing
 shared with the loop (``bench/create_latency.py``: 1,724-1,781 creates/s against
 1,377-1,488; docs/fuse.md, "Spare data files made by a helper process").
