@@ -12,10 +12,10 @@ shared with the loop (``bench/create_latency.py``: 1,724-1,781 creates/s against
 
 The helper is this module run as a script with ``-I -S`` (no site, no environment, nothing
 of tierd imported: it starts in a few tens of milliseconds and holds a few MB), started at
-the first batch.  It and the fallback make a file with :func:`make_empty`, which does what
-:meth:`LocalTier.open_file` does for a missing file: ``O_CREAT | O_EXCL`` at mode 0600,
-the shard directory made when missing; a file that exists already counts as made, as
-``open_file`` opens it.  Nothing is synced, as before: a data file's
+the first batch.  It and the fallback make each file with :func:`create_new`, which
+:meth:`LocalTier.open_file` uses for a missing file too: ``O_CREAT | O_EXCL`` at mode
+0600, the shard directory made when missing; a file that exists already counts as made,
+as ``open_file`` opens it.  Nothing is synced, as before: a data file's
 directory entry is made durable at the file's first durability point
 (:meth:`LocalTier.fsync` syncs the directory of every file in its ``_new`` set, to which
 the caller adds these).
@@ -46,35 +46,40 @@ RESTART = 30.0
 STOP_WAIT = 5.0
 
 
-def make_empty(path: bytes) -> None:
-    """One missing file made empty, mode 0600, its directory made when missing; a file that
-    exists already is left as it is (what :meth:`LocalTier.open_file` does on create)."""
+def create_new(path: str | bytes) -> int | None:
+    """An ``O_RDWR`` descriptor on a file made new and empty at ``path``, mode 0600, or None
+    when a file is there already.  The shard directory nearly always exists: it is made
+    only when the create says it is missing (two system calls for a new file, not five)."""
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     try:
         try:
-            fd = os.open(path, flags, 0o600)
+            return os.open(path, flags, 0o600)
         except FileNotFoundError:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(path, flags, 0o600)
+            return os.open(path, flags, 0o600)
     except FileExistsError:
-        return
-    os.close(fd)
+        return None
+
+
+def make_all(paths: Sequence[bytes]) -> tuple[int, int]:
+    """Make the files of ``paths`` in order (an existing one is left as it is), stopping
+    at the first that fails: (how many were made, that one's errno or 0)."""
+    for made, p in enumerate(paths):
+        try:
+            fd = create_new(p)
+        except OSError as e:
+            return made, e.errno or errno.EIO
+        if fd is not None:
+            os.close(fd)
+    return len(paths), 0
 
 
 def serve(inp: BinaryIO, out: BinaryIO) -> None:
     """The helper's loop, until its input ends.  In: per batch a line with the payload's
     length, then the paths, NUL-separated (a path holds no NUL).  Out: per batch
-    ``MADE ERRNO``: the first MADE paths exist; ERRNO is that of the first path that could
-    not be made (0: all were)."""
+    ``MADE ERRNO``, as :func:`make_all` returns them."""
     while head := inp.readline():
-        made, err = 0, 0
-        for p in inp.read(int(head)).split(b"\0"):
-            try:
-                make_empty(p)
-            except OSError as e:
-                err = e.errno or errno.EIO
-                break
-            made += 1
+        made, err = make_all(inp.read(int(head)).split(b"\0"))
         out.write(b"%d %d\n" % (made, err))
         out.flush()
 
@@ -102,34 +107,21 @@ class FileMaker:
         of the first path when none could be made."""
         if not paths:
             return 0
+        answer: tuple[int, int] | None = None
         with self._lock:
             proc = self._helper()
             if proc is not None:
                 try:
-                    made, err = self._ask(proc, paths)
+                    answer = self._ask(proc, paths)
+                    self._failed_at = None  # a later failure is logged again
                 except (OSError, ValueError) as e:
                     self._lost(f"it failed ({e})")
-                else:
-                    self._failed_at = None  # a later failure is logged again
-                    if err:
-                        failure = OSError(err, os.strerror(err), os.fsdecode(paths[made]))
-                        if not made:
-                            raise failure
-                        log.warning("could not make a data file ahead (%s)", failure)
-                    return made
-        return self._make_here(paths)
-
-    def _make_here(self, paths: Sequence[bytes]) -> int:
-        made = 0
-        for p in paths:
-            try:
-                make_empty(p)
-            except OSError as e:
-                if not made:
-                    raise
-                log.warning("could not make a data file ahead (%s)", e)
-                break
-            made += 1
+        made, err = answer if answer is not None else make_all(paths)
+        if err:
+            failure = OSError(err, os.strerror(err), os.fsdecode(paths[made]))
+            if not made:
+                raise failure
+            log.warning("could not make a data file ahead (%s)", failure)
         return made
 
     @staticmethod

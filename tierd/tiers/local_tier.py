@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tierd.tiers import fileio
-from tierd.tiers.filemaker import FileMaker
+from tierd.tiers.filemaker import FileMaker, create_new
 
 #: the unit of caching and placement (DESIGN.md: "addressed in fixed-size blocks")
 BLOCK_SIZE = 4 << 20
@@ -188,16 +188,8 @@ class LocalTier:
         except FileNotFoundError:
             if not create:
                 raise
-        # the shard directory nearly always exists: make it only when the create says it
-        # is missing (two system calls for a new file, not five; on the event loop each
-        # is a moment the upload threads may take the GIL for)
-        try:
-            try:
-                fd = os.open(p, flags | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(p), exist_ok=True)
-                fd = os.open(p, flags | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
+        fd = create_new(p)  # (the shard directory only when missing: see there)
+        if fd is None:  # made meanwhile
             return os.open(p, flags)
         self._new.add(ino)
         return fd
