@@ -171,3 +171,30 @@ def test_a_full_disk_makes_no_spares_and_they_are_tried_again(
     _create(env, b, "c")
     _spare_files_ready(env)
     assert env.ns.spares._failed_at is None
+
+
+def test_a_refill_keeps_making_batches_until_enough_are_ready(env: NsEnv) -> None:
+    """One batch per refill, started with a few left, let a burst of creates outrun the
+    helper and make most of their files themselves: a refill goes on, a batch at a time,
+    until ``HIGH`` are ready, and starts again below ``LOW``, so a burst finds one ready."""
+    from tierd.namespace.spares import HIGH, LOW
+
+    b = env.bucket()
+    _create(env, b, "first")  # starts a refill
+
+    async def settled() -> int:
+        for _ in range(1000):
+            if env.ns.spares._refill is None and len(env.ns.spares) >= HIGH:
+                return len(env.ns.spares)
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{len(env.ns.spares)} spares made, not {HIGH}")
+    full = env.run(settled())
+    assert HIGH <= full < HIGH + BATCH  # several batches, and no more than needed
+    ready = list(env.ns.spares._ready)
+    assert len(set(ready)) == len(ready) and ready == sorted(ready)
+    assert set(ready) <= _data_files(env)
+    # below LOW a create starts the next refill, which brings the pool back up
+    used = [_create(env, b, f"f{i}") for i in range(full - LOW + 1)]
+    assert used == ready[:len(used)] and env.ns.spares._refill is not None
+    assert env.run(settled()) >= HIGH
+    assert set(env.ns.spares._ready).isdisjoint(used)

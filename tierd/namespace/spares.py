@@ -13,6 +13,14 @@ exists, and a batch of :data:`BATCH` costs one hop; the batch's files are made b
 process (:mod:`tierd.tiers.filemaker`), so the thread takes the interpreter lock once per
 batch rather than twice per file.
 
+How many: a refill starts when fewer than :data:`LOW` are left and makes batches until
+:data:`HIGH` are ready.  One batch of 32 per refill, started with 8 left, let a burst of
+creates use them up before the next batch was made wherever the file system's creates were
+slow (an ext4 that took 0.5-0.8 ms of CPU per new file in a fresh directory): 730 of 3,000
+creates then made their own files in a worker thread beside the helper.  With these depths
+10,000 creates ran at 1,725-1,802/s against 1,400-1,471 (``bench/create_latency.py``,
+docs/fuse.md).  The pool costs at most ``HIGH + BATCH`` empty files, removed at close.
+
 What keeps it safe:
 
 * A spare's number was reserved in a transaction of its own (the ``next_ino`` counter moved
@@ -46,10 +54,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: numbers reserved, and data files made, per refill (one transaction, one thread hop)
-BATCH = 32
+#: numbers reserved, and data files made, per batch (one transaction, one thread hop)
+BATCH = 64
 #: a refill starts when fewer spares than this are left
-LOW = 8
+LOW = 128
+#: a refill makes batches until this many are ready
+HIGH = 256
 #: seconds after a refill failed (a full or read-only disk) before the next is tried
 RETRY = 30.0
 
@@ -91,14 +101,17 @@ class Spares:
 
     async def _fill(self) -> None:
         try:
-            async with self.meta.awrite() as tx:
-                inos = tx.reserve_inos(BATCH)
-            made = await asyncio.to_thread(self.hot.make_files, inos)
-            if self._closed:
-                await asyncio.to_thread(self._remove, made)
-            else:
-                self._ready.extend(made)
-            self._failed_at = None
+            while not self._closed and len(self._ready) < HIGH:
+                async with self.meta.awrite() as tx:
+                    inos = tx.reserve_inos(BATCH)
+                made = await asyncio.to_thread(self.hot.make_files, inos)
+                if self._closed:
+                    await asyncio.to_thread(self._remove, made)
+                else:
+                    self._ready.extend(made)
+                self._failed_at = None
+                if len(made) < len(inos):
+                    break  # the file system refused one: the next create starts again
         except Exception as e:  # a full or read-only disk: creates make their own files
             if self._failed_at is None:
                 log.warning("could not make data files ahead for new files (%s); new files "

@@ -1,14 +1,15 @@
 """Empty data files made in batches by a helper process (the hot tier's spares).
 
 Why a process: the FUSE door's creates whose writes the kernel passes through each need an
-empty hot data file, and ``tierd.namespace.spares`` has them made ahead, 32 at a time, off
-the event loop.  Made by a worker thread, each file was two system calls (``open`` with
-``O_CREAT``, ``close``) after each of which the thread took the interpreter lock back from
-the event loop: on two vCPUs the loop lost 40-70 us of CPU per create to those hand-overs,
-and the worker threads spent 170-200 us per file, much of it in hand-overs.  A helper
-process makes the same files with its own interpreter: one pipe message per batch, nothing
-shared with the loop (``bench/create_latency.py``: 1,724-1,781 creates/s against
-1,377-1,488; docs/fuse.md, "Spare data files made by a helper process").
+empty hot data file, and ``tierd.namespace.spares`` has them made ahead, a batch at a
+time, off the event loop.  Made by a worker thread, each file was two system calls
+(``open`` with ``O_CREAT``, ``close``) after each of which the thread took the interpreter
+lock back from the event loop: on two vCPUs the loop lost 40-70 us of CPU per create to
+those hand-overs, and the worker threads spent 170-200 us per file, much of it in
+hand-overs.  A helper process makes the same files with its own interpreter: one pipe
+message per batch, nothing shared with the loop (``bench/create_latency.py``: 1,724-1,781
+creates/s against 1,377-1,488; docs/fuse.md, "Spare data files made by a helper
+process").
 
 The helper is this module run as a script with ``-I -S`` (no site, no environment, nothing
 of tierd imported: it starts in a few tens of milliseconds and holds a few MB), started at
