@@ -9,8 +9,10 @@ archive`` of another revision with ``tierd_fuse`` linked to its ``fuse``, run fr
 with ``PYTHONPATH=TREE``) alternates on an otherwise idle machine.  Default settings
 (passthrough on, lmdb); per round ``--warmup`` files, then ``--files`` measured.  The daemon's
 CPU comes from ``/proc/PID/task/*/stat`` around the measured files: the loop's (the main
-thread's), the other threads' together and the child processes' (``helpers``).  Prints
-one JSON document.
+thread's), the other threads' together and the child processes' (``helpers``).  After each
+round the same number of empty files is made straight on the hot tier's file system
+(``raw_creates_per_s``): the baseline of that round, since every create needs one such
+file.  Prints one JSON document.
 
     cd /tmp && python /work/main/bench/create_latency.py --pairs 3 --base /tmp/base
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -81,16 +84,39 @@ def one_round(tree: str | None, args: argparse.Namespace) -> dict[str, Any]:
             t_close += time.perf_counter() - b
         elapsed = time.perf_counter() - t0
         cpu1 = thread_cpu(proc.pid)
-    finally:
         proc.terminate()
         proc.wait(60)
+        raw = raw_creates(base / "raw", args.files)
+    finally:
+        if proc.poll() is None:  # (a clean stop unmounts)
+            proc.terminate()
+            proc.wait(60)
         shutil.rmtree(base, ignore_errors=True)
     n = args.files
     per_thread = {k: round((cpu1[k] - cpu0[k]) / n * 1e6) for k in cpu1}
     return {"creates_per_s": round(n / elapsed), "open_us": round(t_open / n * 1e6),
             "close_us": round(t_close / n * 1e6),
             "daemon_cpu_us_per_create": sum(per_thread.values()),
-            "cpu_us_per_create": per_thread}
+            "cpu_us_per_create": per_thread, **raw}
+
+
+def raw_creates(root: Path, n: int) -> dict[str, int]:
+    """The hot tier's file system alone, after the round: ``n`` empty files made as the hot
+    tier makes its data files (``O_CREAT | O_EXCL``, 256 shard directories), and this
+    process's CPU per file.  Each of tierd's creates needs one such file (its passthrough
+    backing file), and the cost of a new file there has varied 40-fold on this VM
+    (docs/fuse.md, "How many spares, and the hot tier's own creates")."""
+    for shard in range(256):
+        (root / f"{shard:02x}").mkdir(parents=True)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    for i in range(n):
+        h = f"{i + 1:016x}"
+        os.close(os.open(root / h[-2:] / h, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+    elapsed = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+    return {"raw_creates_per_s": round(n / elapsed), "raw_cpu_us_per_create": round(cpu / n * 1e6)}
 
 
 def main() -> None:
@@ -122,6 +148,8 @@ def main() -> None:
         "runs": runs,
         "median_creates_per_s": {k: statistics.median(r["creates_per_s"] for r in v)
                                  for k, v in runs.items()},
+        "median_raw_creates_per_s": statistics.median(
+            r["raw_creates_per_s"] for v in runs.values() for r in v),
     }
     emit(result, args.out)
 
