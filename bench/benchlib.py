@@ -1,10 +1,11 @@
 """What several benchmarks share: admin API calls with the daemon's token, dropping the page
-cache."""
+cache, this process's CPU time."""
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import time
 import urllib.request
@@ -23,6 +24,12 @@ def admin_call(url: str, data_dir: Path, method: str, path: str,
     with urllib.request.urlopen(req, timeout=timeout) as r:
         body = r.read()
     return json.loads(body) if body.strip().startswith((b"{", b"[")) else body
+
+
+def self_cpu() -> float:
+    """CPU seconds (user + system) this process has used so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def drop_caches() -> bool:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import sys
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import emit, idle_state
+from benchlib import emit, idle_state, self_cpu
 from fuse_fio import start_daemon
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -108,14 +107,11 @@ def raw_creates(root: Path, n: int) -> dict[str, int]:
     (docs/fuse.md, "How many spares, and the hot tier's own creates")."""
     for shard in range(256):
         (root / f"{shard:02x}").mkdir(parents=True)
-    r0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
+    c0, t0 = self_cpu(), time.perf_counter()
     for i in range(n):
         h = f"{i + 1:016x}"
         os.close(os.open(root / h[-2:] / h, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
-    elapsed = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+    elapsed, cpu = time.perf_counter() - t0, self_cpu() - c0
     return {"raw_creates_per_s": round(n / elapsed), "raw_cpu_us_per_create": round(cpu / n * 1e6)}
 
 

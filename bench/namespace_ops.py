@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import sys
@@ -36,6 +35,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from benchlib import self_cpu
+
 from tierd import __version__
 from tierd.acl import Identity
 from tierd.config import Config
@@ -45,11 +46,6 @@ from tierd.placement.ops import placement_from_config
 
 ROOT = Identity.ROOT
 CHUNK = 1 << 20
-
-
-def cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 async def raw_meta(base: Path, n: int) -> None:
@@ -201,9 +197,9 @@ async def ns_write(base: Path, size: int) -> None:
 async def timed(fn: Callable[[Path], Awaitable[None]], workdir: Path) -> dict[str, float]:
     base = Path(tempfile.mkdtemp(dir=workdir))
     try:
-        c0, t0 = cpu(), time.perf_counter()
+        c0, t0 = self_cpu(), time.perf_counter()
         await asyncio.wait_for(fn(base), timeout=600)
-        return {"seconds": time.perf_counter() - t0, "cpu_seconds": cpu() - c0}
+        return {"seconds": time.perf_counter() - t0, "cpu_seconds": self_cpu() - c0}
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -42,7 +42,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import resource
 import shutil
 import statistics
 import sys
@@ -56,16 +55,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import s3_servers as servers
+from benchlib import self_cpu
 from s3_servers import Server
 
 BUCKET = "bench"
 GiB = 1 << 30
 RUN_TIMEOUT = 600.0
-
-
-def client_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 class Data:
@@ -124,12 +119,12 @@ def measure(server: Server, nbytes: int, nops: int, fn: Callable[[], None],
 
     def server_cpu_now() -> float:  # the disk pseudo-server's work is the client's
         return servers.cpu_seconds(server.pid) if has_process else 0.0
-    s0, c0, t0 = server_cpu_now(), client_cpu(), time.perf_counter()
+    s0, c0, t0 = server_cpu_now(), self_cpu(), time.perf_counter()
     with cf.ThreadPoolExecutor(1) as ex:
         ex.submit(fn).result(timeout=RUN_TIMEOUT)
     wall = time.perf_counter() - t0
     server_cpu = server_cpu_now() - s0
-    ccpu = client_cpu() - c0
+    ccpu = self_cpu() - c0
     gib = nbytes / GiB
     out = {"server": server.name, "seconds": wall, "MiB_per_s": nbytes / 2**20 / wall,
            "ops_per_s": nops / wall, "server_cpu_s": server_cpu, "client_cpu_s": ccpu,
@@ -209,12 +204,12 @@ def _small_worker(url: str, key: str, secret: str, op: str, root: str, indexes: 
             assert c.get_object(Bucket=BUCKET, Key=k)["Body"].read() == bodies[i]
     ready.put(os.getpid())
     go.wait()
-    c0 = client_cpu()
+    c0 = self_cpu()
     try:
         with cf.ThreadPoolExecutor(threads) as ex:
             for f in [ex.submit(one, i) for i in indexes]:
                 f.result()
-        out.put(("ok", client_cpu() - c0))
+        out.put(("ok", self_cpu() - c0))
     except BaseException as e:
         out.put(("error", repr(e)))
 
