@@ -237,3 +237,55 @@ def test_admission_counts_the_group_being_flushed(tmp_path: Path) -> None:
     finally:
         inner.gate.set()
         store.close()
+
+
+class CountingStore(MemoryStore):
+    """A memory engine that counts the gets its snapshots answer, by key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets: dict[bytes, int] = {}
+
+    def begin(self, write: bool = False) -> KVTxn:
+        tx = super().begin(write)
+        if not write:
+            get, gets = tx.get, self.gets
+
+            def counted(key: bytes) -> bytes | None:
+                gets[key] = gets.get(key, 0) + 1
+                return get(key)
+            tx.get = counted  # type: ignore[method-assign]
+        return tx
+
+
+def test_a_transaction_reads_each_key_of_its_snapshot_once() -> None:
+    inner = CountingStore()
+    store = GroupCommitStore(inner, interval=0)
+    try:
+        with store.begin(write=True) as tx:
+            tx.put(b"a", b"1")
+        store.sync()  # in the inner engine, and gone from the overlay
+        assert store.stat()["overlay_keys"] == 0
+        inner.gets.clear()
+        old = store.begin()
+        assert [old.get(b"a") for _ in range(3)] == [b"1"] * 3
+        assert [old.get(b"missing") for _ in range(3)] == [None] * 3
+        assert inner.gets == {b"a": 1, b"missing": 1}
+        # a newer commit, flushed to the inner engine, is still not this snapshot's
+        with store.begin(write=True) as tx:
+            assert tx.get(b"a") == b"1"
+            tx.put(b"a", b"2")  # its own writes and deletes come first
+            assert tx.get(b"a") == b"2"
+            assert tx.delete(b"a") is True
+            assert tx.get(b"a") is None
+            tx.put(b"a", b"2")
+            tx.put(b"missing", b"now")
+        store.sync()
+        assert old.get(b"a") == b"1" and old.get(b"missing") is None
+        old.abort()
+        inner.gets.clear()
+        with store.begin() as tx:  # a new transaction reads the new values, once each
+            assert (tx.get(b"a"), tx.get(b"a"), tx.get(b"missing")) == (b"2", b"2", b"now")
+        assert inner.gets == {b"a": 1, b"missing": 1}
+    finally:
+        store.close()

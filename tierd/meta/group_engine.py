@@ -107,15 +107,21 @@ class GroupTxn(KVTxn):
 
     Its own writes are a plain dict (every transaction of every door begins one, and a
     sorted map costs several microseconds to make and to fill); the sorted view a scan
-    needs is built on demand and kept until a new key is written."""
+    needs is built on demand and kept until a new key is written.  What it read from the
+    inner snapshot it keeps too (``_reads``): that snapshot never changes, and the
+    namespace reads the same keys again within one operation (an unlink reads its dirent
+    and inode three times each), each read of lmdb being a point where the interpreter
+    lock is handed to another thread."""
 
-    __slots__ = ("_done", "_gen", "_inner", "_local", "_seq", "_sorted", "_store", "write")
+    __slots__ = ("_done", "_gen", "_inner", "_local", "_reads", "_seq", "_sorted", "_store",
+                 "write")
 
     def __init__(self, store: GroupCommitStore, write: bool) -> None:
         self.write = write
         self._store = store
         self._local: dict[bytes, bytes | None] | None = {} if write else None
         self._sorted: list[bytes] | None = None  # the local keys in order, for scans
+        self._reads: dict[bytes, bytes | None] = {}  # the inner snapshot's answers so far
         self._done = True  # until the snapshot is taken (``__del__`` has nothing to free)
         with store._lock:
             self._seq = store._seq
@@ -147,13 +153,21 @@ class GroupTxn(KVTxn):
         # its inner snapshot (versions are dropped only once every older reader's inner
         # snapshot holds them): no lock for the common case
         if key not in store._versions:
-            return self._inner.get(key)
+            return self._inner_get(key)
         with store._lock:
             versions = store._versions.get(key)
             found = versions.at(self._seq) if versions is not None else _MISSING
         if found is not _MISSING:
             return found  # type: ignore[return-value]
-        return self._inner.get(key)
+        return self._inner_get(key)
+
+    def _inner_get(self, key: bytes) -> bytes | None:
+        """The inner snapshot's value of ``key``, read from it once per transaction."""
+        reads = self._reads
+        value = reads.get(key, _MISSING)
+        if value is _MISSING:
+            value = reads[key] = self._inner.get(key)
+        return value  # type: ignore[return-value]
 
     def put(self, key: bytes, value: bytes) -> None:
         self._check()
