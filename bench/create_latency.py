@@ -29,10 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import emit, idle_state, self_cpu
+from benchlib import emit, hot_fs, idle_state, self_cpu
 from fuse_fio import start_daemon
 
 TICK = os.sysconf("SC_CLK_TCK")
+#: each round's directory, removed only after the last round: on an ext4 without a journal
+#: the next round's new files would otherwise pass over every inode just freed
+#: (:func:`benchlib.hot_fs`), and each round would pay for the one before
+LEFT: list[Path] = []
 
 
 def _children(pid: int) -> list[int]:
@@ -90,7 +94,7 @@ def one_round(tree: str | None, args: argparse.Namespace) -> dict[str, Any]:
         if proc.poll() is None:  # (a clean stop unmounts)
             proc.terminate()
             proc.wait(60)
-        shutil.rmtree(base, ignore_errors=True)
+        LEFT.append(base)  # removed after the last round (see LEFT)
     n = args.files
     per_thread = {k: round((cpu1[k] - cpu0[k]) / n * 1e6) for k in cpu1}
     return {"creates_per_s": round(n / elapsed), "open_us": round(t_open / n * 1e6),
@@ -103,8 +107,8 @@ def raw_creates(root: Path, n: int) -> dict[str, int]:
     """The hot tier's file system alone, after the round: ``n`` empty files made as the hot
     tier makes its data files (``O_CREAT | O_EXCL``, 256 shard directories), and this
     process's CPU per file.  Each of tierd's creates needs one such file (its passthrough
-    backing file), and the cost of a new file there has varied 40-fold on this VM
-    (docs/fuse.md, "How many spares, and the hot tier's own creates")."""
+    backing file), and the cost of a new file there has varied 20-fold on this VM, whose ext4
+    has no journal (:func:`benchlib.hot_fs`)."""
     for shard in range(256):
         (root / f"{shard:02x}").mkdir(parents=True)
     c0, t0 = self_cpu(), time.perf_counter()
@@ -133,13 +137,18 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {"this": []}
     if args.base:
         runs["base"] = []
-    for _ in range(args.pairs):
-        runs["this"].append(one_round(None, args))
-        if args.base:
-            runs["base"].append(one_round(args.base, args))
+    try:
+        for _ in range(args.pairs):
+            runs["this"].append(one_round(None, args))
+            if args.base:
+                runs["base"].append(one_round(args.base, args))
+    finally:
+        for base in LEFT:
+            shutil.rmtree(base, ignore_errors=True)
     result = {
         "bench": "create_latency", "files": args.files, "warmup": args.warmup,
         "serve_args": args.serve_arg, "idle": idle_state(),
+        "hot_fs": hot_fs(Path(tempfile.gettempdir())),
         "base": args.base, "load_average": os.getloadavg(),
         "runs": runs,
         "median_creates_per_s": {k: statistics.median(r["creates_per_s"] for r in v)

@@ -74,7 +74,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchlib import admin_call, drop_caches, idle_state, stop_mounted, wait_mounted
+from benchlib import admin_call, drop_caches, hot_fs, idle_state, stop_mounted, wait_mounted
 from juicefs_peer import juicefs_version, running_redis, start_juicefs
 
 HERE = Path(__file__).resolve().parent
@@ -429,6 +429,7 @@ def main() -> None:
         "machine": {"nproc": os.cpu_count(), "kernel": platform.release(),
                     "mem_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
                     "python": platform.python_version(), **idle_state()},
+        "hot_fs": hot_fs(hot),
         "versions": versions(),
         "cold_read": "page cache dropped before each cold read" if os.geteuid() == 0
         else "NOT cold: not root, drop_caches unavailable",
