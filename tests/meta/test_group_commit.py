@@ -287,5 +287,12 @@ def test_a_transaction_reads_each_key_of_its_snapshot_once() -> None:
         with store.begin() as tx:  # a new transaction reads the new values, once each
             assert (tx.get(b"a"), tx.get(b"a"), tx.get(b"missing")) == (b"2", b"2", b"now")
         assert inner.gets == {b"a": 1, b"missing": 1}
+        # a long reader keeps only the first keys it read, not every one
+        inner.gets.clear()
+        with store.begin() as tx:
+            keys = [b"k%05d" % i for i in range(2000)]
+            for k in [*keys, keys[0], keys[-1]]:
+                assert tx.get(k) is None
+        assert inner.gets[keys[0]] == 1 and inner.gets[keys[-1]] == 2
     finally:
         store.close()

@@ -71,6 +71,10 @@ _SLACK = 1 << 20
 _KEY_PAGE = 4096
 _SCAN_BATCH = 64
 _MISSING = object()
+#: the most keys a transaction keeps of what it read from its snapshot: an operation reads
+#: a few keys again and again; a long listing that reads each of a million inodes once
+#: must not keep them all
+_READS_KEPT = 256
 
 
 def _size(key: bytes, value: bytes | None) -> int:
@@ -111,7 +115,8 @@ class GroupTxn(KVTxn):
     inner snapshot it keeps too (``_reads``): that snapshot never changes, and the
     namespace reads the same keys again within one operation (an unlink reads its dirent
     and inode three times each), each read of lmdb being a point where the interpreter
-    lock is handed to another thread."""
+    lock is handed to another thread.  It keeps the first ``_READS_KEPT`` keys only, so a
+    long listing's transaction stays small."""
 
     __slots__ = ("_done", "_gen", "_inner", "_local", "_reads", "_seq", "_sorted", "_store",
                  "write")
@@ -166,7 +171,9 @@ class GroupTxn(KVTxn):
         reads = self._reads
         value = reads.get(key, _MISSING)
         if value is _MISSING:
-            value = reads[key] = self._inner.get(key)
+            value = self._inner.get(key)
+            if len(reads) < _READS_KEPT:
+                reads[key] = value
         return value  # type: ignore[return-value]
 
     def put(self, key: bytes, value: bytes) -> None:
