@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,9 +21,19 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "create_latency.py"
 
 
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory with a short path: the daemon's pool socket lives in its data directory,
+    and pytest's own temporary paths can be too long for a unix socket."""
+    d = Path(tempfile.mkdtemp(prefix="tcl-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the daemon mounts with mount(2): root only")
 @pytest.mark.timeout(180)
-def test_create_latency_runs_reports_and_cleans_up(tmp_path: Path) -> None:
+def test_create_latency_runs_reports_and_cleans_up(short_dir: Path) -> None:
+    tmp_path = short_dir
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
     env["TMPDIR"] = str(tmp_path)  # the rounds' directories, and what hot_fs describes
     env["PYTHONPATH"] = str(ROOT)
