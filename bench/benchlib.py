@@ -58,31 +58,27 @@ def idle_state() -> dict[str, str | None]:
 
 
 def hot_fs(path: Path) -> dict[str, Any]:
-    """The file system under ``path``: its type, device, mount options and, for ext4,
+    """The file system under ``path`` (:func:`tierd_fuse.mount.find_mount` of the nearest
+    mount point): its type, device, mount options and, for ext4,
     whether it has a journal.  Without one (``journal_task`` reads ``<none>``), ext4 passes
     over every inode freed in the last minute (six while its table block is dirty) at each
     new file (``recently_deleted`` in its inode allocator), so new files cost ~20 us or
     ~400 us depending on how many were deleted just before: docs/fuse.md, "The hot tier's
     file system without a journal".  Figures from such a file system are not comparable
     with others unless this is the same."""
-    path = path.resolve()
-    best: tuple[str, str, str, str] | None = None
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            point = left.split()[4].replace("\\040", " ")
-            fstype, source, options = [*right.split(), "", "", ""][:3]
-            under = path == Path(point) or Path(point) in path.parents
-            if under and (best is None or len(point) >= len(best[0])):
-                best = (point, fstype, source, options)
-    if best is None:
+    from tierd_fuse.mount import find_mount  # (the daemon's own mountinfo reader)
+
+    point = path.resolve()
+    while not os.path.ismount(point):
+        point = point.parent
+    m = find_mount(point)
+    if m is None:
         return {}
-    point, fstype, source, options = best
-    out: dict[str, Any] = {"mount": point, "fstype": fstype, "source": source,
-                           "options": options}
-    if fstype == "ext4":
+    out: dict[str, Any] = {"mount": m.mountpoint, "fstype": m.fstype, "source": m.source,
+                           "options": m.options}
+    if m.fstype == "ext4":
         try:
-            task = Path(f"/sys/fs/ext4/{Path(source).name}/journal_task").read_text().strip()
+            task = Path(f"/sys/fs/ext4/{Path(m.source).name}/journal_task").read_text().strip()
             out["journal"] = task != "<none>"
         except OSError:
             out["journal"] = None

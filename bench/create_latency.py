@@ -32,6 +32,8 @@ from typing import Any
 from benchlib import emit, hot_fs, idle_state, self_cpu
 from fuse_fio import start_daemon
 
+from tierd.tiers.local_tier import LocalTier
+
 TICK = os.sysconf("SC_CLK_TCK")
 #: each round's directory, removed only after the last round: on an ext4 without a journal
 #: the next round's new files would otherwise pass over every inode just freed
@@ -109,12 +111,12 @@ def raw_creates(root: Path, n: int) -> dict[str, int]:
     process's CPU per file.  Each of tierd's creates needs one such file (its passthrough
     backing file), and the cost of a new file there has varied 20-fold on this VM, whose ext4
     has no journal (:func:`benchlib.hot_fs`)."""
+    tier = LocalTier(root)  # (its layout: tier.path)
     for shard in range(256):
-        (root / f"{shard:02x}").mkdir(parents=True)
+        (root / f"{shard:02x}").mkdir()
     c0, t0 = self_cpu(), time.perf_counter()
     for i in range(n):
-        h = f"{i + 1:016x}"
-        os.close(os.open(root / h[-2:] / h, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+        os.close(os.open(tier.path(i + 1), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
     elapsed, cpu = time.perf_counter() - t0, self_cpu() - c0
     return {"raw_creates_per_s": round(n / elapsed), "raw_cpu_us_per_create": round(cpu / n * 1e6)}
 

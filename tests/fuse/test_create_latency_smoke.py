@@ -33,13 +33,12 @@ def short_dir() -> Iterator[Path]:
 @pytest.mark.skipif(os.geteuid() != 0, reason="the daemon mounts with mount(2): root only")
 @pytest.mark.timeout(180)
 def test_create_latency_runs_reports_and_cleans_up(short_dir: Path) -> None:
-    tmp_path = short_dir
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERD_")}
-    env["TMPDIR"] = str(tmp_path)  # the rounds' directories, and what hot_fs describes
+    env["TMPDIR"] = str(short_dir)  # the rounds' directories, and what hot_fs describes
     env["PYTHONPATH"] = str(ROOT)
     run = subprocess.run(
         [sys.executable, str(BENCH), "--files", "60", "--warmup", "5", "--pairs", "2"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=170, env=env)
+        cwd=short_dir, capture_output=True, text=True, timeout=170, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(run.stdout)
     rounds = doc["runs"]["this"]
@@ -54,5 +53,5 @@ def test_create_latency_runs_reports_and_cleans_up(short_dir: Path) -> None:
         task = Path(f"/sys/fs/ext4/{Path(fs['source']).name}/journal_task")
         said = task.read_text().strip() != "<none>" if task.exists() else None
         assert fs["journal"] == said
-    assert not list(tmp_path.glob("tierd-bench-create-*")), "a round's directory was left"
-    assert not [m for m in mounts if str(tmp_path) in m], "a mount was left"
+    assert not list(short_dir.glob("tierd-bench-create-*")), "a round's directory was left"
+    assert not [m for m in mounts if str(short_dir) in m], "a mount was left"
