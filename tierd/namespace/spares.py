@@ -16,8 +16,9 @@ batch rather than twice per file.
 How many: a refill starts when fewer than :data:`LOW` are left and makes batches until
 :data:`HIGH` are ready.  One batch of 32 per refill, started with 8 left, let a burst of
 creates use them up before the next batch was made wherever the file system's creates were
-slow (an ext4 that took 0.5-0.8 ms of CPU per new file in a fresh directory): 730 of 3,000
-creates then made their own files in a worker thread beside the helper.  With these depths
+slow (an ext4 without a journal, which took 0.3-0.8 ms of CPU per new file while it passed
+over the inodes freed in the minutes before): 730 of 3,000 creates then made their own
+files in a worker thread beside the helper.  With these depths
 10,000 creates ran at 1,725-1,802/s against 1,400-1,471 (``bench/create_latency.py``,
 docs/fuse.md).  The pool costs at most ``HIGH + BATCH`` empty files, removed at close.
 
