@@ -57,6 +57,26 @@ def idle_state() -> dict[str, str | None]:
             "guest_halt_poll_ns": read("/sys/module/haltpoll/parameters/guest_halt_poll_ns")}
 
 
+def ipis() -> dict[str, int]:
+    """Inter-processor interrupts so far, over all CPUs (``/proc/interrupts``): ``RES``
+    (rescheduling) and ``CAL`` (function calls: the scheduler's remote wake-ups).  Every
+    wake-up of a process whose CPU has gone idle costs one; on a VM each is an exit to the
+    host, and that is what a FUSE round trip costs here beyond the work on each side
+    (docs/fuse.md, "Wake-ups between CPUs, counted").  Empty where the file lacks them."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/interrupts") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    ncpu = len(lines[0].split()) if lines else 0
+    for line in lines[1:]:
+        fields = line.split()
+        if fields and fields[0] in ("RES:", "CAL:"):
+            out[fields[0][:-1]] = sum(int(x) for x in fields[1:1 + ncpu] if x.isdigit())
+    return out
+
+
 def hot_fs(path: Path) -> dict[str, Any]:
     """The file system under ``path`` (:func:`tierd_fuse.mount.find_mount` of the nearest
     mount point): its type, device, mount options and, for ext4,

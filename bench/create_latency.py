@@ -9,7 +9,9 @@ archive`` of another revision with ``tierd_fuse`` linked to its ``fuse``, run fr
 with ``PYTHONPATH=TREE``) alternates on an otherwise idle machine.  Default settings
 (passthrough on, lmdb); per round ``--warmup`` files, then ``--files`` measured.  The daemon's
 CPU comes from ``/proc/PID/task/*/stat`` around the measured files: the loop's (the main
-thread's), the other threads' together and the child processes' (``helpers``).  After each
+thread's), the other threads' together and the child processes' (``helpers``); the
+machine's inter-processor interrupts per file from ``/proc/interrupts``
+(``ipis_per_create``: :func:`benchlib.ipis`).  After each
 round the same number of empty files is made straight on the hot tier's file system
 (``raw_creates_per_s``): the baseline of that round, since every create needs one such
 file.  Prints one JSON document.
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import emit, hot_fs, idle_state, self_cpu
+from benchlib import emit, hot_fs, idle_state, ipis, self_cpu
 from fuse_fio import start_daemon
 
 from tierd.tiers.local_tier import LocalTier
@@ -78,7 +80,7 @@ def one_round(tree: str | None, args: argparse.Namespace) -> dict[str, Any]:
         for i in range(args.warmup):
             os.close(os.open(d / f"w{i}", os.O_CREAT | os.O_WRONLY, 0o644))
         t_open = t_close = 0.0
-        cpu0 = thread_cpu(proc.pid)
+        cpu0, irq0 = thread_cpu(proc.pid), ipis()
         t0 = time.perf_counter()
         for i in range(args.files):
             a = time.perf_counter()
@@ -88,7 +90,7 @@ def one_round(tree: str | None, args: argparse.Namespace) -> dict[str, Any]:
             t_open += b - a
             t_close += time.perf_counter() - b
         elapsed = time.perf_counter() - t0
-        cpu1 = thread_cpu(proc.pid)
+        cpu1, irq1 = thread_cpu(proc.pid), ipis()
         proc.terminate()
         proc.wait(60)
         raw = raw_creates(base / "raw", args.files)
@@ -102,7 +104,8 @@ def one_round(tree: str | None, args: argparse.Namespace) -> dict[str, Any]:
     return {"creates_per_s": round(n / elapsed), "open_us": round(t_open / n * 1e6),
             "close_us": round(t_close / n * 1e6),
             "daemon_cpu_us_per_create": sum(per_thread.values()),
-            "cpu_us_per_create": per_thread, **raw}
+            "cpu_us_per_create": per_thread,
+            "ipis_per_create": {k: round((irq1[k] - irq0[k]) / n, 2) for k in irq1}, **raw}
 
 
 def raw_creates(root: Path, n: int) -> dict[str, int]:

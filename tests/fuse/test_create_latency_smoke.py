@@ -1,5 +1,6 @@
 """A short run of ``bench/create_latency.py``: a daemon per round mounts, takes the client's
-creates, reports them with the raw baseline and the file system under them (``hot_fs``),
+creates, reports them with the raw baseline, the wake-ups between CPUs they caused and the
+file system under them (``hot_fs``),
 and every round's directory is removed after the last -- so the benchmark docs/fuse.md
 quotes does not break unseen.  Rates are not asserted (a machine shared with other work
 decides them)."""
@@ -46,6 +47,13 @@ def test_create_latency_runs_reports_and_cleans_up(short_dir: Path) -> None:
     for one in rounds:
         assert one["creates_per_s"] > 0 and one["raw_creates_per_s"] > 0
         assert set(one["cpu_us_per_create"]) == {"loop", "threads", "helpers"}
+        ipis = one["ipis_per_create"]  # the machine's wake-ups between CPUs per file
+        rows = {line.split()[0] for line in Path("/proc/interrupts").read_text().splitlines()
+                if line.split()}
+        assert set(ipis) == {k for k in ("RES", "CAL") if k + ":" in rows}
+        assert all(v >= 0 for v in ipis.values())
+        if ipis and len(os.sched_getaffinity(0)) > 1:  # 60 conversations with the daemon
+            assert sum(ipis.values()) > 0
     fs = doc["hot_fs"]
     mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
     assert fs["mount"] in mounts and fs["fstype"]
