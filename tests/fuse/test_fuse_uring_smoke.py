@@ -1,0 +1,62 @@
+"""A short run of ``bench/fuse_uring.py``: each transport's daemon (``bench/fuse_null_uring.c``
+and its Python twin over ``tierd_fuse.kuring``) mounts, takes the client's creates and
+reports them -- and, where this kernel has FUSE over io_uring, the rings (not ``/dev/fuse``)
+answered them, so the floor docs/fuse.md quotes for each transport is what it says.  Rates
+are not asserted (a machine shared with other work decides them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tierd_fuse import kuring
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "fuse_uring.py"
+ENABLE = Path("/sys/module/fuse/parameters/enable_uring")
+FILES = 200
+
+
+def _enable() -> str | None:
+    try:
+        return ENABLE.read_text().strip()
+    except OSError:
+        return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the daemons mount with mount(2): root only")
+@pytest.mark.timeout(180)
+def test_each_transport_answers_the_creates_through_its_own_path(tmp_path: Path) -> None:
+    before = _enable()
+    run = subprocess.run([sys.executable, str(BENCH), "--files", str(FILES), "--rounds", "1"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=170)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _enable() == before, "enable_uring was not set back"
+    doc = json.loads(run.stdout)
+    (one,) = doc["rounds"]
+    # a create is five requests (LOOKUP, CREATE, FLUSH, RELEASE, the parent's GETATTR)
+    for mode in ("dev", "python_dev"):
+        assert one[mode]["per_s"] > 0
+        assert one[mode]["served"]["dev"] >= 5 * FILES
+        assert set(one[mode]["ipis_per_create"]) <= {"RES", "CAL"}
+    if doc["uring"] == "on":
+        for mode in ("uring", "uring_unpinned", "uring_one_thread", "python_uring",
+                     "python_uring_one_thread"):
+            served = one[mode]["served"]
+            assert len(served["queues"]) == len(one["dev"]["served"]["queues"]) >= 1
+            # (requests that come before every queue has its entries go to /dev/fuse)
+            assert sum(served["queues"]) >= 5 * FILES - 10, (mode, served)
+    else:
+        assert set(one) == {"dev", "python_dev"}, doc["uring"]
+    assert not [line for line in Path("/proc/mounts").read_text().splitlines()
+                if "tierd-uring-" in line], "a mount was left"
+
+
+def test_the_queue_count_is_the_possible_cpus() -> None:
+    assert kuring.possible_cpus("0-1\n") == 2
+    assert kuring.possible_cpus("0") == 1
+    assert kuring.possible_cpus("0-3,8-11") == 8
+    assert kuring.possible_cpus() >= (os.cpu_count() or 1)  # (possible: online and not)
