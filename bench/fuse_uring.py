@@ -46,6 +46,7 @@ from typing import Any
 
 from benchlib import idle_state, ipis, wait_mounted
 from fuse_null import CLIENT
+from tierd_fuse import kuring
 
 SOURCE = Path(__file__).with_name("fuse_null_uring.c")
 ENABLE = Path("/sys/module/fuse/parameters/enable_uring")
@@ -77,6 +78,11 @@ def uring_enabled() -> Iterator[str | None]:
         old = ENABLE.read_text().strip()
     except OSError as e:
         yield f"no {ENABLE} ({e.strerror}): this kernel has no FUSE over io_uring"
+        return
+    try:  # (kernel.io_uring_disabled, a seccomp filter: no ring at all)
+        kuring.Ring(-1, 2).close()
+    except OSError as e:
+        yield f"io_uring is not available here ({e.strerror})"
         return
     try:
         if old != "Y":

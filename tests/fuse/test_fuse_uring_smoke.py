@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,23 @@ def test_the_queue_count_is_the_possible_cpus() -> None:
     assert kuring.possible_cpus("0") == 1
     assert kuring.possible_cpus("0-3,8-11") == 8
     assert kuring.possible_cpus() >= (os.cpu_count() or 1)  # (possible: online and not)
+
+
+def test_an_entry_holds_its_answer_where_the_kernel_reads_it() -> None:
+    """struct fuse_uring_req_header: in_out[128], op_in[128], then fuse_uring_ent_in_out
+    {u64 flags; u64 commit_id; u32 payload_sz; ...}: the payload size at byte 272."""
+    e = kuring.Entry(7, 1 << 16)
+    try:
+        assert e.iov[0].len == 288 and e.iov[1].len == 1 << 16
+        struct.pack_into("<QQI", e.header, 256, 0, 12345, 5)  # as the kernel fills it
+        e.payload[:5] = b"hello"
+        head, op, payload, commit_id = e.request()
+        assert (len(head), len(op), bytes(payload), commit_id) == (128, 128, b"hello", 12345)
+        del head, op, payload
+        e.answer(b"H" * 16, b"abc")
+        assert e.header[:16] == b"H" * 16 and e.payload[:3] == b"abc"
+        assert struct.unpack_from("<I", e.header, 272) == (3,)
+    finally:
+        e.close()
+    ring = kuring.Ring(-1, 4)  # (no FUSE command is sent: the ring alone)
+    ring.close()
