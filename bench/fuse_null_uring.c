@@ -237,6 +237,31 @@ static void ring_cmd(struct ring *r, uint32_t cmd, uint64_t data, struct iovec *
 }
 
 #define MAXQ 64
+/* the kernel makes one queue per possible CPU (num_possible_cpus), which can be more than
+ * are present: the count of /sys/devices/system/cpu/possible ("0-3,8-11") */
+static int possible_cpus(void)
+{
+    FILE *f = fopen("/sys/devices/system/cpu/possible", "r");
+    int n = 0, lo, hi;
+    char sep;
+    if (!f)
+        return get_nprocs_conf();
+    while (fscanf(f, "%d", &lo) == 1) {
+        hi = lo;
+        if (fscanf(f, "%c", &sep) == 1 && sep == '-') {
+            if (fscanf(f, "%d", &hi) != 1)
+                break;
+            if (fscanf(f, "%c", &sep) != 1)
+                sep = '\n';
+        }
+        n += hi - lo + 1;
+        if (sep != ',')
+            break;
+    }
+    fclose(f);
+    return n;
+}
+
 struct queue {
     int qid; /* its queue (the first of all with "one") */
     int cpu; /* the CPU the thread is pinned to (-1: none) */
@@ -349,7 +374,7 @@ int main(int argc, char **argv)
                 continue;
             if (errno == ENODEV) { /* unmounted: what each path answered, on stderr */
                 fprintf(stderr, "served: /dev/fuse %lu", served[64]);
-                for (int qid = 0; qid < get_nprocs_conf() && qid < 64; qid++)
+                for (int qid = 0; qid < possible_cpus() && qid < 64; qid++)
                     fprintf(stderr, ", queue %d %lu", qid, served[qid]);
                 fprintf(stderr, "\n");
                 _exit(0);
@@ -360,8 +385,10 @@ int main(int argc, char **argv)
         const struct fuse_in_header *in = (const void *)buf;
         if (in->opcode == FUSE_INIT) {
             init_reply(buf, uring);
-            if (uring && !started) {
-                int nq = get_nprocs_conf(); /* the kernel makes one queue per possible CPU */
+            int nq = possible_cpus();
+            if (uring && nq > MAXQ)
+                fprintf(stderr, "%d possible CPUs: more queues than this daemon serves\n", nq);
+            else if (uring && !started) {
                 for (int qid = 0; qid < (one ? 1 : nq); qid++) {
                     struct queue *q = calloc(1, sizeof(*q));
                     q->qid = qid;
