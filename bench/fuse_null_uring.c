@@ -84,11 +84,9 @@ static void attr_of(struct fuse_attr *a, uint64_t ino)
 }
 
 /* The answer to one request: its body in out, its length returned, or -errno, or NO_REPLY.
- * op is the request's own header (fuse_create_in, ...), name what follows it. */
-static int handle(const struct fuse_in_header *in, const void *op, const char *name, char *out)
+ * The handlers look at nothing but the opcode and the node. */
+static int handle(const struct fuse_in_header *in, char *out)
 {
-    (void)op;
-    (void)name;
     switch (in->opcode) {
     case FUSE_LOOKUP:
         return -ENOENT;
@@ -134,17 +132,6 @@ static int handle(const struct fuse_in_header *in, const void *op, const char *n
         return NO_REPLY;
     default:
         return -ENOSYS;
-    }
-}
-
-/* the size of each handled request's own header in a /dev/fuse read */
-static size_t op_size(uint32_t opcode)
-{
-    switch (opcode) {
-    case FUSE_CREATE:
-        return sizeof(struct fuse_create_in);
-    default:
-        return 0; /* (the others' names, if any, are not read) */
     }
 }
 
@@ -324,7 +311,7 @@ static void *queue_thread(void *arg)
             struct uring_req_header *h = q->hdr[i];
             served[q->of[i] & 63]++;
             struct fuse_in_header in = *(struct fuse_in_header *)h->in_out;
-            int len = handle(&in, h->op_in, q->payload[i], out);
+            int len = handle(&in, out);
             if (len == NO_REPLY)
                 len = -ENOSYS; /* (forgets come through /dev/fuse) */
             struct fuse_out_header *o = (void *)h->in_out;
@@ -402,9 +389,8 @@ int main(int argc, char **argv)
             }
             continue;
         }
-        const char *op = buf + sizeof(*in);
         served[64]++;
-        int len = handle(in, op, op + op_size(in->opcode), out);
+        int len = handle(in, out);
         if (len == NO_REPLY)
             continue;
         struct fuse_out_header o = {

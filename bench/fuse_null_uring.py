@@ -19,21 +19,22 @@ import threading
 
 from tierd_fuse import kproto as K
 from tierd_fuse import kuring
+from tierd_fuse.mount import MS_NODEV, MS_NOSUID
 
 MAX_WRITE = 128 * 1024
 PAYLOAD = 1 << 20  # >= the kernel's max_payload_sz for MAX_WRITE
 DEPTH = 2  # ring entries per queue
 NO_REPLY = None
-MS_NOSUID, MS_NODEV = 2, 4
 
 _next = [2]
 _lock = threading.Lock()
 
 
-def _attr(ino: int) -> bytes:
+def _attr(ino: int) -> tuple[int, ...]:
+    """The fields of a struct fuse_attr (K.ATTR): the root a directory, the rest files."""
     root = ino == K.ROOT_ID
-    return K.ATTR.pack(ino, 0, 0, 0, 0, 0, 0, 0, 0, 0o40777 if root else 0o100644,
-                       2 if root else 1, 0, 0, 0, 4096, 0)
+    return (ino, 0, 0, 0, 0, 0, 0, 0, 0, 0o40777 if root else 0o100644, 2 if root else 1,
+            0, 0, 0, 4096, 0)
 
 
 def handle(opcode: int, nodeid: int) -> tuple[int, bytes] | None:
@@ -41,12 +42,12 @@ def handle(opcode: int, nodeid: int) -> tuple[int, bytes] | None:
     if opcode == K.LOOKUP:
         return -errno.ENOENT, b""
     if opcode in (K.GETATTR, K.SETATTR):
-        return 0, K.ATTR_OUT.pack(1, 0, 0, *K.ATTR.unpack(_attr(nodeid)))
+        return 0, K.ATTR_OUT.pack(1, 0, 0, *_attr(nodeid))
     if opcode == K.CREATE:
         with _lock:
             ino = _next[0]
             _next[0] += 1
-        return 0, (K.ENTRY_OUT.pack(ino, 0, 1, 1, 0, 0, *K.ATTR.unpack(_attr(ino)))
+        return 0, (K.ENTRY_OUT.pack(ino, 0, 1, 1, 0, 0, *_attr(ino))
                    + K.OPEN_OUT.pack(0, 0, 0))
     if opcode in (K.OPEN, K.OPENDIR):
         return 0, K.OPEN_OUT.pack(0, 0, 0)

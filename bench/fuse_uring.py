@@ -49,7 +49,7 @@ from fuse_null import CLIENT
 from tierd_fuse import kuring
 
 SOURCE = Path(__file__).with_name("fuse_null_uring.c")
-ENABLE = Path("/sys/module/fuse/parameters/enable_uring")
+ENABLE = kuring.ENABLE
 PY_SERVER = Path(__file__).with_name("fuse_null_uring.py")
 #: transport -> (the daemon, its argument, its environment); "python": the same handlers in
 #: Python (bench/fuse_null_uring.py, tierd_fuse.kuring)

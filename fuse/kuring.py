@@ -49,7 +49,7 @@ _OP_URING_CMD = 46
 _OFF_SQES = 0x10000000
 #: struct io_uring_sqe up to its command area: opcode, flags, ioprio, fd, cmd_op, pad,
 #: addr, len, rw_flags, user_data (buf_index, personality, file_index: zero)
-_SQE = struct.Struct("<BBHiIIQII Q")
+_SQE = struct.Struct("<BBHiIIQIIQ")
 _SQE_SIZE = 128
 _CMD_OFF = 48
 _CMD_REQ = struct.Struct("<QQH6x")  # struct fuse_uring_cmd_req: flags, commit_id, qid
@@ -70,14 +70,6 @@ class _Params(ctypes.Structure):
 
 class _Iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
-def enabled() -> bool:
-    """Whether the fuse module takes rings now."""
-    try:
-        return ENABLE.read_text().strip() == "Y"
-    except OSError:
-        return False
 
 
 def possible_cpus(text: str | None = None) -> int:

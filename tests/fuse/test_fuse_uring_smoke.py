@@ -17,7 +17,7 @@ import pytest
 from tierd_fuse import kuring
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "fuse_uring.py"
-ENABLE = Path("/sys/module/fuse/parameters/enable_uring")
+ENABLE = kuring.ENABLE
 FILES = 200
 
 
