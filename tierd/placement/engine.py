@@ -422,16 +422,17 @@ class PlacementCore(Importing):
     def nudge(self) -> None:  # the persister overrides this: a wake it may put off
         self.wake()
 
-    def _intend_deletes(self, tx: MetaTxn, ino: int) -> None:
+    def _intend_deletes(self, tx: MetaTxn, ino: int, *, named: bool = True) -> None:
         """Inside the namespace's transaction that removed names of ``ino``: every cold key
         its objects may be under (its record's, and one an upload is putting now) that no
-        longer names it becomes a durable pending delete, committed with the change."""
+        longer names it becomes a durable pending delete, committed with the change.
+        ``named=False``: it has no name left (:func:`file_keys`)."""
         rec = tx.get_cold(ino)
         claimed = set(rec.keys) if rec is not None else set()
         claimed.update(k for k, owner in self.putting.items() if owner == ino)
         if not claimed:
             return
-        for k in claimed - set(file_keys(tx, ino)):
+        for k in claimed - set(file_keys(tx, ino, named=named)):
             intents.intend(tx, k, ino)
             self.deletes_hint = True
 
@@ -468,7 +469,7 @@ class PlacementCore(Importing):
         A removal counts as activity for the persister's burst hold as a queueing does:
         uploads of files a burst of unlinks is about to remove are wasted work."""
         self.changed_lately = time.monotonic()
-        self._intend_deletes(tx, ino)
+        self._intend_deletes(tx, ino, named=False)  # (every caller removed its names first)
         self.gone(ino)
         rec = tx.get_cold(ino)
         if rec is not None:
