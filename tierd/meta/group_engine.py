@@ -106,6 +106,13 @@ class _Versions:
 
 
 
+def _in_range(keys: SortedList | list[bytes], start: bytes, end: bytes | None) -> bool:
+    """Whether sorted ``keys`` hold one in ``[start, end)``."""
+    i = keys.bisect_left(start) if isinstance(keys, SortedList) else bisect.bisect_left(
+        keys, start)
+    return i < len(keys) and (end is None or keys[i] < end)
+
+
 class GroupTxn(KVTxn):
     """One transaction over the overlay and an inner snapshot.
 
@@ -252,6 +259,21 @@ class GroupTxn(KVTxn):
         self, start: bytes, end: bytes | None = None, *, reverse: bool = False
     ) -> Iterator[tuple[bytes, bytes]]:
         self._check()
+        store = self._store
+        with store._lock:
+            layered = _in_range(store._keys, start, end)
+        local = self._local
+        if local:
+            if self._sorted is None:
+                self._sorted = sorted(local)
+            layered = layered or _in_range(self._sorted, start, end)
+        if not layered:
+            # nothing of the range in the overlay (a key it gains later has only versions
+            # newer than this snapshot, and one it drops is in the inner snapshot: as for
+            # ``get``) nor written here yet: the inner snapshot's answer, without the three
+            # layers' merge -- a point range (an inode's links, its xattrs) usually is one
+            yield from self._inner.scan(start, end, reverse=reverse)
+            return
         inner: Iterator[tuple[bytes, bytes | None]] = self._inner.scan(
             start, end, reverse=reverse)
         merged = merge_layers(self._overlay(start, end, reverse), inner, reverse)
