@@ -24,6 +24,8 @@
 #include <time.h>
 #include <pthread.h>
 
+#include "fuse_ahead.h"
+
 #define MAXFILES (1 << 20)
 static char *names[MAXFILES]; /* ino - 2 -> name; a flat directory */
 static off_t sizes[MAXFILES];
@@ -31,53 +33,11 @@ static fuse_ino_t next_ino = 2;
 static int backing_dir = -1; /* with a second argument: each new file gets a local file there */
 static int backing_fd[MAXFILES];
 
-/* files made ahead by a second thread: a ring of open descriptors */
-#define AHEAD 64
-static int ahead_fd[AHEAD];
-static unsigned ahead_head, ahead_tail; /* taken at head, made at tail */
-static pthread_mutex_t ahead_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t ahead_cv = PTHREAD_COND_INITIALIZER;
-static int ahead_on;
-
-static int make_local(unsigned long id)
-{
-    char local[32];
-    snprintf(local, sizeof(local), "%lx", id);
-    return openat(backing_dir, local, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-}
-
-static void *ahead_thread(void *arg)
-{
-    (void)arg;
-    unsigned long id = 1UL << 40; /* names apart from the inline ones */
-    for (;;) {
-        pthread_mutex_lock(&ahead_mu);
-        while (ahead_tail - ahead_head >= AHEAD)
-            pthread_cond_wait(&ahead_cv, &ahead_mu);
-        pthread_mutex_unlock(&ahead_mu);
-        int fd = make_local(id++);
-        if (fd < 0)
-            return NULL;
-        pthread_mutex_lock(&ahead_mu);
-        ahead_fd[ahead_tail++ % AHEAD] = fd;
-        pthread_mutex_unlock(&ahead_mu);
-    }
-}
+static int ahead_on; /* FUSE_NULL_AHEAD: files made ahead (fuse_ahead.h) */
 
 static int take_local(fuse_ino_t ino)
 {
-    if (ahead_on) {
-        int fd = -1;
-        pthread_mutex_lock(&ahead_mu);
-        if (ahead_tail != ahead_head) {
-            fd = ahead_fd[ahead_head++ % AHEAD];
-            pthread_cond_signal(&ahead_cv);
-        }
-        pthread_mutex_unlock(&ahead_mu);
-        if (fd >= 0)
-            return fd;
-    }
-    return make_local(ino);
+    return ahead_on ? ahead_take(ino) : ahead_make(ino);
 }
 
 static void attrs(fuse_ino_t ino, struct stat *st)
@@ -279,11 +239,10 @@ int main(int argc, char *argv[])
     struct fuse_session *se = fuse_session_new(&args, &ops, sizeof(ops), NULL);
     if (!se || fuse_session_mount(se, argv[1]) != 0)
         return 1;
-    pthread_t maker;
+    ahead_dir = backing_dir; /* (files made inline are made there too) */
     if (backing_dir >= 0 && getenv("FUSE_NULL_AHEAD")) {
         ahead_on = 1;
-        pthread_create(&maker, NULL, ahead_thread, NULL);
-        pthread_detach(maker);
+        ahead_start(backing_dir);
     }
     const char *poll_us = getenv("FUSE_NULL_POLL_US");
     int ret = poll_us ? polling_loop(se, atol(poll_us) * 1000) : fuse_session_loop(se);

@@ -15,6 +15,14 @@
  *   uring-one  the same queues, all served by one thread through one ring (pinned to the
  *              CPU FUSE_NULL_URING_PIN names, if set): what a single event loop could do.
  *
+ * With FUSE_NULL_BACKING=DIR each create is a passthrough open, as tierd's are with write
+ * passthrough (fuse/kpass.py): a second thread makes empty files in DIR ahead, as tierd's
+ * spares are made (tierd/namespace/spares.py); a CREATE takes one, registers it with the
+ * kernel (FUSE_DEV_IOC_BACKING_OPEN) and answers FOPEN_PASSTHROUGH with its backing id; the
+ * RELEASE closes the backing id and the file.  What the kernel's hand-over of a backing
+ * file costs a create, without tierd's namespace.  The served line then ends with
+ * ", passthrough N": the creates answered so.
+ *
  * Forgets and interrupts still come through /dev/fuse (the main thread), as does anything
  * that comes before every queue has its entries.  At unmount it prints on stderr how many
  * requests each path answered ("served: /dev/fuse N, queue 0 M, ...").
@@ -35,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -42,6 +51,8 @@
 #include <sys/sysinfo.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include "fuse_ahead.h"
 
 /* include/uapi/linux/fuse.h, protocol 7.42 (these headers may be older) */
 #define OVER_IO_URING_FLAGS2 (1u << (41 - 32))
@@ -64,6 +75,16 @@ struct uring_cmd_req {
     uint8_t padding[6];
 };
 enum { CMD_REGISTER = 1, CMD_COMMIT_AND_FETCH = 2 };
+/* passthrough (protocol 7.40): init flags2 bit, open flag, backing ioctls */
+#define PASSTHROUGH_FLAGS2 (1u << (37 - 32))
+#define OPEN_PASSTHROUGH (1u << 7)
+struct backing_map {
+    int32_t fd;
+    uint32_t flags;
+    uint64_t padding;
+};
+#define IOC_BACKING_OPEN _IOW(229, 1, struct backing_map)
+#define IOC_BACKING_CLOSE _IOW(229, 2, uint32_t)
 
 #define MAX_WRITE (128 * 1024)
 #define PAYLOAD (1 << 20) /* >= the kernel's max_payload_sz for MAX_WRITE */
@@ -72,6 +93,44 @@ enum { CMD_REGISTER = 1, CMD_COMMIT_AND_FETCH = 2 };
 
 static int devfd;
 static uint64_t next_ino = 2;
+
+/* -- passthrough (FUSE_NULL_BACKING): files made ahead, one backing id per created node -- */
+#define MAXNODES (1 << 20)
+static int node_fd[MAXNODES];          /* the node's local file */
+static int32_t node_backing[MAXNODES]; /* its backing id */
+static unsigned long backed;           /* creates answered as passthrough opens */
+
+/* a file made ahead, registered with the kernel: its backing id (-errno: none to be had) */
+static int32_t backing_for(uint64_t ino)
+{
+    if (ino >= MAXNODES)
+        return -EFBIG;
+    int fd = ahead_take(ino);
+    if (fd < 0)
+        return -errno;
+    struct backing_map map = {.fd = fd};
+    int id = ioctl(devfd, IOC_BACKING_OPEN, &map);
+    if (id <= 0) {
+        perror("FUSE_DEV_IOC_BACKING_OPEN");
+        exit(1);
+    }
+    node_fd[ino] = fd;
+    node_backing[ino] = id;
+    __atomic_fetch_add(&backed, 1, __ATOMIC_RELAXED);
+    return id;
+}
+
+static void backing_release(uint64_t ino)
+{
+    if (ino >= MAXNODES || node_backing[ino] <= 0)
+        return;
+    uint32_t id = (uint32_t)node_backing[ino];
+    if (ioctl(devfd, IOC_BACKING_CLOSE, &id) < 0)
+        perror("FUSE_DEV_IOC_BACKING_CLOSE");
+    close(node_fd[ino]);
+    node_backing[ino] = 0;
+}
+
 static unsigned long served[64 + 1]; /* requests answered per queue; [64]: through /dev/fuse */
 
 static void attr_of(struct fuse_attr *a, uint64_t ino)
@@ -84,8 +143,10 @@ static void attr_of(struct fuse_attr *a, uint64_t ino)
 }
 
 /* The answer to one request: its body in out, its length returned, or -errno, or NO_REPLY.
- * The handlers look at nothing but the opcode and the node. */
-static int handle(const struct fuse_in_header *in, char *out)
+ * The handlers look at nothing but the opcode and the node (and a RELEASE's handle in
+ * ``body``, the operation's own header: after the common one on /dev/fuse, in the ring
+ * entry's op_in over io_uring). */
+static int handle(const struct fuse_in_header *in, const char *body, char *out)
 {
     switch (in->opcode) {
     case FUSE_LOOKUP:
@@ -105,8 +166,20 @@ static int handle(const struct fuse_in_header *in, char *out)
         e->nodeid = __atomic_fetch_add(&next_ino, 1, __ATOMIC_RELAXED);
         e->entry_valid = e->attr_valid = 1;
         attr_of(&e->attr, e->nodeid);
+        if (ahead_dir >= 0) {
+            int32_t id = backing_for(e->nodeid);
+            if (id < 0)
+                return id;
+            o->open_flags = OPEN_PASSTHROUGH;
+            memcpy((char *)o + 12, &id, sizeof(id)); /* fuse_open_out.backing_id */
+            o->fh = e->nodeid;
+        }
         return sizeof(*e) + sizeof(*o);
     }
+    case FUSE_RELEASE:
+        if (ahead_dir >= 0)
+            backing_release(((const struct fuse_release_in *)body)->fh);
+        return 0;
     case FUSE_OPEN:
     case FUSE_OPENDIR:
         memset(out, 0, sizeof(struct fuse_open_out));
@@ -119,7 +192,6 @@ static int handle(const struct fuse_in_header *in, char *out)
         return sizeof(*s);
     }
     case FUSE_FLUSH:
-    case FUSE_RELEASE:
     case FUSE_RELEASEDIR:
     case FUSE_FSYNC:
     case FUSE_ACCESS:
@@ -150,7 +222,9 @@ static void init_reply(const char *buf, int uring)
     r.o.minor = ii->minor < FUSE_KERNEL_MINOR_VERSION ? ii->minor : FUSE_KERNEL_MINOR_VERSION;
     r.o.max_readahead = ii->max_readahead;
     r.o.flags = (ii->flags & (FUSE_MAX_PAGES | FUSE_INIT_EXT));
-    r.o.flags2 = uring ? OVER_IO_URING_FLAGS2 : 0;
+    r.o.flags2 = (uring ? OVER_IO_URING_FLAGS2 : 0) | (ahead_dir >= 0 ? PASSTHROUGH_FLAGS2 : 0);
+    if (ahead_dir >= 0)
+        r.o.unused[0] = 1; /* max_stack_depth (7.40): a backing file on a plain file system */
     r.o.max_background = 64;
     r.o.congestion_threshold = 48;
     r.o.max_write = MAX_WRITE;
@@ -311,7 +385,7 @@ static void *queue_thread(void *arg)
             struct uring_req_header *h = q->hdr[i];
             served[q->of[i] & 63]++;
             struct fuse_in_header in = *(struct fuse_in_header *)h->in_out;
-            int len = handle(&in, out);
+            int len = handle(&in, h->op_in, out);
             if (len == NO_REPLY)
                 len = -ENOSYS; /* (forgets come through /dev/fuse) */
             struct fuse_out_header *o = (void *)h->in_out;
@@ -338,6 +412,15 @@ int main(int argc, char **argv)
     int uring = strncmp(argv[2], "uring", 5) == 0;
     int one = strcmp(argv[2], "uring-one") == 0; /* one thread, one ring, every queue */
     const char *pin = getenv("FUSE_NULL_URING_PIN"); /* uring-one: the CPU of its thread */
+    const char *backing = getenv("FUSE_NULL_BACKING");
+    if (backing) {
+        int dir = open(backing, O_DIRECTORY | O_RDONLY | O_CLOEXEC);
+        if (dir < 0) {
+            perror(backing);
+            return 1;
+        }
+        ahead_start(dir);
+    }
     devfd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
     if (devfd < 0) {
         perror("/dev/fuse");
@@ -363,6 +446,8 @@ int main(int argc, char **argv)
                 fprintf(stderr, "served: /dev/fuse %lu", served[64]);
                 for (int qid = 0; qid < possible_cpus() && qid < 64; qid++)
                     fprintf(stderr, ", queue %d %lu", qid, served[qid]);
+                if (ahead_dir >= 0)
+                    fprintf(stderr, ", passthrough %lu", backed);
                 fprintf(stderr, "\n");
                 _exit(0);
             }
@@ -390,7 +475,7 @@ int main(int argc, char **argv)
             continue;
         }
         served[64]++;
-        int len = handle(in, out);
+        int len = handle(in, buf + sizeof(*in), out);
         if (len == NO_REPLY)
             continue;
         struct fuse_out_header o = {

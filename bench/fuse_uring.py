@@ -25,8 +25,14 @@ interrupts per create (:func:`benchlib.ipis`) and how many requests each path an
 requests shows as such.  The fuse module's ``enable_uring`` is switched on for the run and
 set back after; where the kernel has no FUSE over io_uring only the ``dev`` transports run.
 
+``--passthrough`` adds the C daemon's creates as passthrough opens (``dev_passthrough``,
+``uring_passthrough``): each CREATE registers a file made ahead by a second thread with the
+kernel and answers ``FOPEN_PASSTHROUGH``, each RELEASE closes it, as tierd's creates with
+write passthrough do -- the floor of such a create without tierd's namespace.
+
 Usage (root: mount(2) and the module parameter):
-``python bench/fuse_uring.py [--files 5000] [--rounds 3]``; prints one JSON document.
+``python bench/fuse_uring.py [--files 5000] [--rounds 3] [--passthrough] [--only MODE...]``;
+prints one JSON document.
 """
 
 from __future__ import annotations
@@ -61,6 +67,13 @@ MODES: dict[str, tuple[str, str, dict[str, str]]] = {
     "python_dev": ("python", "dev", {}),
     "python_uring": ("python", "uring", {}),
     "python_uring_one_thread": ("python", "uring-one", {}),
+}
+#: with ``--passthrough``: the C daemon's creates as passthrough opens of files it made
+#: ahead (``FUSE_NULL_BACKING``: a fresh directory per run, on TMPDIR's file system), as
+#: tierd's creates with write passthrough are
+PASSTHROUGH_MODES: dict[str, tuple[str, str, dict[str, str]]] = {
+    "dev_passthrough": ("c", "dev", {"FUSE_NULL_BACKING": ""}),
+    "uring_passthrough": ("c", "uring", {"FUSE_NULL_BACKING": ""}),
 }
 
 
@@ -99,17 +112,23 @@ def uring_enabled() -> Iterator[str | None]:
 
 def served(log: str) -> dict[str, Any]:
     """The C daemon's count of requests per path (its last stderr line)."""
-    m = re.search(r"served: /dev/fuse (\d+)((?:, queue \d+ \d+)*)", log)
+    m = re.search(r"served: /dev/fuse (\d+)((?:, queue \d+ \d+)*)(?:, passthrough (\d+))?",
+                  log)
     if m is None:
         return {}
     queues = [int(n) for n in re.findall(r"queue \d+ (\d+)", m.group(2))]
-    return {"dev": int(m.group(1)), "queues": queues}
+    out: dict[str, Any] = {"dev": int(m.group(1)), "queues": queues}
+    if m.group(3) is not None:  # the creates answered as passthrough opens
+        out["passthrough"] = int(m.group(3))
+    return out
 
 
 def one_run(exe: Path, tmp: Path, mode: str, files: int) -> dict[str, Any]:
-    daemon, arg, extra = MODES[mode]
+    daemon, arg, extra = {**MODES, **PASSTHROUGH_MODES}[mode]
     mnt = tmp / f"mnt-{mode}"
     mnt.mkdir(exist_ok=True)
+    if "FUSE_NULL_BACKING" in extra:  # (removed with tmp, after the last round)
+        extra = {**extra, "FUSE_NULL_BACKING": tempfile.mkdtemp(prefix="backing-", dir=tmp)}
     log = tmp / f"{mode}.log"
     cmd = [str(exe)] if daemon == "c" else [sys.executable, str(PY_SERVER)]
     with open(log, "wb") as out:
@@ -144,12 +163,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--files", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--passthrough", action="store_true",
+                    help="also the C daemon's creates as passthrough opens (dev_passthrough, "
+                    "uring_passthrough)")
+    ap.add_argument("--only", nargs="+", metavar="MODE",
+                    help="run only these transports (names as in the JSON)")
     args = ap.parse_args()
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tierd-uring-") as t, uring_enabled() as why:
         tmp = Path(t)
         exe = build(tmp)
-        modes = [m for m in MODES if not why or MODES[m][1] == "dev"]
+        every = {**MODES, **PASSTHROUGH_MODES} if args.passthrough else MODES
+        unknown = set(args.only or ()) - set(MODES) - set(PASSTHROUGH_MODES)
+        if unknown:
+            sys.exit(f"--only: no transport {', '.join(sorted(unknown))}")
+        modes = [m for m in every if (not why or every[m][1] == "dev")
+                 and (not args.only or m in args.only)]
         for _ in range(args.rounds):
             rounds.append({m: one_run(exe, tmp, m, args.files) for m in modes})
     doc: dict[str, Any] = {

@@ -81,3 +81,28 @@ def test_an_entry_holds_its_answer_where_the_kernel_reads_it() -> None:
         e.close()
     ring = kuring.Ring(-1, 4)  # (no FUSE command is sent: the ring alone)
     ring.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the daemons mount with mount(2): root only")
+@pytest.mark.timeout(120)
+def test_passthrough_creates_register_a_backing_file_each(tmp_path: Path) -> None:
+    """``--passthrough``: every create is answered as a passthrough open of a file made
+    ahead, through ``/dev/fuse`` and (where the kernel has them) over the rings."""
+    before = _enable()
+    run = subprocess.run([sys.executable, str(BENCH), "--files", str(FILES), "--rounds", "1",
+                          "--passthrough", "--only", "dev_passthrough", "uring_passthrough"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=110,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _enable() == before, "enable_uring was not set back"
+    doc = json.loads(run.stdout)
+    (one,) = doc["rounds"]
+    assert set(one) == ({"dev_passthrough", "uring_passthrough"} if doc["uring"] == "on"
+                        else {"dev_passthrough"})
+    for mode, res in one.items():
+        # the client's creates and its warm-up, each with a backing id of its own
+        assert res["served"]["passthrough"] >= FILES, (mode, res["served"])
+    if "uring_passthrough" in one:
+        assert sum(one["uring_passthrough"]["served"]["queues"]) >= 5 * FILES - 10
+    assert not [line for line in Path("/proc/mounts").read_text().splitlines()
+                if "tierd-uring-" in line], "a mount was left"
