@@ -28,15 +28,14 @@ ROOT = Identity.ROOT
 
 @contextlib.contextmanager
 def metadata_work(meta: MetaStore) -> Iterator[dict[str, int]]:
-    """Counts, while the block runs, the write transactions begun on ``meta``'s engine and
-    the metadata flushes asked for (the real calls run: this only counts them)."""
-    seen = {"writes": 0, "flushes": 0}
+    """Counts, while the block runs, the write and read transactions begun on ``meta``'s
+    engine and the metadata flushes asked for (the real calls run: this only counts them)."""
+    seen = {"writes": 0, "reads": 0, "flushes": 0}
     engine = meta.engine
     begin, flush = engine.begin, meta.flush
 
     def counting_begin(*a: Any, **kw: Any) -> Any:
-        if kw.get("write", a[0] if a else False):
-            seen["writes"] += 1
+        seen["writes" if kw.get("write", a[0] if a else False) else "reads"] += 1
         return begin(*a, **kw)
 
     async def counting_flush(*a: Any, **kw: Any) -> None:
@@ -83,7 +82,7 @@ def test_closing_a_passthrough_created_file_never_written_commits_nothing(
             assert after is not None and not tx.has_intent(ino)
         assert (after.version, after.size, after.mtime_ns) == (
             before.version, 0, before.mtime_ns)
-        assert seen == {"writes": 1, "flushes": 0}, seen  # the intention's removal only
+        assert seen == {"writes": 1, "reads": 0, "flushes": 0}, seen  # the intention's removal only
 
     in_namespace(tmp_path, body)
 
@@ -117,6 +116,34 @@ def test_an_orphan_is_reaped_at_its_last_close(tmp_path: Path) -> None:
         await _close(ns, fh)
         with ns.meta.snapshot() as tx:
             assert tx.get_inode(ino) is None and ino not in tx.list_orphans()
+
+    in_namespace(tmp_path, body)
+
+
+def test_an_orphan_with_two_handles_goes_at_the_last_and_named_files_read_nothing(
+        tmp_path: Path) -> None:
+    """A last release reads the inode only when the file lost its last name while open
+    (``OpenFile.unnamed``): a file named still is closed without a read, one unlinked
+    while two handles held it goes at the second release, not the first."""
+    async def body(ns: Namespace) -> None:
+        ino, fh, _ = await _created(ns, b"twice")
+        again = await ns.open(ROOT, ino, os.O_RDONLY)
+        b = (await ns.lookup(ROOT, ROOT_INO, b"bkt")).ino
+        await ns.unlink(ROOT, b, b"twice")
+        await _close(ns, fh)
+        with ns.meta.snapshot() as tx:
+            assert tx.get_inode(ino) is not None and ino in tx.list_orphans()
+        await ns.release(again)
+        with ns.meta.snapshot() as tx:
+            assert tx.get_inode(ino) is None and ino not in tx.list_orphans()
+        kept, fh2, _ = await _created(ns, b"kept")
+        await _close(ns, fh2)
+        reader = await ns.open(ROOT, kept, os.O_RDONLY)
+        with metadata_work(ns.meta) as seen:
+            await ns.release(reader)  # the last handle of a file named still
+        assert seen == {"writes": 0, "reads": 0, "flushes": 0}, seen
+        with ns.meta.snapshot() as tx:
+            assert tx.get_inode(kept) is not None
 
     in_namespace(tmp_path, body)
 

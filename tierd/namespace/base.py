@@ -85,6 +85,12 @@ class OpenFile:
     # a commit deleted the inode (and wrote its ``G`` key) while this handle, opened from a
     # snapshot taken before it committed, held it: the data file goes at the last release
     dropped: bool = False
+    # a commit of this namespace took the inode's last name while this file was open (an
+    # orphan, ``O`` key): its last release deletes it.  Only this process changes names
+    # over an embedded engine, so there a release without this flag reads nothing
+    # (FileOps._reap_if_orphan); a cluster's other nodes can unlink too, so over a shared
+    # one every last release looks
+    unnamed: bool = False
     # handles the kernel writes through directly (FUSE write passthrough): while any is
     # open the writes are invisible here, so the file counts as written (not uploadable,
     # not evictable) and its ``V`` intention stays (tiering.TieringOps.passthrough_open)
@@ -355,7 +361,8 @@ class NamespaceBase:
         if of is None:
             of = OpenFile(inode.ino, functools.partial(self.hot.pin, inode.ino),
                           inode.size, mtime_ns=inode.mtime_ns,
-                          ctime_ns=inode.ctime_ns, committed_size=inode.size)
+                          ctime_ns=inode.ctime_ns, committed_size=inode.size,
+                          unnamed=inode.nlink == 0)  # (an orphan opened again by number)
             self._open[inode.ino] = of
         of.refs += 1
         fh = self._next_fh
@@ -453,9 +460,10 @@ class NamespaceBase:
         transaction)."""
         if inode.is_reg:
             self.placement.deleted(tx, inode.ino, held=inode.ino in self._open)
-        if inode.ino in self._open:
+        if (of := self._open.get(inode.ino)) is not None:
             tx.put_inode(inode)
             tx.add_orphan(inode.ino)
+            of.unnamed = True  # (left set if this transaction aborts: a read then, no more)
             return False
         tx.delete_inode(inode.ino)
         if inode.is_reg:

@@ -257,16 +257,16 @@ class FileOps(EntryOps):
                 of.close_fd()
                 if of.dropped:  # deleted while it was open (see _forget_data)
                     self.garbage.add(of.ino)
-                else:
+                elif of.unnamed or self.meta.engine.remote:
                     await self._reap_if_orphan(of.ino)
         return version
 
     async def _reap_if_orphan(self, ino: int) -> None:
-        """After the last handle of ``ino`` went: delete it if it has no name left.  A read
-        first, on every engine: nearly every close finds names, and a snapshot is cheaper
-        than a write transaction (over PostgreSQL a writer also waits for the cluster's
-        lock; on lmdb the write transaction's begin and end cost about three times a
-        read's, once per close of a create burst)."""
+        """After the last handle of ``ino`` went, when it may have lost its last name
+        meanwhile (``OpenFile.unnamed``; over a shared engine, always): delete it if it has
+        no name left.  A read first: nearly every such close finds names over a shared
+        engine, and a snapshot is cheaper than a write transaction (over PostgreSQL a
+        writer also waits for the cluster's lock)."""
         if self.meta.engine.remote:
             # (bounded: over PostgreSQL the node's cache answers while the change feed is
             # current, as it is for a file no node unlinked: no read at all, pg_quiet)
