@@ -28,7 +28,11 @@ async def test_read_miss_on_a_vanished_object_is_enoent_and_drops_it(env: Env) -
         with pytest.raises(FsError) as ei:
             await ns.read(fh, 0, MiB)
         assert ei.value.errno == errno.ENOENT and ei.value.reason is Reason.NO_SUCH_KEY
+        with ns.meta.snapshot() as tx:  # an orphan while the handle holds it...
+            assert a.ino in tx.list_orphans()
         await ns.release(fh)
+        with ns.meta.snapshot() as tx:  # ...reaped at its release, not at the next start
+            assert tx.get_inode(a.ino) is None and a.ino not in tx.list_orphans()
         with pytest.raises(FsError) as ei:
             await ns.resolve(ROOT, "vnx/a")
         assert ei.value.errno == errno.ENOENT

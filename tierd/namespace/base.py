@@ -460,15 +460,22 @@ class NamespaceBase:
         transaction)."""
         if inode.is_reg:
             self.placement.deleted(tx, inode.ino, held=inode.ino in self._open)
-        if (of := self._open.get(inode.ino)) is not None:
-            tx.put_inode(inode)
-            tx.add_orphan(inode.ino)
-            of.unnamed = True  # (left set if this transaction aborts: a read then, no more)
+        if inode.ino in self._open:
+            self._orphan(tx, inode)
             return False
         tx.delete_inode(inode.ino)
         if inode.is_reg:
             tx.add_garbage(inode.ino)
         return inode.is_reg
+
+    def _orphan(self, tx: MetaTxn, inode: Inode) -> None:
+        """``inode`` (nlink 0) becomes an orphan: kept until the last release of the file
+        open on it reaps it (marked here, ``OpenFile.unnamed``), or until the next start.
+        A mark left by a transaction that aborts costs that release a read, nothing more."""
+        tx.put_inode(inode)
+        tx.add_orphan(inode.ino)
+        if (of := self._open.get(inode.ino)) is not None:
+            of.unnamed = True
 
     async def _commit_open(self, of: OpenFile) -> None:
         raise NotImplementedError  # files.FileOps

@@ -141,7 +141,6 @@ class ImportOps(ObjectOps):
                 parents.append(d)
         inode.nlink = 0
         inode.ctime_ns = now_ns()
-        tx.put_inode(inode)
-        tx.add_orphan(ino)
+        self._orphan(tx, inode)
         for d in parents:
             self._prune_implicit(tx, d.ino)
