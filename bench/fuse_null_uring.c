@@ -223,8 +223,13 @@ static void init_reply(const char *buf, int uring)
     r.o.max_readahead = ii->max_readahead;
     r.o.flags = (ii->flags & (FUSE_MAX_PAGES | FUSE_INIT_EXT));
     r.o.flags2 = (uring ? OVER_IO_URING_FLAGS2 : 0) | (ahead_dir >= 0 ? PASSTHROUGH_FLAGS2 : 0);
-    if (ahead_dir >= 0)
-        r.o.unused[0] = 1; /* max_stack_depth (7.40): a backing file on a plain file system */
+    if (ahead_dir >= 0) {
+        /* fuse_init_out.max_stack_depth (7.40) is at byte 36, whatever this header's version
+         * names it (7.38's unused[0], a field of its own from 7.40): a backing file on a
+         * plain file system */
+        uint32_t depth = 1;
+        memcpy((char *)&r.o + 36, &depth, sizeof(depth));
+    }
     r.o.max_background = 64;
     r.o.congestion_threshold = 48;
     r.o.max_write = MAX_WRITE;

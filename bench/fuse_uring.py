@@ -31,8 +31,9 @@ kernel and answers ``FOPEN_PASSTHROUGH``, each RELEASE closes it, as tierd's cre
 write passthrough do -- the floor of such a create without tierd's namespace.
 
 Usage (root: mount(2) and the module parameter):
-``python bench/fuse_uring.py [--files 5000] [--rounds 3] [--passthrough] [--only MODE...]``;
-prints one JSON document.
+``python bench/fuse_uring.py [--files 5000] [--rounds 3] [--passthrough] [--only MODE...]``
+(``--only`` may name passthrough transports without ``--passthrough``); prints one JSON
+document.
 """
 
 from __future__ import annotations
@@ -167,18 +168,19 @@ def main() -> None:
                     help="also the C daemon's creates as passthrough opens (dev_passthrough, "
                     "uring_passthrough)")
     ap.add_argument("--only", nargs="+", metavar="MODE",
-                    help="run only these transports (names as in the JSON)")
+                    help="run only these transports, passthrough ones included (names as "
+                    "in the JSON)")
     args = ap.parse_args()
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tierd-uring-") as t, uring_enabled() as why:
         tmp = Path(t)
         exe = build(tmp)
-        every = {**MODES, **PASSTHROUGH_MODES} if args.passthrough else MODES
-        unknown = set(args.only or ()) - set(MODES) - set(PASSTHROUGH_MODES)
-        if unknown:
+        every = {**MODES, **PASSTHROUGH_MODES}
+        if unknown := set(args.only or ()) - set(every):
             sys.exit(f"--only: no transport {', '.join(sorted(unknown))}")
-        modes = [m for m in every if (not why or every[m][1] == "dev")
-                 and (not args.only or m in args.only)]
+        chosen = args.only or [m for m in every
+                               if args.passthrough or m not in PASSTHROUGH_MODES]
+        modes = [m for m in every if m in chosen and (not why or every[m][1] == "dev")]
         for _ in range(args.rounds):
             rounds.append({m: one_run(exe, tmp, m, args.files) for m in modes})
     doc: dict[str, Any] = {
