@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -315,8 +316,8 @@ def test_range_scans_from_overlay_inner_and_own_writes(
     transaction's own writes hold a key of the range (``GroupTxn.scan``).  With an hour's
     interval every commit stays in the overlay until ``sync`` moves it to lmdb, so ranges
     fall on either side, and on both; a reader begun earlier sees only its snapshot."""
-    store = GroupCommitStore(LmdbStore(tmp_path / str(len(list(tmp_path.iterdir()))),
-                                       metasync=False), interval=3600)
+    store = GroupCommitStore(LmdbStore(tempfile.mkdtemp(dir=tmp_path), metasync=False),
+                             interval=3600)  # (a store per example: tmp_path is shared)
     prefixes = [b"a", b"ab", b"b", b"\xff", b""]
 
     def check(tx: KVTxn, model: dict[bytes, bytes]) -> None:
