@@ -29,9 +29,11 @@ def _data_files(env: NsEnv) -> set[int]:
 
 
 def _spare_files_ready(env: NsEnv) -> None:
+    """Until spares are ready and the refill that made them is over: one still running adds
+    its next batch later, and a count taken meanwhile is off by it."""
     async def wait() -> None:
         for _ in range(500):
-            if len(env.ns.spares) >= 8:
+            if len(env.ns.spares) >= 8 and env.ns.spares._refill is None:
                 return
             await asyncio.sleep(0.01)
         raise AssertionError("no spares were made")
