@@ -538,4 +538,3 @@ def test_random_transactions_match_a_model(
         if tx is not None:
             tx.abort()
         assert dump(engine) == committed
-
